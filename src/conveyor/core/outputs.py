@@ -1,0 +1,112 @@
+"""The contract between the scheduler (ints) and the worker (tensors): the only types that cross.
+
+The worker keeps a persistent per-request state (token ids, block table, sampler state) and the
+scheduler sends only what changed, as vLLM V1 does:
+
+- `NewRequestData`: a request the worker has not seen, or one resumed after preemption (the worker
+  dropped it then). It carries every known token (prompt + output so far) and the full block table.
+- `CachedRequestData`: a request the worker already holds. It carries the blocks appended this step.
+  Tokens sampled by the worker are appended by the worker itself, so none travel back.
+
+For every scheduled request the worker computes `num_scheduled_tokens[req_id]` tokens starting at
+position `num_computed_tokens`, writes their KV into the slots of the block table, and samples one
+token if that range reaches the end of the request's known tokens (a partial prefill chunk samples
+nothing). `finished_req_ids` and `preempted_req_ids` tell it which states to drop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from conveyor.request import FinishReason, RequestTimings
+from conveyor.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class NewRequestData:
+    """A request (re)entering the worker."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    """Tokens generated before a preemption (empty for a fresh request); they are recomputed."""
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+    """Tokens whose KV is already in the listed blocks (prefix-cache hit), before this step."""
+
+
+@dataclass(frozen=True)
+class CachedRequestData:
+    """A request the worker already holds, scheduled again."""
+
+    request_id: str
+    new_block_ids: list[int]
+    """Blocks appended to its table this step (often empty)."""
+    num_computed_tokens: int
+    """Tokens with KV in the cache before this step."""
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """What one step computes. Requests appear in batch order: cached (running) first, then new."""
+
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: list[CachedRequestData]
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    finished_req_ids: set[str] = field(default_factory=set)
+    """Requests that ended since the last step: the worker drops their state."""
+    preempted_req_ids: set[str] = field(default_factory=set)
+    """Requests preempted this step: the worker drops their state; they return as new later."""
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Log-probability of one sampled token and the top alternatives at that position."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    """1-based rank of the sampled token among all tokens."""
+    top_token_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass(frozen=True)
+class ModelRunnerOutput:
+    """What the worker returns for one `SchedulerOutput`.
+
+    `sampled_token_ids[req_id]` is a list so that speculative decoding can return several tokens later;
+    it is empty for a request whose step was a partial prefill chunk.
+    """
+
+    sampled_token_ids: dict[str, list[int]]
+    logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EngineCoreOutput:
+    """One request's news from one step, produced by `Scheduler.update_from_output`."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    """The stop token id that matched (stop strings are matched later, by the detokenizer)."""
+    timings: RequestTimings | None = None
+    """Set on the finishing output only: the request's full timestamps, for latency metrics."""
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache (set on the finishing output)."""
+    num_preemptions: int = 0
+    """Times this request was preempted (set on the finishing output)."""
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

@@ -1,0 +1,145 @@
+"""Enforces the import table of ARCHITECTURE.md §2 on every module under src/conveyor.
+
+Every `import` statement counts, including ones inside functions (lazy imports are still arrows).
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
+PACKAGE = SRC / "conveyor"
+
+# layer -> conveyor layers it may import (itself included where it has several modules).
+ALLOWED: dict[str, set[str]] = {
+    "config": set(),
+    "request": {"request"},
+    "core": {"core", "config", "request"},
+    "kernels": {"kernels"},
+    "model": {"model", "kernels", "config"},
+    "worker": {"worker", "model", "kernels", "config", "request", "core.outputs"},
+    "engine": {"engine", "core", "worker", "config", "request"},
+    "server": {"server", "engine", "config", "request"},
+    "bench": {"bench"},
+    "demo": {"demo", "bench"},
+    "cli": {"*"},
+}
+# layer -> third-party top-level packages it must never import.
+FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
+    "server": {"torch", "triton", "numpy"},
+    "bench": {"torch", "triton", "fastapi", "uvicorn", "tokenizers", "transformers"},
+    "demo": {"torch", "triton"},
+    "engine": {"triton"},
+}
+STDLIB_ONLY = {"config", "request", "core"}
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")[1:]  # drop "conveyor"
+    if not parts or parts[0] in ("cli", "__main__", "__init__"):
+        return "cli"
+    if parts[0] in ("request", "sampling_params"):
+        return "request"
+    if parts[0] == "core" and parts[1:2] == ["outputs"]:
+        return "core"
+    return parts[0]
+
+
+def target_of(module: str) -> str:
+    """The name an import is checked against: its layer, or core.outputs for the worker's one arrow."""
+    if module.startswith("conveyor.core.outputs"):
+        return "core.outputs"
+    return layer_of(module)
+
+
+def module_name(path: pathlib.Path) -> str:
+    rel = path.relative_to(SRC).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imports_of(path: pathlib.Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rsplit(".", 1)[0]
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                names.append(".".join(base + ([node.module] if node.module else [])))
+            elif node.module:
+                names.append(node.module)
+    return names
+
+
+def all_modules() -> list[pathlib.Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def is_allowed(layer: str, target: str) -> bool:
+    allowed = ALLOWED[layer]
+    if "*" in allowed or target in allowed:
+        return True
+    return target == "core.outputs" and "core" in allowed
+
+
+@pytest.mark.parametrize("path", all_modules(), ids=lambda p: str(p.relative_to(SRC)))
+def test_imports_follow_the_table(path: pathlib.Path) -> None:
+    layer = layer_of(module_name(path))
+    assert layer in ALLOWED, f"{path}: layer {layer!r} is not in ARCHITECTURE.md's table"
+    for name in imports_of(path):
+        top = name.split(".")[0]
+        if top == "conveyor":
+            if name == "conveyor":
+                continue
+            target = target_of(name)
+            assert is_allowed(layer, target), f"{path}: {layer} may not import {name}"
+        elif layer in STDLIB_ONLY:
+            assert top in sys.stdlib_module_names or top == "__future__", (
+                f"{path}: {layer} must use the standard library only, imports {name}"
+            )
+        else:
+            assert top not in FORBIDDEN_THIRD_PARTY.get(layer, set()), f"{path}: {layer} may not import {name}"
+
+
+def test_table_covers_every_package() -> None:
+    packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and not p.name.startswith("__")}
+    assert packages <= set(ALLOWED), f"packages missing from the layering table: {packages - set(ALLOWED)}"
+
+
+@pytest.mark.parametrize(("module", "walk"), [("conveyor", False), ("conveyor.cli", False),
+                                              ("conveyor.core", True), ("conveyor.bench", True),
+                                              ("conveyor.engine.types", False)])
+def test_light_modules_do_not_load_torch(module: str, walk: bool) -> None:
+    """The benchmark side and the core must work on a laptop without torch."""
+    code = (
+        "import importlib, pkgutil, sys\n"
+        f"m = importlib.import_module({module!r})\n"
+        f"if {walk}:\n"
+        "    for info in pkgutil.walk_packages(m.__path__, m.__name__ + '.'):\n"
+        "        importlib.import_module(info.name)\n"
+        "sys.exit(1 if 'torch' in sys.modules else 0)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={"PYTHONPATH": str(SRC)})
+    assert result.returncode == 0, f"importing {module} loaded torch or failed: {result.stderr[-2000:]}"
+
+
+def test_server_modules_do_not_load_torch() -> None:
+    server_modules = [module_name(p) for p in (PACKAGE / "server").glob("*.py")]
+    code = "import importlib, sys\n" + "".join(
+        f"importlib.import_module({m!r})\n" for m in server_modules
+    ) + "sys.exit(1 if 'torch' in sys.modules else 0)\n"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={"PYTHONPATH": str(SRC)})
+    assert result.returncode == 0, f"server modules loaded torch or failed: {result.stderr[-2000:]}"
