@@ -1,0 +1,224 @@
+"""Engine command-line flags (vLLM names) and their mapping onto `EngineConfig`, shared by
+`conveyor generate` and `conveyor serve` so both accept exactly the same engine flags.
+
+Every flag defaults to `None` in argparse and is passed to its dataclass only when given, so the
+defaults live in `config.py` alone. Cross-field validation happens in the dataclasses; their
+`ConfigError` messages are rewritten to name flags instead of fields and reported through
+`parser.error` (exit status 2, usage line), as for any other bad flag. Stdlib only: the server
+imports this module and must not load torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from dataclasses import dataclass
+
+from conveyor.config import (
+    Batching,
+    CacheConfig,
+    ConfigError,
+    DeviceConfig,
+    EngineConfig,
+    LoadFormat,
+    ModelConfig,
+    SchedulerConfig,
+    SchedulingPolicy,
+)
+
+_PARSER_KEY = "engine_args_parser"
+"""Namespace attribute holding the parser, so `engine_config_from_args` can call `parser.error`."""
+
+_SIZE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+               "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+@dataclass(frozen=True)
+class _Flag:
+    """One engine flag: where its value goes."""
+
+    flag: str
+    """Command-line spelling, e.g. --max-num-seqs."""
+    section: str
+    """EngineConfig attribute holding the dataclass (model, scheduler, cache, device) or '' for top level."""
+    field_name: str
+    """Dataclass field the value maps onto."""
+
+
+# Flag -> config field, in help order. The argparse dest is the flag without dashes.
+FLAGS: tuple[_Flag, ...] = (
+    _Flag("--model", "model", "model"),
+    _Flag("--tokenizer", "model", "tokenizer"),
+    _Flag("--load-format", "model", "load_format"),
+    _Flag("--dtype", "model", "dtype"),
+    _Flag("--seed", "model", "seed"),
+    _Flag("--served-model-name", "model", "served_model_name"),
+    _Flag("--num-hidden-layers-override", "model", "num_hidden_layers_override"),
+    _Flag("--max-model-len", "scheduler", "max_model_len"),
+    _Flag("--max-num-seqs", "scheduler", "max_num_seqs"),
+    _Flag("--max-num-batched-tokens", "scheduler", "max_num_batched_tokens"),
+    _Flag("--enable-chunked-prefill", "scheduler", "enable_chunked_prefill"),
+    _Flag("--long-prefill-token-threshold", "scheduler", "long_prefill_token_threshold"),
+    _Flag("--scheduling-policy", "scheduler", "policy"),
+    _Flag("--batching", "scheduler", "batching"),
+    _Flag("--max-num-queued-reqs", "scheduler", "max_num_queued_reqs"),
+    _Flag("--queue-timeout", "scheduler", "queue_timeout_s"),
+    _Flag("--block-size", "cache", "block_size"),
+    _Flag("--enable-prefix-caching", "cache", "enable_prefix_caching"),
+    _Flag("--kv-cache-memory", "cache", "kv_cache_memory_bytes"),
+    _Flag("--gpu-memory-utilization", "cache", "gpu_memory_utilization"),
+    _Flag("--num-gpu-blocks-override", "cache", "num_blocks_override"),
+    _Flag("--device", "device", "device"),
+    _Flag("--enforce-eager", "device", "enforce_eager"),
+    _Flag("--num-threads", "device", "num_threads"),
+    _Flag("--check-invariants", "", "check_invariants"),
+)
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def parse_memory_bytes(text: str) -> int:
+    """`1073741824`, `1GiB`, `512MiB`, `2G` (decimal) -> bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*", text.lower())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"expected bytes such as 1073741824, 1GiB or 512MiB (got {text!r})")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2) or ""])
+
+
+def _threshold(text: str) -> int | None:
+    """vLLM spells 'no cap' as 0."""
+    value = int(text)
+    return None if value == 0 else value
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the engine flags (and an optional positional MODEL, as `vllm serve MODEL`) to `parser`."""
+    group = parser.add_argument_group("engine")
+    group.add_argument("model_tag", nargs="?", metavar="MODEL", default=None,
+                       help="same as --model")
+    _add_model_flags(group)
+    _add_scheduler_flags(group)
+    _add_cache_and_device_flags(group)
+    parser.set_defaults(**{_PARSER_KEY: parser})
+
+
+def _add_model_flags(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--model", help="GGUF file or Hugging Face directory (default: embedded SmolLM2)")
+    group.add_argument("--tokenizer", help="tokenizer.json directory or GGUF (default: the model's)")
+    group.add_argument("--load-format", choices=[f.value for f in LoadFormat])
+    group.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
+    group.add_argument("--seed", type=int, help="seed for dummy weights and unseeded sampling")
+    group.add_argument("--served-model-name", help="model name clients send (default: from the path)")
+    group.add_argument("--num-hidden-layers-override", type=int, help="keep only this many layers")
+
+
+def _add_scheduler_flags(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--max-model-len", type=int,
+                       help="longest prompt+output (default 2048, capped by the model's max positions)")
+    group.add_argument("--max-num-seqs", type=int, help="most requests running at once")
+    group.add_argument("--max-num-batched-tokens", type=int, help="token budget of one step")
+    group.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
+    group.add_argument("--long-prefill-token-threshold", type=_threshold,
+                       help="cap on one request's prefill tokens per step (0: none)")
+    group.add_argument("--scheduling-policy", choices=[p.value for p in SchedulingPolicy])
+    group.add_argument("--batching", choices=[b.value for b in Batching],
+                       help="continuous (default) or static fixed batches, for A/B comparison")
+    group.add_argument("--max-num-queued-reqs", type=int, help="bound on waiting requests (503 beyond)")
+    group.add_argument("--queue-timeout", type=float, help="seconds a request may wait before it fails")
+
+
+def _add_cache_and_device_flags(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--block-size", type=int, help="tokens per KV block")
+    group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    group.add_argument("--kv-cache-memory", type=parse_memory_bytes,
+                       help="KV cache bytes, e.g. 1GiB (CPU default 1 GiB)")
+    group.add_argument("--gpu-memory-utilization", type=float)
+    group.add_argument("--num-gpu-blocks-override", type=int, help="exact number of KV blocks")
+    group.add_argument("--device", choices=["cpu", "cuda"])
+    group.add_argument("--enforce-eager", action="store_true", default=None, help="no CUDA graphs")
+    group.add_argument("--num-threads", type=int, help="torch CPU threads")
+    group.add_argument("--check-invariants", action="store_true", default=None,
+                       help="check scheduler and block-pool invariants after every step (slow)")
+
+
+def _converted(flag: _Flag, value: object) -> object:
+    enums = {"load_format": LoadFormat, "policy": SchedulingPolicy, "batching": Batching}
+    return enums[flag.field_name](value) if flag.field_name in enums else value
+
+
+def _given_values(args: argparse.Namespace) -> dict[str, dict[str, object]]:
+    """section -> {field: value} for the flags present on the command line."""
+    given: dict[str, dict[str, object]] = {"model": {}, "scheduler": {}, "cache": {}, "device": {}, "": {}}
+    for flag in FLAGS:
+        value = getattr(args, _dest(flag.flag), None)
+        if value is not None:
+            given[flag.section][flag.field_name] = _converted(flag, value)
+    return given
+
+
+def build_engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The EngineConfig the flags describe; raises ConfigError naming the flag on a bad value."""
+    tag = getattr(args, "model_tag", None)
+    if tag is not None and args.model is not None and tag != args.model:
+        raise ConfigError(f"MODEL ({tag}) and --model ({args.model}) disagree; give one of them")
+    given = _given_values(args)
+    if tag is not None:
+        given["model"]["model"] = tag
+    try:
+        return EngineConfig(
+            model=ModelConfig(**given["model"]),
+            scheduler=SchedulerConfig(**given["scheduler"]),
+            cache=CacheConfig(**given["cache"]),
+            device=DeviceConfig(**given["device"]),
+            **given[""],
+        )
+    except ConfigError as error:
+        raise ConfigError(fields_to_flags(str(error))) from None
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """Like `build_engine_config`, but a bad value ends the program through `parser.error` (exit 2)."""
+    try:
+        return build_engine_config(args)
+    except ConfigError as error:
+        parser = getattr(args, _PARSER_KEY, None)
+        if parser is None:
+            raise
+        parser.error(str(error))
+        raise  # parser.error exits; this line only satisfies type checkers
+
+
+def fields_to_flags(message: str) -> str:
+    """Rewrite config field names in a ConfigError message as the flags that set them."""
+    for flag in FLAGS:
+        if "_" in flag.field_name:  # single words (model, dtype, ...) already read as their flag
+            message = re.sub(rf"(?<![-\w]){flag.field_name}(?![-\w])", flag.flag, message)
+    return message
+
+
+def engine_config_to_flags(config: EngineConfig) -> dict[str, str]:
+    """The resolved configuration as flag name -> value string (for logs, EngineInfo, info metrics)."""
+    flat: dict[str, str] = {}
+    for flag in FLAGS:
+        holder = getattr(config, flag.section) if flag.section else config
+        value = getattr(holder, flag.field_name)
+        flat[flag.flag.lstrip("-")] = _as_text(value)
+    return flat
+
+
+def _as_text(value: object) -> str:
+    if isinstance(value, (LoadFormat, SchedulingPolicy, Batching)):
+        return value.value
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def with_overrides(config: EngineConfig, section: str, **changes: object) -> EngineConfig:
+    """A copy of `config` with fields of one section replaced (validation runs again)."""
+    return dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **changes)})

@@ -1,0 +1,85 @@
+"""Engine flags: vLLM names map onto EngineConfig; defaults come from the dataclasses; bad values name the flag."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from conveyor.config import Batching, EngineConfig, LoadFormat, SchedulingPolicy
+from conveyor.engine.args import (
+    add_engine_arguments,
+    build_engine_config,
+    engine_config_from_args,
+    engine_config_to_flags,
+    parse_memory_bytes,
+)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="t")
+    add_engine_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_no_flags_gives_dataclass_defaults() -> None:
+    assert build_engine_config(parse([])) == EngineConfig()
+
+
+def test_flags_map_onto_fields() -> None:
+    config = build_engine_config(parse([
+        "m.gguf", "--max-model-len", "1024", "--max-num-seqs", "8", "--max-num-batched-tokens", "512",
+        "--no-enable-prefix-caching", "--long-prefill-token-threshold", "64", "--block-size", "32",
+        "--kv-cache-memory", "64MiB", "--scheduling-policy", "priority", "--batching", "static",
+        "--load-format", "dummy", "--max-num-queued-reqs", "10", "--queue-timeout", "2.5", "--seed", "7",
+    ]))
+    assert config.model.model == "m.gguf" and config.model.load_format is LoadFormat.DUMMY
+    assert config.model.seed == 7
+    s = config.scheduler
+    assert (s.max_model_len, s.max_num_seqs, s.max_num_batched_tokens) == (1024, 8, 512)
+    assert s.long_prefill_token_threshold == 64 and s.policy is SchedulingPolicy.PRIORITY
+    assert s.batching is Batching.STATIC and s.max_num_queued_reqs == 10 and s.queue_timeout_s == 2.5
+    assert config.cache.block_size == 32 and not config.cache.enable_prefix_caching
+    assert config.cache.kv_cache_memory_bytes == 64 * 2**20
+
+
+def test_zero_threshold_means_no_cap_as_in_vllm() -> None:
+    assert build_engine_config(parse(["--long-prefill-token-threshold", "0"])).scheduler \
+        .long_prefill_token_threshold is None
+
+
+@pytest.mark.parametrize(("text", "expected"), [("1024", 1024), ("1GiB", 2**30), ("2G", 2 * 10**9),
+                                                ("512mib", 512 * 2**20)])
+def test_memory_sizes(text: str, expected: int) -> None:
+    assert parse_memory_bytes(text) == expected
+
+
+def test_bad_value_is_a_parser_error_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        engine_config_from_args(parse(["--max-num-seqs", "0"]))
+    assert exit_info.value.code == 2
+    assert "--max-num-seqs" in capsys.readouterr().err
+
+
+def test_cross_field_error_names_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        engine_config_from_args(parse(["--max-num-seqs", "64", "--max-num-batched-tokens", "32"]))
+    err = capsys.readouterr().err
+    assert "--max-num-batched-tokens" in err and "--max-num-seqs" in err
+
+
+def test_bad_memory_size_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse(["--kv-cache-memory", "lots"])
+    assert "--kv-cache-memory" in capsys.readouterr().err
+
+
+def test_positional_and_flag_model_must_agree() -> None:
+    with pytest.raises(SystemExit):
+        engine_config_from_args(parse(["a.gguf", "--model", "b.gguf"]))
+
+
+def test_resolved_config_as_flag_strings() -> None:
+    flat = engine_config_to_flags(EngineConfig())
+    assert flat["max-num-seqs"] == "128" and flat["batching"] == "continuous"
+    assert flat["enable-prefix-caching"] == "true" and flat["queue-timeout"] == "none"
