@@ -1,0 +1,103 @@
+"""The GPU plan's arithmetic against hand-computed cases."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from conveyor.bench import cli_plan
+from conveyor.bench.gpu_catalog import CatalogError, find_gpu, parse_prices, priced_catalog
+from conveyor.bench.plan import (
+    PlanError,
+    PlanInputs,
+    count_parameters,
+    fit_on,
+    kv_bytes_per_token,
+    kv_capacity,
+    load_shape,
+    model_memory,
+)
+
+MODELS = pathlib.Path(__file__).parent / "fixtures" / "models"
+
+
+def test_llama_8b_weights_and_kv_per_token() -> None:
+    shape = load_shape(MODELS / "llama-3.1-8b")
+    params = count_parameters(shape)
+    # embed 128256*4096 twice (untied); per layer 41_943_040 attention + 176_160_768 MLP + 8192 norms.
+    assert params.total == 8_030_261_248
+    weights = model_memory(shape, PlanInputs(dtype="bfloat16")).weights_bytes
+    assert weights == 16_060_522_496  # ~16.06e9 bytes = 14.96 GiB
+    assert round(weights / 2**30, 1) == 15.0
+    assert kv_bytes_per_token(shape, 2) == 131072  # 2 * 32 layers * 8 kv heads * 128 * 2 bytes
+
+
+def test_qwen3_tied_with_qk_norm() -> None:
+    shape = load_shape(MODELS / "qwen3-0.6b")
+    params = count_parameters(shape)
+    assert params.lm_head == 0
+    # 28 layers: q 1024x2048, k,v 1024x1024, o 2048x1024, q/k norm 2x128; MLP 3x1024x3072; 2 norms of 1024.
+    per_layer_attention = 1024 * 2048 + 2 * 1024 * 1024 + 2048 * 1024 + 256
+    assert params.attention == 28 * per_layer_attention
+    assert params.total == 151936 * 1024 + 28 * (per_layer_attention + 3 * 1024 * 3072 + 2048) + 1024
+    assert 0.59e9 < params.total < 0.61e9
+    assert kv_bytes_per_token(shape, 2) == 2 * 28 * 8 * 128 * 2
+
+
+def test_fit_on_gpus() -> None:
+    shape = load_shape(MODELS / "llama-3.1-8b")
+    inputs = PlanInputs(max_num_seqs=64, context_len=8192)
+    memory = model_memory(shape, inputs)
+    assert memory.kv_bytes_per_request == 8192 * 131072
+    assert memory.kv_needed_bytes == 64 * 8192 * 131072  # 64 GiB
+    h100, h200, rtx = (fit_on(find_gpu(n), memory, inputs) for n in ("H100", "H200", "RTX5090"))
+    assert not h100.fits and h200.fits and not rtx.fits
+    assert h200.kv_headroom_bytes == h200.kv_budget_bytes - memory.kv_needed_bytes
+    assert h200.max_concurrency == h200.kv_budget_bytes // memory.kv_bytes_per_request
+    assert 64 < h200.max_concurrency < 120 and 30 < h100.max_concurrency < 64
+    assert rtx.max_concurrency <= 16
+
+
+def test_tensor_parallel_splits_weights_and_kv() -> None:
+    shape = load_shape(MODELS / "llama-3.1-8b")
+    one, two = (model_memory(shape, PlanInputs(tensor_parallel_size=tp)) for tp in (1, 2))
+    assert two.weights_bytes == one.weights_bytes // 2
+    assert two.kv_bytes_per_token == one.kv_bytes_per_token // 2
+
+
+def test_kv_capacity_matches_serve_arithmetic() -> None:
+    shape = load_shape(MODELS / "smollm2-135m")
+    plan = kv_capacity(shape, 1 << 30, 16, "float32", 2048)
+    assert plan.bytes_per_block == 2 * 30 * 16 * 3 * 64 * 4
+    assert plan.num_blocks == (1 << 30) // plan.bytes_per_block == 1456
+    assert plan.max_concurrency == pytest.approx(1456 / 128)
+
+
+def test_prices_and_bad_input(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "p.json").write_text(json.dumps({"h200": 3.5}))
+    prices = parse_prices(["H100=2.5", str(tmp_path / "p.json")])
+    assert prices == {"H100": 2.5, "H200": 3.5}
+    assert priced_catalog(prices, ["h100"])[0].price_per_hour == 2.5
+    with pytest.raises(CatalogError, match="unknown GPU"):
+        parse_prices(["V100=1"])
+    with pytest.raises(PlanError, match="--context-len"):
+        PlanInputs(context_len=0)
+
+
+def test_cli_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = __import__("argparse").ArgumentParser()
+    cli_plan.add_arguments(parser)
+    args = parser.parse_args(["--config", str(MODELS / "llama-3.1-8b"), "--price", "H200=3", "--json"])
+    assert cli_plan.run(args) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["model"]["weights_bytes"] == 16_060_522_496
+    h200 = next(g for g in data["gpus"] if g["gpu"] == "H200")
+    assert isinstance(h200["kv_budget_bytes"], int) and h200["price_per_hour"] == 3.0
+    args = parser.parse_args(["--config", str(MODELS / "smollm2-135m"), "--kv-cache-memory", "1GiB"])
+    assert cli_plan.run(args) == 0
+    assert "1456 blocks" in capsys.readouterr().out
+    args = parser.parse_args(["--config", str(MODELS / "llama-3.1-8b"), "--gpu", "H100"])
+    assert cli_plan.run(args) == 0
+    assert "H100" in capsys.readouterr().out
