@@ -1,0 +1,81 @@
+"""Store this step's new K and V into the paged KV cache at their slots.
+
+The model: every scheduled token t has a flat cache slot `slot_mapping[t] = block_id * block_size +
+offset`; its K row [num_kv_heads, head_dim] goes to `key_cache[block_id, offset]` and its V row to
+`value_cache[block_id, offset]`. One program per token copies all of its heads at once. A negative
+slot means "padding token" (CUDA-graph buckets pad the batch) and is skipped, so padded replays never
+touch real blocks.
+"""
+
+import torch
+
+from conveyor.kernels.triton_compat import tl, triton
+
+
+@triton.jit
+def _store_kv_kernel(
+    key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, slot_mapping_ptr,
+    stride_key_t, stride_key_h, stride_value_t, stride_value_h,
+    stride_kc_b, stride_kc_s, stride_kc_h, stride_vc_b, stride_vc_s, stride_vc_h,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+):
+    token = tl.program_id(0)
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    if slot < 0:  # padding token of a CUDA-graph bucket
+        return
+    block = slot // BLOCK_SIZE
+    offset = slot % BLOCK_SIZE
+    heads = tl.arange(0, HEADS_PAD)[:, None]
+    dims = tl.arange(0, HEAD_DIM_PAD)[None, :]
+    mask = (heads < NUM_KV_HEADS) & (dims < HEAD_DIM)
+    token = token.to(tl.int64)
+    key = tl.load(key_ptr + token * stride_key_t + heads * stride_key_h + dims, mask=mask)
+    value = tl.load(value_ptr + token * stride_value_t + heads * stride_value_h + dims, mask=mask)
+    k_dst = key_cache_ptr + block * stride_kc_b + offset * stride_kc_s + heads * stride_kc_h + dims
+    v_dst = value_cache_ptr + block * stride_vc_b + offset * stride_vc_s + heads * stride_vc_h + dims
+    tl.store(k_dst, key.to(key_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_dst, value.to(value_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def _check_inputs(key, value, key_cache, value_cache, slot_mapping) -> None:
+    assert key.dim() == 3 and value.shape == key.shape, f"key/value [T, kvh, d], got {key.shape} {value.shape}"
+    assert key_cache.dim() == 4 and value_cache.shape == key_cache.shape, "caches [num_blocks, bs, kvh, d]"
+    assert key.shape[1:] == key_cache.shape[2:], f"heads/dims {key.shape[1:]} != cache {key_cache.shape[2:]}"
+    assert slot_mapping.shape == (key.shape[0],), f"slot_mapping [{key.shape[0]}], got {slot_mapping.shape}"
+    assert key.stride(2) == 1 and value.stride(2) == 1, "key/value rows must be contiguous in head_dim"
+    assert key_cache.stride(3) == 1 and value_cache.stride(3) == 1, "cache head_dim must be contiguous"
+    assert slot_mapping.dtype in (torch.int32, torch.int64), f"slot_mapping dtype {slot_mapping.dtype}"
+
+
+def store_kv(
+    key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """key/value [T, kvh, d] -> key_cache/value_cache [num_blocks, block_size, kvh, d] at slot_mapping [T]."""
+    _check_inputs(key, value, key_cache, value_cache, slot_mapping)
+    num_tokens, num_kv_heads, head_dim = key.shape
+    if num_tokens == 0:
+        return
+    _store_kv_kernel[(num_tokens,)](
+        key, value, key_cache, value_cache, slot_mapping,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+        HEADS_PAD=triton.next_power_of_2(num_kv_heads), HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
+        BLOCK_SIZE=key_cache.shape[1],
+    )
+
+
+def store_kv_ref(
+    key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Plain-torch `store_kv` (negative slots skipped)."""
+    _check_inputs(key, value, key_cache, value_cache, slot_mapping)
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    num_kv_heads, head_dim = key_cache.shape[2:]
+    key_cache.view(-1, num_kv_heads, head_dim)[slots] = key[keep].to(key_cache.dtype)
+    value_cache.view(-1, num_kv_heads, head_dim)[slots] = value[keep].to(value_cache.dtype)

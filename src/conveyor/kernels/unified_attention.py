@@ -1,0 +1,141 @@
+"""One paged-attention kernel for a mixed batch: prefill chunks (with cached prefixes) and decodes.
+
+The model (see paged_batch.py for the batch layout): each program owns one *query block* of one
+sequence -- BLOCK_Q consecutive query tokens -- times all `group` query heads that share one KV head
+(GQA packing: BLOCK_M = BLOCK_Q * GROUP_PAD rows), so each K/V tile fetched from the cache serves
+every head of the group. It walks the sequence's block table tile by tile (TILE_N keys gathered from
+any number of cache blocks) up to the last key its block can see, with an online softmax in float32
+(exp2, scale folded with log2 e). The grid is (num_tokens // BLOCK_Q + num_seqs, num_kv_heads): it
+depends only on token and sequence counts, never on the values of query lengths, so the launch is
+CUDA-graph capturable. Sequence i's query blocks start at program `query_start_loc[i] // BLOCK_Q + i`
+(this never overlaps the next sequence's); a program finds its sequence by binary search over
+`query_start_loc` and exits if it falls in the gap after the sequence's last block.
+"""
+
+import torch
+
+from conveyor.kernels.paged_batch import PagedBatch, check_paged_inputs, paged_attention_ref
+from conveyor.kernels.triton_compat import tl, triton
+
+LOG2_E = 1.4426950408889634
+
+
+@triton.jit
+def _find_sequence(query_start_loc_ptr, num_seqs, q_block_id, BLOCK_Q: tl.constexpr):
+    """Last sequence whose first query-block program is <= q_block_id (binary search)."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first_block = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first_block <= q_block_id:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit(do_not_specialize=["num_seqs"])
+def _unified_attention_kernel(
+    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
+    scale_log2, num_seqs,
+    stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+    stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h, stride_bt_s,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+    TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+):
+    q_block_id = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = _find_sequence(query_start_loc_ptr, num_seqs, q_block_id, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    q_block = q_block_id - (q_start // BLOCK_Q + seq)
+    if q_block * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context_len = seq_len - q_len
+
+    rows = tl.arange(0, BLOCK_M)
+    token = q_block * BLOCK_Q + rows // GROUP_PAD  # [BLOCK_M] query index within the sequence
+    head = kv_head * GROUP + rows % GROUP_PAD
+    row_valid = (token < q_len) & (rows % GROUP_PAD < GROUP)
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    dim_valid = dims < HEAD_DIM
+    q_offsets = (q_start + token)[:, None] * stride_q_t + head[:, None] * stride_q_h + dims[None, :]
+    q = tl.load(q_ptr + q_offsets, mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
+    query_pos = context_len + token  # [BLOCK_M]
+
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)  # finite: a fully masked tile gives p = 0, not NaN
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
+    kv_end = tl.minimum(context_len + (q_block + 1) * BLOCK_Q, seq_len)  # keys this block may see
+    cols = tl.arange(0, TILE_N)
+    table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_s
+    for tile_start in range(0, kv_end, TILE_N):
+        key_pos = tile_start + cols  # [TILE_N]
+        key_valid = key_pos < kv_end
+        block_ids = tl.load(table_row + key_pos // BLOCK_SIZE, mask=key_valid, other=0).to(tl.int64)
+        in_block = key_pos % BLOCK_SIZE
+        kv_mask = key_valid[:, None] & dim_valid[None, :]
+        k_offsets = block_ids[:, None] * stride_k_b + in_block[:, None] * stride_k_s + dims[None, :]
+        k = tl.load(k_cache_ptr + kv_head * stride_k_h + k_offsets, mask=kv_mask, other=0.0)  # [N, D]
+        v_offsets = block_ids[:, None] * stride_v_b + in_block[:, None] * stride_v_s + dims[None, :]
+        v = tl.load(v_cache_ptr + kv_head * stride_v_h + v_offsets, mask=kv_mask, other=0.0)
+        scores = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_M, TILE_N], log2 units
+        visible = (key_pos[None, :] <= query_pos[:, None]) & key_valid[None, :]
+        scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    acc = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # padding sequences (seq_len 0) write zeros
+    o_offsets = (q_start + token)[:, None] * stride_o_t + head[:, None] * stride_o_h + dims[None, :]
+    tl.store(out_ptr + o_offsets, acc.to(out_ptr.dtype.element_ty),
+             mask=row_valid[:, None] & dim_valid[None, :])
+
+
+def unified_tile_shape(max_query_len: int, group: int) -> tuple[int, int, int]:
+    """(BLOCK_Q, BLOCK_M, TILE_N): small rows for decode-only batches, 64+ rows when prefills are in."""
+    group_pad = triton.next_power_of_2(group)
+    block_m = 16 if max_query_len == 1 else 64
+    block_m = max(block_m, group_pad)
+    tile_n = 64
+    return block_m // group_pad, block_m, tile_n
+
+
+def unified_attention(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, batch: PagedBatch,
+    scale: float,
+) -> torch.Tensor:
+    """query [T, H, d] (bf16/fp16) + paged caches [nb, bs, kvh, d] -> [T, H, d], causal; no host sync."""
+    check_paged_inputs(query, key_cache, value_cache, batch)
+    num_tokens, num_heads, head_dim = query.shape
+    num_kv_heads = key_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(query)
+    if num_tokens == 0:
+        return out
+    block_q, block_m, tile_n = unified_tile_shape(batch.max_query_len, group)
+    grid = (num_tokens // block_q + batch.num_seqs, num_kv_heads)
+    _unified_attention_kernel[grid](
+        out, query, key_cache, value_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
+        scale * LOG2_E, batch.num_seqs,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), batch.block_tables.stride(0),
+        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=block_q, BLOCK_M=block_m,
+        TILE_N=tile_n, HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_SIZE=key_cache.shape[1], num_warps=4, num_stages=2,
+    )
+    return out
+
+
+def unified_attention_ref(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, batch: PagedBatch,
+    scale: float,
+) -> torch.Tensor:
+    """float32 reference of `unified_attention` (any mix of query lengths)."""
+    return paged_attention_ref(query, key_cache, value_cache, batch, scale)
+
