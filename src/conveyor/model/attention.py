@@ -1,0 +1,197 @@
+"""Paged attention: the `Attention` module, its pluggable backends and the plain-torch reference.
+
+KV cache layout, one tensor per layer, allocated by the worker with `kv_cache_shape`:
+
+    kv_cache[0] = K, kv_cache[1] = V, each [num_blocks, block_size, num_kv_heads, head_dim]
+
+so the flat slot `s = block_id * block_size + offset` addresses `kv_cache[:, s // block_size,
+s % block_size]`. A step first writes this step's K/V into their slots (`write_kv`), then every
+query token attends to positions `0 .. its own position` of its sequence, read through the block
+table (`forward`). Writing first makes the chunk's own keys visible to itself, so a prefill chunk
+with a cached prefix and a decode are the same computation with different query lengths.
+
+Backends are named in `ATTENTION_BACKENDS` (name -> "module:Class") and imported on demand, so a
+new backend (e.g. "triton" in attention_triton.py) is a new file plus one line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from conveyor.model.attention_metadata import AttentionMetadata
+
+ATTENTION_BACKENDS: dict[str, str] = {
+    "torch": "conveyor.model.attention:TorchAttentionBackend",
+    "triton": "conveyor.model.attention_triton:TritonAttentionBackend",
+}
+"""Registered backend names -> "module:Class" (a constant; classes take no constructor arguments)."""
+
+
+def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+    """Shape of ONE layer's KV cache tensor: [2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]."""
+    return (2, num_blocks, block_size, num_kv_heads, head_dim)
+
+
+class AttentionBackend(Protocol):
+    """What `Attention` needs from a backend; implementations hold no per-step state."""
+
+    name: str
+
+    def write_kv(
+        self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
+        """Store key/value [num_tokens, num_kv_heads, head_dim] into kv_cache at slot_mapping [num_tokens]."""
+        ...
+
+    def forward(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        """query [num_tokens, num_heads, head_dim] -> output of the same shape (causal, paged)."""
+        ...
+
+
+def get_attention_backend(name: str) -> AttentionBackend:
+    """A fresh backend instance by name ("torch", "triton"); unknown names raise with the choices."""
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose one of {sorted(ATTENTION_BACKENDS)}")
+    module_name, class_name = ATTENTION_BACKENDS[name].split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"attention backend {name!r} is not available here: {error}") from error
+    return getattr(module, class_name)()
+
+
+def write_kv_torch(
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Scatter key/value [T, kvh, d] into the flat slots of kv_cache [2, nb, bs, kvh, d]."""
+    num_kv_heads, head_dim = kv_cache.shape[-2:]
+    kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
+    kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
+
+
+def paged_attention_torch(
+    query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    """Reference paged attention: query [T, H, d] -> [T, H, d], K/V of this step already written.
+
+    Single-token sequences (decodes) are batched: their blocks are gathered into one padded
+    [n, kvh, L, d] tensor and masked by length. Longer queries (prefill chunks) run one by one with
+    a causal mask shifted by their cached context. GQA: query head h reads KV head h // (H // kvh).
+    """
+    out = torch.empty_like(query)
+    starts = [0]
+    for length in metadata.query_lens_cpu:
+        starts.append(starts[-1] + length)
+    decode_seqs = [i for i, q in enumerate(metadata.query_lens_cpu) if q == 1]
+    if decode_seqs:
+        token_ids = torch.tensor([starts[i] for i in decode_seqs], device=query.device)
+        out[token_ids] = _decode_attention(query[token_ids], kv_cache, metadata, decode_seqs, scale)
+    for i, query_len in enumerate(metadata.query_lens_cpu):
+        if query_len > 1:
+            chunk = slice(starts[i], starts[i + 1])
+            out[chunk] = _prefill_attention(query[chunk], kv_cache, metadata, i, scale)
+    return out
+
+
+def _gather_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """block_ids [..., nblk] -> K and V [..., nblk * block_size, kvh, d] in sequence order."""
+    k = kv_cache[0][block_ids]  # [..., nblk, bs, kvh, d]
+    v = kv_cache[1][block_ids]
+    return k.flatten(-4, -3), v.flatten(-4, -3)
+
+
+def _decode_attention(
+    query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, seqs: list[int], scale: float
+) -> torch.Tensor:
+    """query [n, H, d] of n one-token sequences -> [n, H, d]."""
+    num_seqs, num_heads, head_dim = query.shape
+    num_kv_heads = kv_cache.shape[-2]
+    lens = [metadata.seq_lens_cpu[i] for i in seqs]
+    num_blocks = math.ceil(max(lens) / metadata.block_size)
+    rows = torch.tensor(seqs, device=query.device)
+    k, v = _gather_blocks(kv_cache, metadata.block_tables[rows, :num_blocks].long())  # [n, L, kvh, d]
+    k, v = k.transpose(1, 2).to(query.dtype), v.transpose(1, 2).to(query.dtype)  # [n, kvh, L, d]
+    # The query heads sharing one KV head act as that head's "query length": no KV repeat needed.
+    q = query.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [n, kvh, g, d]
+    lens_t = torch.tensor(lens, device=query.device)
+    mask = torch.arange(k.shape[2], device=query.device)[None, :] < lens_t[:, None]  # [n, L]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :], scale=scale)
+    return out.reshape(num_seqs, num_heads, head_dim)
+
+
+def _prefill_attention(
+    query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, seq: int, scale: float
+) -> torch.Tensor:
+    """query [q, H, d] of sequence `seq` (its last q positions) -> [q, H, d]."""
+    query_len = query.shape[0]
+    seq_len = metadata.seq_lens_cpu[seq]
+    num_context = seq_len - query_len
+    num_blocks = math.ceil(seq_len / metadata.block_size)
+    k, v = _gather_blocks(kv_cache, metadata.block_tables[seq, :num_blocks].long())  # [L', kvh, d]
+    k = k[:seq_len].transpose(0, 1).to(query.dtype)  # [kvh, L, d]
+    v = v[:seq_len].transpose(0, 1).to(query.dtype)
+    q = query.transpose(0, 1)  # [H, q, d]
+    if num_context == 0:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+    else:
+        # Query i sits at position num_context + i and sees keys 0 .. num_context + i.
+        key_pos = torch.arange(seq_len, device=query.device)
+        query_pos = torch.arange(num_context, seq_len, device=query.device)
+        mask = key_pos[None, :] <= query_pos[:, None]  # [q, L]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return out.transpose(0, 1)
+
+
+class TorchAttentionBackend:
+    """The reference backend: plain torch, CPU and GPU."""
+
+    name = "torch"
+
+    def write_kv(
+        self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
+        write_kv_torch(key, value, kv_cache, slot_mapping)
+
+    def forward(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        return paged_attention_torch(query, kv_cache, metadata, scale)
+
+
+class Attention(nn.Module):
+    """Multi-head (GQA) attention over the paged KV cache; projections and rope live in the caller."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, backend: AttentionBackend) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = head_dim**-0.5
+        self.backend = backend
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """query [T, H*d], key/value [T, kvh*d] -> [T, H*d]; writes this step's K/V first."""
+        num_tokens = query.shape[0]
+        key = key.view(num_tokens, self.num_kv_heads, self.head_dim)
+        value = value.view(num_tokens, self.num_kv_heads, self.head_dim)
+        self.backend.write_kv(key, value, kv_cache, metadata.slot_mapping)
+        query = query.view(num_tokens, self.num_heads, self.head_dim)
+        out = self.backend.forward(query, kv_cache, metadata, self.scale)
+        return out.reshape(num_tokens, self.num_heads * self.head_dim)

@@ -1,0 +1,215 @@
+"""The Llama family (Llama 2/3.x, SmolLM2, ...): pre-norm decoder with GQA, rope and a SiLU-gated MLP.
+
+The model computes a flat batch of tokens from many sequences at once (see attention_metadata):
+it never sees padding or a batch dimension, so prefill chunks and decodes share every matmul.
+`forward` returns hidden states for all tokens; the runner picks the rows it samples from and
+calls `compute_logits` on those only (the LM head is the largest matmul for small models).
+Weights arrive under Hugging Face names through `load_weights`, which packs q/k/v and gate/up
+into the fused projections; every loader (safetensors, GGUF, dummy) feeds it the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from conveyor.model.attention import Attention, AttentionBackend
+from conveyor.model.attention_metadata import AttentionMetadata
+from conveyor.model.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
+from conveyor.model.registry import ModelArchConfig
+
+# HF projection name -> (fused parameter name, shard index within it).
+_FUSED_SHARDS = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+_LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+class LlamaAttention(nn.Module):
+    """Fused qkv projection, rope, paged attention, output projection."""
+
+    def __init__(self, config: ModelArchConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        total = self.q_size + 2 * self.kv_size
+        self.qkv_proj = nn.Linear(config.hidden_size, total, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, backend)
+
+    def shard_sizes(self) -> list[int]:
+        """Row counts of q, k, v inside qkv_proj."""
+        return [self.q_size, self.kv_size, self.kv_size]
+
+    def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hook before rope (Qwen3 adds per-head RMSNorm); q [T, H, d], k [T, kvh, d]."""
+        return q, k
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """x [T, hidden], rope = (cos, sin) [T, d] -> [T, hidden]."""
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.shard_sizes(), dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = self.normalize_qk(q, k)
+        cos, sin = rope
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = self.attn(q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v, kv_cache, metadata)
+        return self.o_proj(out)
+
+
+class LlamaDecoderLayer(nn.Module):
+    """x + attn(norm(x)), then + mlp(norm(x))."""
+
+    attention_cls: type[LlamaAttention] = LlamaAttention
+
+    def __init__(self, config: ModelArchConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = self.attention_cls(config, backend)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, metadata)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder stack and final norm (HF's `model.*` namespace)."""
+
+    def __init__(self, config: ModelArchConfig, backend: AttentionBackend, layer_cls: type[nn.Module]) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList([layer_cls(config, backend) for _ in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Decoder-only LM over a paged KV cache; see the module docstring for the calling convention."""
+
+    layer_cls: type[nn.Module] = LlamaDecoderLayer
+
+    def __init__(self, config: ModelArchConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config, backend, self.layer_cls)
+        self.lm_head = None
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.config.num_key_value_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.config.head_dim
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    def set_attention_backend(self, backend: AttentionBackend) -> None:
+        """Route every layer's attention through `backend` (e.g. after moving to CUDA)."""
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module.backend = backend
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """input_ids, positions [T] -> hidden [T, hidden]; writes the tokens' K/V into kv_caches."""
+        if len(kv_caches) != len(self.model.layers):
+            raise ValueError(f"got {len(kv_caches)} KV caches for {len(self.model.layers)} layers")
+        x = self.model.embed_tokens(input_ids)  # [T, hidden]
+        rope = self.model.rotary_emb(positions, x.dtype)
+        for layer, kv_cache in zip(self.model.layers, kv_caches):
+            x = layer(x, rope, kv_cache, metadata)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] -> logits [N, vocab] (float32 for stable sampling)."""
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors into the (fused) parameters; raises on unknown or missing ones."""
+        params = dict(self.named_parameters())
+        loaded: set[tuple[str, int | None]] = set()
+        for hf_name, tensor in weights:
+            target = self._target_of(hf_name)
+            if target is None:
+                continue
+            name, shard = target
+            if name not in params:
+                raise ValueError(f"checkpoint tensor {hf_name!r} has no parameter {name!r} in {type(self).__name__}")
+            self._copy_into(params[name], name, shard, tensor)
+            loaded.add((name, shard))
+        missing = sorted({name for name, shard in self._expected_shards(params) - loaded})
+        if missing:
+            raise ValueError(f"checkpoint lacks weights for {len(missing)} parameters, e.g. {missing[:4]}")
+
+    def _target_of(self, hf_name: str) -> tuple[str, int | None] | None:
+        """(parameter name, fused shard or None) for an HF tensor name, or None to skip it."""
+        if "rotary_emb.inv_freq" in hf_name:
+            return None
+        if hf_name == "lm_head.weight" and self.lm_head is None:
+            return None  # tied: some checkpoints still store the copy
+        match = _LAYER_INDEX.match(hf_name)
+        if match and int(match.group(1)) >= self.config.num_hidden_layers:
+            return None  # truncated by num_hidden_layers_override
+        for proj, (fused, shard) in _FUSED_SHARDS.items():
+            if f".{proj}." in hf_name:
+                return hf_name.replace(f".{proj}.", f".{fused}."), shard
+        return hf_name, None
+
+    def _expected_shards(self, params: dict[str, nn.Parameter]) -> set[tuple[str, int | None]]:
+        expected: set[tuple[str, int | None]] = set()
+        for name in params:
+            if ".qkv_proj." in name:
+                expected |= {(name, 0), (name, 1), (name, 2)}
+            elif ".gate_up_proj." in name:
+                expected |= {(name, 0), (name, 1)}
+            else:
+                expected.add((name, None))
+        return expected
+
+    def _copy_into(self, param: nn.Parameter, name: str, shard: int | None, tensor: torch.Tensor) -> None:
+        target = param.data
+        if shard is not None:
+            sizes = self._shard_sizes_of(name)
+            start = sum(sizes[:shard])
+            target = target.narrow(0, start, sizes[shard])
+        if tuple(target.shape) != tuple(tensor.shape):
+            raise ValueError(f"{name} (shard {shard}): expected shape {tuple(target.shape)}, got {tuple(tensor.shape)}")
+        with torch.no_grad():
+            target.copy_(tensor)
+
+    def _shard_sizes_of(self, name: str) -> list[int]:
+        if ".qkv_proj." in name:
+            return self.model.layers[0].self_attn.shard_sizes()
+        return [self.config.intermediate_size, self.config.intermediate_size]

