@@ -1,0 +1,179 @@
+"""KV cache sizing and allocation: how many blocks fit in a memory budget, and the tensors that hold them.
+
+The model: the KV cache is one tensor per layer, `[2, num_blocks, block_size, num_kv_heads, head_dim]`
+(K and V planes), addressed by a global slot `block_id * block_size + offset`. One block therefore
+costs `2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes` over all layers, and the
+number of blocks is the budget divided by that, floored. The budget is, in order of precedence:
+`CacheConfig.num_blocks_override` (exact count), `CacheConfig.kv_cache_memory_bytes`, and otherwise
+1 GiB on CPU or, on CUDA, `total * gpu_memory_utilization - peak_torch_bytes - non_torch_bytes`
+measured after a profiling forward of the largest batch (vLLM's procedure). The scheduler's block
+pool is sized with the same number, so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from conveyor.config import CacheConfig
+
+DEFAULT_CPU_KV_CACHE_MEMORY_BYTES = 1 << 30
+"""KV budget on CPU when `--kv-cache-memory` is not given: 1 GiB."""
+
+
+class KVCacheSizingError(RuntimeError):
+    """The memory budget cannot hold even one block, or one max-length request; says what to change."""
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """The geometry of the paged KV cache of one model."""
+
+    num_layers: int
+    """Attention layers, each with its own cache tensor."""
+    num_kv_heads: int
+    """Key/value heads per layer (fewer than query heads under GQA)."""
+    head_dim: int
+    """Channels per head."""
+    block_size: int
+    """Tokens per block."""
+    dtype_bytes: int
+    """Bytes per element of the cache dtype (2 for bfloat16/float16, 4 for float32)."""
+
+    @property
+    def bytes_per_token(self) -> int:
+        """K and V of one token over all layers."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.bytes_per_token * self.block_size
+
+    def layer_shape(self, num_blocks: int) -> tuple[int, int, int, int, int]:
+        """Shape of one layer's cache tensor."""
+        return (2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+
+
+@dataclass(frozen=True)
+class KVCapacity:
+    """What the allocated KV cache can hold; printed by the server at start-up."""
+
+    num_blocks: int
+    """Blocks in the pool (the scheduler's block pool gets the same number)."""
+    block_size: int
+    """Tokens per block."""
+    num_bytes: int
+    """Memory taken by the cache tensors over all layers."""
+    max_model_len: int
+    """The longest request the engine accepts, used for the concurrency figure."""
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def max_concurrency(self) -> float:
+        """How many requests of max_model_len tokens fit at once (vLLM's start-up line)."""
+        blocks_per_request = -(-self.max_model_len // self.block_size)
+        return self.num_blocks / blocks_per_request
+
+    def describe(self) -> str:
+        return (
+            f"KV cache: {self.num_blocks} blocks x {self.block_size} tokens = {self.num_tokens} tokens, "
+            f"{self.num_bytes / (1 << 20):.1f} MiB; maximum concurrency for {self.max_model_len} "
+            f"tokens per request: {self.max_concurrency:.2f}x"
+        )
+
+
+@dataclass(frozen=True)
+class GpuMemoryProfile:
+    """Memory measured around a profiling forward pass on CUDA."""
+
+    total_bytes: int
+    """Device memory (torch.cuda.mem_get_info total)."""
+    peak_torch_bytes: int
+    """torch.cuda.max_memory_allocated after the profiling pass: weights + peak activations."""
+    non_torch_bytes: int
+    """Memory in use that torch's allocator does not own (CUDA context, NCCL, other processes)."""
+
+
+def dtype_num_bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def num_blocks_from_memory(spec: KVCacheSpec, kv_cache_memory_bytes: int) -> int:
+    """Blocks that fit in `kv_cache_memory_bytes` (floored); raises if not even one fits."""
+    num_blocks = kv_cache_memory_bytes // spec.bytes_per_block
+    if num_blocks < 1:
+        raise KVCacheSizingError(
+            f"kv_cache_memory_bytes ({kv_cache_memory_bytes}) is smaller than one KV block "
+            f"({spec.bytes_per_block} bytes); raise --kv-cache-memory"
+        )
+    return num_blocks
+
+
+def num_blocks_for_gpu(spec: KVCacheSpec, gpu_memory_utilization: float, profile: GpuMemoryProfile) -> int:
+    """Blocks that fit in what the utilization target leaves after the profiled peak (vLLM's rule)."""
+    budget_bytes = int(profile.total_bytes * gpu_memory_utilization)
+    free_for_kv = budget_bytes - profile.peak_torch_bytes - profile.non_torch_bytes
+    if free_for_kv < spec.bytes_per_block:
+        raise KVCacheSizingError(
+            f"no GPU memory left for the KV cache: {gpu_memory_utilization:.2f} x "
+            f"{profile.total_bytes / (1 << 30):.1f} GiB minus the model's peak "
+            f"{profile.peak_torch_bytes / (1 << 30):.2f} GiB and {profile.non_torch_bytes / (1 << 30):.2f} "
+            "GiB outside torch; raise --gpu-memory-utilization or lower --max-num-batched-tokens"
+        )
+    return free_for_kv // spec.bytes_per_block
+
+
+def profile_gpu_memory(device: torch.device, run_forward: Callable[[], None]) -> GpuMemoryProfile:
+    """Run `run_forward` (the largest batch) once and measure torch's peak and memory outside torch."""
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    free_before, total_bytes = torch.cuda.mem_get_info(device)
+    run_forward()
+    torch.cuda.synchronize(device)
+    peak_torch_bytes = torch.cuda.max_memory_allocated(device)
+    reserved_bytes = torch.cuda.memory_reserved(device)
+    used_bytes = total_bytes - free_before
+    # Whatever the device reports as used beyond torch's reservation belongs to others (context, ...).
+    non_torch_bytes = max(0, used_bytes - reserved_bytes)
+    return GpuMemoryProfile(total_bytes, peak_torch_bytes, non_torch_bytes)
+
+
+def resolve_num_blocks(
+    spec: KVCacheSpec, cache_config: CacheConfig, device: torch.device,
+    profile: Callable[[], GpuMemoryProfile] | None = None,
+) -> int:
+    """Apply the precedence of the module docstring; `profile` is called only on CUDA when needed."""
+    if cache_config.num_blocks_override is not None:
+        return cache_config.num_blocks_override
+    if cache_config.kv_cache_memory_bytes is not None:
+        return num_blocks_from_memory(spec, cache_config.kv_cache_memory_bytes)
+    if device.type == "cuda":
+        if profile is None:
+            raise ValueError("sizing the KV cache from gpu_memory_utilization needs a profiling pass")
+        return num_blocks_for_gpu(spec, cache_config.gpu_memory_utilization, profile())
+    return num_blocks_from_memory(spec, DEFAULT_CPU_KV_CACHE_MEMORY_BYTES)
+
+
+def check_fits_max_model_len(capacity: KVCapacity) -> None:
+    """A request of max_model_len tokens must fit in the pool on its own, or it could never finish."""
+    if capacity.max_concurrency < 1.0:
+        raise KVCacheSizingError(
+            f"the KV cache holds {capacity.num_tokens} tokens, fewer than max_model_len "
+            f"({capacity.max_model_len}); raise --kv-cache-memory / --gpu-memory-utilization "
+            "or lower --max-model-len"
+        )
+
+
+def allocate_kv_caches(
+    spec: KVCacheSpec, num_blocks: int, device: torch.device, dtype: torch.dtype
+) -> list[torch.Tensor]:
+    """One zeroed tensor per layer, [2, num_blocks, block_size, num_kv_heads, head_dim]."""
+    if dtype_num_bytes(dtype) != spec.dtype_bytes:
+        raise ValueError(f"dtype {dtype} does not have spec.dtype_bytes={spec.dtype_bytes}")
+    shape = spec.layer_shape(num_blocks)
+    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(spec.num_layers)]

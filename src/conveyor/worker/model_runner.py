@@ -1,0 +1,167 @@
+"""The model runner: `SchedulerOutput` (ints) → input tensors → forward → logits → sampled token ids.
+
+One `execute` handles the whole mixed batch at once: prefill chunks (with or without a cached
+prefix) and decodes are all "compute tokens [start, start + n) of a sequence", so they share one
+flat token axis and one forward pass. Per-request state (tokens, block table, generator) persists
+in the worker between steps (request_state.py); the host-side inputs are built with numpy
+(input_batch.py); only the requests whose range reaches the end of their known tokens sample, and
+only their last hidden rows go through the LM head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from conveyor.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig
+from conveyor.core.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from conveyor.model.loader import load_model, resolve_dtype
+from conveyor.sampling_params import SamplingParams
+from conveyor.worker.input_batch import HostStaging, prepare_host_batch
+from conveyor.worker.kv_cache import (
+    KVCacheSpec,
+    KVCapacity,
+    allocate_kv_caches,
+    check_fits_max_model_len,
+    dtype_num_bytes,
+    profile_gpu_memory,
+    resolve_num_blocks,
+)
+from conveyor.worker.request_state import RequestState, apply_scheduler_output
+from conveyor.worker.sampler import Sampler
+from conveyor.worker.sampling_metadata import SamplingRequest, VocabInfo, build_sampling_batch
+
+ATTENTION_BACKEND = "torch"
+"""The paged-attention backend the runner asks the model for (the Triton one arrives with CUDA work)."""
+
+
+class ModelRunner:
+    """Owns the model, the KV cache tensors and the worker-side request states."""
+
+    def __init__(self, model_config: ModelConfig, cache_config: CacheConfig,
+                 scheduler_config: SchedulerConfig, device_config: DeviceConfig) -> None:
+        if device_config.num_threads is not None:
+            torch.set_num_threads(device_config.num_threads)
+        self.cache_config = cache_config
+        self.scheduler_config = scheduler_config
+        self.device = torch.device(device_config.device)
+        self.dtype = resolve_dtype(model_config.dtype, device_config.device)
+        loaded = load_model(model_config, device_config.device, self.dtype, ATTENTION_BACKEND)
+        self.model = loaded.module
+        self.arch_config = loaded.arch_config
+        self.eos_token_ids: tuple[int, ...] = loaded.eos_token_ids
+        self.kv_caches: list[torch.Tensor] = []
+        self.states: dict[str, RequestState] = {}
+        self.staging = HostStaging(self.device)
+        self.sampler = Sampler(self._new_generator().manual_seed(model_config.seed))
+        self.vocab = VocabInfo(self.vocab_size, frozenset(self.eos_token_ids))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.arch_config.vocab_size
+
+    @property
+    def max_position_embeddings(self) -> int:
+        """The model's longest position: the engine caps max_model_len with it."""
+        return self.arch_config.max_position_embeddings
+
+    @property
+    def block_size(self) -> int:
+        return self.cache_config.block_size
+
+    @property
+    def kv_cache_spec(self) -> KVCacheSpec:
+        return KVCacheSpec(
+            num_layers=self.arch_config.num_hidden_layers,
+            num_kv_heads=self.arch_config.num_key_value_heads,
+            head_dim=self.arch_config.head_dim,
+            block_size=self.block_size,
+            dtype_bytes=dtype_num_bytes(self.dtype),
+        )
+
+    def initialize_kv_cache(self) -> KVCapacity:
+        """Size the cache (override, memory budget, or GPU profiling) and allocate it."""
+        spec = self.kv_cache_spec
+        num_blocks = resolve_num_blocks(
+            spec, self.cache_config, self.device,
+            profile=lambda: profile_gpu_memory(self.device, self.profile_run),
+        )
+        self.kv_caches = allocate_kv_caches(spec, num_blocks, self.device, self.dtype)
+        capacity = KVCapacity(
+            num_blocks=num_blocks, block_size=spec.block_size,
+            num_bytes=num_blocks * spec.bytes_per_block,
+            max_model_len=min(self.scheduler_config.max_model_len, self.max_position_embeddings),
+        )
+        check_fits_max_model_len(capacity)
+        return capacity
+
+    @torch.inference_mode()
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step; call it for every SchedulerOutput, even an empty one (it carries drops)."""
+        batch = apply_scheduler_output(self.states, scheduler_output, self._generator_for)
+        if scheduler_output.is_empty or not batch:
+            return ModelRunnerOutput(sampled_token_ids={})
+        if not self.kv_caches:
+            raise RuntimeError("initialize_kv_cache() must run before execute()")
+        host = prepare_host_batch(batch, scheduler_output.num_scheduled_tokens, self.block_size)
+        inputs = self.staging.device_batch(host, self.block_size)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attention)  # [T, H]
+        sampled: dict[str, list[int]] = {s.request_id: [] for s in batch}
+        if not host.sampling_rows:
+            return ModelRunnerOutput(sampled_token_ids=sampled)
+        logits = self.model.compute_logits(hidden[inputs.logits_indices]).float()  # [S, V]
+        sampling = [batch[row] for row in host.sampling_rows]
+        return self._sample(sampling, logits, sampled)
+
+    def _sample(self, sampling: list[RequestState], logits: torch.Tensor,
+                sampled: dict[str, list[int]]) -> ModelRunnerOutput:
+        requests = [SamplingRequest(s.sampling_params, s.token_ids, s.num_prompt_tokens, s.generator)
+                    for s in sampling]
+        result = self.sampler(logits, build_sampling_batch(requests, self.vocab, self.device))
+        logprobs: dict[str, list[TokenLogprobs]] = {}
+        for state, token_id, token_logprobs in zip(sampling, result.sampled_token_ids, result.logprobs):
+            state.token_ids.append(token_id)
+            sampled[state.request_id] = [token_id]
+            if token_logprobs is not None:
+                logprobs[state.request_id] = [token_logprobs]
+        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+
+    def _new_generator(self) -> torch.Generator:
+        return torch.Generator(device=self.device)
+
+    def _generator_for(self, params: SamplingParams) -> torch.Generator | None:
+        """Seeded random requests get their own generator (re-seeded per position by the sampler)."""
+        if params.seed is None or params.temperature == 0.0:
+            return None
+        return self._new_generator()
+
+    @torch.inference_mode()
+    def profile_run(self) -> None:
+        """The largest step the scheduler can send, on scratch KV, for CUDA memory profiling."""
+        num_tokens = self.scheduler_config.max_num_batched_tokens
+        max_len = min(self.scheduler_config.max_model_len, self.max_position_embeddings)
+        seq_lens = _split(num_tokens, max_len)
+        spec = self.kv_cache_spec
+        num_blocks = sum(-(-n // spec.block_size) for n in seq_lens)
+        scratch = allocate_kv_caches(spec, num_blocks, self.device, self.dtype)
+        states, next_block = [], 0
+        for index, length in enumerate(seq_lens):
+            blocks = list(range(next_block, next_block + -(-length // spec.block_size)))
+            next_block += len(blocks)
+            states.append(RequestState(f"profile-{index}", [0] * length, length, blocks,
+                                       SamplingParams(temperature=1.0, top_p=0.9), 0))
+        host = prepare_host_batch(states, {s.request_id: len(s.token_ids) for s in states}, spec.block_size)
+        inputs = self.staging.device_batch(host, spec.block_size)
+        hidden = self.model(inputs.input_ids, inputs.positions, scratch, inputs.attention)
+        rows = torch.arange(self.scheduler_config.max_num_seqs, device=self.device) % hidden.shape[0]
+        logits = self.model.compute_logits(hidden[rows]).float()  # [max_num_seqs, V]
+        requests = [SamplingRequest(SamplingParams(temperature=1.0, top_p=0.9), [0], 1)] * len(rows)
+        self.sampler(logits, build_sampling_batch(requests, self.vocab, self.device))
+        del scratch, hidden, logits
+
+
+def _split(num_tokens: int, max_len: int) -> Sequence[int]:
+    """num_tokens as sequences of at most max_len tokens."""
+    full, rest = divmod(num_tokens, max_len)
+    return [max_len] * full + ([rest] if rest else [])

@@ -1,0 +1,78 @@
+"""The worker's persistent per-request state, updated from each `SchedulerOutput` (core/outputs.py).
+
+The worker holds every running request's tokens and block table; the scheduler sends only what
+changed (new requests in full, blocks appended to known ones) and the worker appends the tokens
+it samples itself. Invariant after `apply_scheduler_output`: every scheduled request id has a state,
+and none of the finished or preempted ids has one (a preempted request comes back as new, with its
+earlier outputs among its tokens, and is recomputed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from conveyor.core.outputs import NewRequestData, SchedulerOutput
+from conveyor.sampling_params import SamplingParams
+
+
+@dataclass
+class RequestState:
+    """One request as the worker sees it."""
+
+    request_id: str
+    token_ids: list[int]
+    """Prompt + output tokens known so far (the worker appends what it samples)."""
+    num_prompt_tokens: int
+    """How many of token_ids are prompt."""
+    block_ids: list[int]
+    """The request's block table: physical block of each block_size-token span, in order."""
+    sampling_params: SamplingParams
+    num_computed_tokens: int
+    """Tokens whose KV is in the cache before the current step (as the scheduler last said)."""
+    generator: torch.Generator | None = None
+    """The request's own sampling generator (seeded requests only)."""
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+
+def state_from_new(new: NewRequestData, generator: torch.Generator | None) -> RequestState:
+    return RequestState(
+        request_id=new.request_id,
+        token_ids=list(new.prompt_token_ids) + list(new.output_token_ids),
+        num_prompt_tokens=len(new.prompt_token_ids),
+        block_ids=list(new.block_ids),
+        sampling_params=new.sampling_params,
+        num_computed_tokens=new.num_computed_tokens,
+        generator=generator,
+    )
+
+
+def apply_scheduler_output(
+    states: dict[str, RequestState],
+    scheduler_output: SchedulerOutput,
+    make_generator: Callable[[SamplingParams], torch.Generator | None],
+) -> list[RequestState]:
+    """Drop finished/preempted states, add new ones, extend block tables; returns the batch in order."""
+    for request_id in scheduler_output.finished_req_ids | scheduler_output.preempted_req_ids:
+        states.pop(request_id, None)
+    batch: list[RequestState] = []
+    for cached in scheduler_output.scheduled_cached_reqs:
+        state = states.get(cached.request_id)
+        if state is None:
+            raise KeyError(
+                f"scheduler sent cached request {cached.request_id!r} that the worker does not hold "
+                "(a preempted or new request must arrive as NewRequestData)"
+            )
+        state.block_ids.extend(cached.new_block_ids)
+        state.num_computed_tokens = cached.num_computed_tokens
+        batch.append(state)
+    for new in scheduler_output.scheduled_new_reqs:
+        state = state_from_new(new, make_generator(new.sampling_params))
+        states[new.request_id] = state
+        batch.append(state)
+    return batch

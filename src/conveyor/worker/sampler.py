@@ -1,0 +1,164 @@
+"""The sampler: logits of the rows that sample this step → one token id each (+ logprobs on request).
+
+The pipeline follows vLLM V1, in this order:
+1. raw logprobs = log_softmax(model logits), kept only if some row asked for logprobs (vLLM's default
+   `raw_logprobs` mode: the numbers describe the model, not the processed distribution);
+2. min_tokens: EOS (unless ignore_eos) and stop token ids get -inf until min_tokens are generated;
+3. penalties: repetition (HF/vLLM: over prompt + output tokens, positive logits divided, negative
+   multiplied), then frequency and presence (OpenAI: over output tokens, subtracted);
+4. greedy rows: argmax, exactly (an all-greedy batch without penalties does nothing but one argmax);
+5. random rows: divide by temperature, min_p, top_k / top_p, then draw by the exponential race
+   (argmax of p / q with q ~ Exp(1), equivalent to a categorical draw) so that each seeded row
+   draws its noise from its own generator and unseeded rows share the runner's generator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from conveyor.core.outputs import TokenLogprobs
+from conveyor.worker.sampling_metadata import PenaltyInputs, SamplingBatch
+
+
+@dataclass(frozen=True)
+class SamplerOutput:
+    """One sampled token per row, and its logprobs where the row asked for them."""
+
+    sampled_token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+
+
+class Sampler:
+    """Stateless apart from the shared generator used by rows without their own seed."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        """logits: [N, V] float32, modified in place."""
+        assert logits.dim() == 2 and logits.shape[0] == batch.num_rows, logits.shape
+        raw_logprobs = _raw_logprobs(logits, batch)
+        if batch.masked_rows is not None:
+            logits[batch.masked_rows, batch.masked_token_ids] = float("-inf")
+        if batch.penalties is not None:
+            apply_penalties(logits, batch.penalties)
+        sampled = self._sample(logits, batch)  # [N] int64
+        token_ids = sampled.tolist()
+        if raw_logprobs is None:
+            return SamplerOutput(token_ids, [None] * batch.num_rows)
+        return SamplerOutput(token_ids, gather_logprobs(raw_logprobs, sampled, batch.num_logprobs))
+
+    def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        if batch.all_greedy:
+            return logits.argmax(dim=-1)
+        assert batch.temperature is not None
+        is_greedy = batch.temperature == 0.0
+        # Greedy rows divide by 1 so that the random path stays finite; their result is the argmax.
+        temperature = torch.where(is_greedy, torch.ones_like(batch.temperature), batch.temperature)
+        scaled = logits / temperature.unsqueeze(1)  # [N, V]
+        if batch.min_p is not None:
+            apply_min_p(scaled, batch.min_p)
+        if batch.top_k is not None or batch.top_p is not None:
+            scaled = apply_top_k_top_p(scaled, batch.top_k, batch.top_p)
+        random = exponential_race(scaled.softmax(dim=-1), batch.generators, self.generator)
+        if not bool(is_greedy.any()):
+            return random
+        return torch.where(is_greedy, logits.argmax(dim=-1), random)
+
+
+def _raw_logprobs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor | None:
+    if batch.max_num_logprobs is None:
+        return None
+    return torch.log_softmax(logits, dim=-1)  # [N, V], a new tensor: later in-place edits don't touch it
+
+
+def apply_penalties(logits: torch.Tensor, penalties: PenaltyInputs) -> None:
+    """Repetition, frequency and presence penalties on the penalised rows of logits [N, V], in place."""
+    num_rows, vocab_size = penalties.rows.shape[0], logits.shape[1]
+    rows = logits[penalties.rows]  # [M, V] copy
+    # Histories are padded with token id V: scatter into V + 1 columns, then drop the pad column.
+    output_counts = torch.zeros(num_rows, vocab_size + 1, dtype=logits.dtype, device=logits.device)
+    output_counts.scatter_add_(1, penalties.output_token_ids, torch.ones_like(
+        penalties.output_token_ids, dtype=logits.dtype))
+    output_counts = output_counts[:, :vocab_size]  # [M, V]
+    in_prompt = torch.zeros(num_rows, vocab_size + 1, dtype=torch.bool, device=logits.device)
+    in_prompt.scatter_(1, penalties.prompt_token_ids, True)
+    seen = in_prompt[:, :vocab_size] | (output_counts > 0)
+    repetition = penalties.repetition.unsqueeze(1)
+    rows = torch.where(seen, torch.where(rows > 0, rows / repetition, rows * repetition), rows)
+    rows -= penalties.frequency.unsqueeze(1) * output_counts
+    rows -= penalties.presence.unsqueeze(1) * (output_counts > 0).to(logits.dtype)
+    logits[penalties.rows] = rows
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> None:
+    """Drop tokens whose probability is below min_p × the top token's, in place. logits [N, V]."""
+    probs = logits.softmax(dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)  # [N, 1]
+    logits.masked_fill_(probs < threshold, float("-inf"))
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> torch.Tensor:
+    """Keep each row's k best tokens, then the smallest prefix whose probability reaches p."""
+    if top_p is None:
+        assert top_k is not None
+        return _apply_top_k_only(logits, top_k)
+    sorted_logits, order = logits.sort(dim=-1, descending=True)  # [N, V]
+    drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if top_k is not None:
+        ranks = torch.arange(logits.shape[1], device=logits.device)
+        drop |= ranks.unsqueeze(0) >= top_k.unsqueeze(1)
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # mass of strictly better tokens; 0 for the best one
+    drop |= mass_before >= top_p.unsqueeze(1)
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def _apply_top_k_only(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """top-k without a full sort: threshold at each row's k-th largest value (ties at it are kept)."""
+    max_k = int(top_k.max())
+    top_values = logits.topk(max_k, dim=-1).values  # [N, max_k], descending
+    kth_value = top_values.gather(1, (top_k - 1).unsqueeze(1))  # [N, 1]
+    return logits.masked_fill(logits < kth_value, float("-inf"))
+
+
+def exponential_race(
+    probs: torch.Tensor, generators: dict[int, torch.Generator], shared: torch.Generator
+) -> torch.Tensor:
+    """argmax(p / q), q ~ Exp(1): a categorical draw per row. Seeded rows use their own generator."""
+    noise = torch.empty_like(probs)
+    if len(generators) < probs.shape[0]:
+        noise.exponential_(generator=shared)
+    for row, generator in generators.items():
+        noise[row].exponential_(generator=generator)
+    return probs.div_(noise).argmax(dim=-1)
+
+
+def gather_logprobs(
+    raw_logprobs: torch.Tensor, sampled: torch.Tensor, num_logprobs: list[int | None]
+) -> list[TokenLogprobs | None]:
+    """Sampled token's logprob and 1-based rank, plus each row's top-n, from raw logprobs [N, V]."""
+    max_n = max(n for n in num_logprobs if n is not None)
+    token_logprobs = raw_logprobs.gather(1, sampled.unsqueeze(1))  # [N, 1]
+    ranks = (raw_logprobs >= token_logprobs).sum(dim=-1)  # [N]; counts the token itself (vLLM)
+    top = raw_logprobs.topk(max_n, dim=-1) if max_n > 0 else None
+    top_ids = top.indices.tolist() if top is not None else None
+    top_values = top.values.tolist() if top is not None else None
+    token_values, rank_values, sampled_ids = token_logprobs.squeeze(1).tolist(), ranks.tolist(), sampled.tolist()
+    results: list[TokenLogprobs | None] = []
+    for row, n in enumerate(num_logprobs):
+        if n is None:
+            results.append(None)
+            continue
+        results.append(TokenLogprobs(
+            token_id=sampled_ids[row], logprob=token_values[row], rank=rank_values[row],
+            top_token_ids=top_ids[row][:n] if top_ids is not None else [],
+            top_logprobs=top_values[row][:n] if top_values is not None else [],
+        ))
+    return results

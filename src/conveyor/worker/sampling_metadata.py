@@ -1,0 +1,202 @@
+"""Per-step sampler inputs, built from the requests that sample this step (one tensor per field).
+
+Each field is `None` when no row of the batch needs that feature, so the sampler's common cases
+(all greedy, no penalties, no logprobs) do no work for features nobody asked for.
+
+Seeds: a seeded request's draw for output position `n` comes from a generator seeded with
+`mix(seed, n)`. The stream is therefore a function of (seed, position) only: independent of which
+other requests share the batch, and unchanged when a preempted request is recomputed and resumes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from conveyor.sampling_params import SamplingParams
+
+_MASK_63 = (1 << 63) - 1
+_GOLDEN_64 = 0x9E3779B97F4A7C15
+
+
+def seed_for_position(seed: int, num_output_tokens: int) -> int:
+    """A well-mixed 63-bit seed for one (request seed, output position) pair (splitmix64 finaliser)."""
+    z = (seed * _GOLDEN_64 + (num_output_tokens + 1) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & ((1 << 64) - 1)
+    return (z ^ (z >> 31)) & _MASK_63
+
+
+@dataclass(frozen=True)
+class SamplingRequest:
+    """What the sampler needs from one request that samples this step."""
+
+    params: SamplingParams
+    token_ids: Sequence[int]
+    """Prompt + output tokens known before this step's sample."""
+    num_prompt_tokens: int
+    """How many of token_ids are prompt."""
+    generator: torch.Generator | None = None
+    """The request's own generator (seeded requests only); re-seeded here for its next position."""
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+
+@dataclass(frozen=True)
+class PenaltyInputs:
+    """Rows with repetition/frequency/presence penalties and their token histories (padded with V)."""
+
+    rows: torch.Tensor
+    """[M] int64: which rows of the logits these are."""
+    prompt_token_ids: torch.Tensor
+    """[M, P] int64, padded with vocab_size."""
+    output_token_ids: torch.Tensor
+    """[M, O] int64, padded with vocab_size."""
+    repetition: torch.Tensor
+    """[M] float32."""
+    frequency: torch.Tensor
+    """[M] float32."""
+    presence: torch.Tensor
+    """[M] float32."""
+
+
+@dataclass(frozen=True)
+class SamplingBatch:
+    """Sampler inputs for N rows of logits."""
+
+    num_rows: int
+    all_greedy: bool
+    """Every row has temperature 0: the sample is one argmax."""
+    temperature: torch.Tensor | None
+    """[N] float32, 0 for greedy rows (None when all greedy)."""
+    top_k: torch.Tensor | None
+    """[N] int64, vocab_size where unset (None when no row sets top_k)."""
+    top_p: torch.Tensor | None
+    """[N] float32, 1.0 where unset (None when no row sets top_p < 1)."""
+    min_p: torch.Tensor | None
+    """[N] float32 (None when no row sets min_p)."""
+    generators: dict[int, torch.Generator]
+    """row -> the seeded request's generator, positioned for this step."""
+    penalties: PenaltyInputs | None
+    masked_rows: torch.Tensor | None
+    """[K] int64 row of each (row, token) pair that min_tokens forbids this step."""
+    masked_token_ids: torch.Tensor | None
+    """[K] int64 token of each pair."""
+    num_logprobs: list[int | None]
+    """Per row: top alternatives requested (None: no logprobs)."""
+
+    @property
+    def max_num_logprobs(self) -> int | None:
+        requested = [n for n in self.num_logprobs if n is not None]
+        return max(requested) if requested else None
+
+
+@dataclass(frozen=True)
+class VocabInfo:
+    """Vocabulary facts the builder needs."""
+
+    vocab_size: int
+    """Columns of the logits."""
+    eos_token_ids: frozenset[int]
+    """Masked while min_tokens is not reached (unless the request sets ignore_eos, as vLLM does)."""
+
+
+def build_sampling_batch(
+    requests: Sequence[SamplingRequest], vocab: VocabInfo, device: torch.device
+) -> SamplingBatch:
+    params = [r.params for r in requests]
+    all_greedy = all(p.temperature == 0.0 for p in params)
+    masked_rows, masked_tokens = _min_tokens_pairs(requests, vocab, device)
+    return SamplingBatch(
+        num_rows=len(requests),
+        all_greedy=all_greedy,
+        temperature=None if all_greedy else _floats([p.temperature for p in params], device),
+        top_k=_top_k(params, vocab.vocab_size, device) if not all_greedy else None,
+        top_p=_floats([p.top_p for p in params], device) if _any(params, "top_p", 1.0, all_greedy) else None,
+        min_p=_floats([p.min_p for p in params], device) if _any(params, "min_p", 0.0, all_greedy) else None,
+        generators=_position_generators(requests),
+        penalties=_penalty_inputs(requests, vocab.vocab_size, device),
+        masked_rows=masked_rows,
+        masked_token_ids=masked_tokens,
+        num_logprobs=[p.logprobs for p in params],
+    )
+
+
+def _floats(values: list[float], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32, device=device)
+
+
+def _any(params: list[SamplingParams], name: str, neutral: float, all_greedy: bool) -> bool:
+    """Whether a random-sampling row sets `name` to something other than its neutral value."""
+    return not all_greedy and any(p.temperature > 0.0 and getattr(p, name) != neutral for p in params)
+
+
+def _top_k(params: list[SamplingParams], vocab_size: int, device: torch.device) -> torch.Tensor | None:
+    if not any(p.temperature > 0.0 and p.top_k is not None and p.top_k < vocab_size for p in params):
+        return None
+    ks = [min(p.top_k, vocab_size) if p.top_k is not None else vocab_size for p in params]
+    return torch.tensor(ks, dtype=torch.int64, device=device)
+
+
+def _position_generators(requests: Sequence[SamplingRequest]) -> dict[int, torch.Generator]:
+    generators: dict[int, torch.Generator] = {}
+    for row, request in enumerate(requests):
+        seed = request.params.seed
+        if request.generator is None or seed is None or request.params.temperature == 0.0:
+            continue
+        request.generator.manual_seed(seed_for_position(seed, request.num_output_tokens))
+        generators[row] = request.generator
+    return generators
+
+
+def _min_tokens_pairs(
+    requests: Sequence[SamplingRequest], vocab: VocabInfo, device: torch.device
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    rows: list[int] = []
+    tokens: list[int] = []
+    for row, request in enumerate(requests):
+        params = request.params
+        if request.num_output_tokens >= params.min_tokens:
+            continue
+        stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids |= vocab.eos_token_ids
+        stop_ids = {t for t in stop_ids if t < vocab.vocab_size}
+        rows.extend([row] * len(stop_ids))
+        tokens.extend(sorted(stop_ids))
+    if not rows:
+        return None, None
+    return (torch.tensor(rows, dtype=torch.int64, device=device),
+            torch.tensor(tokens, dtype=torch.int64, device=device))
+
+
+def _has_penalty(params: SamplingParams) -> bool:
+    return (params.repetition_penalty != 1.0 or params.frequency_penalty != 0.0
+            or params.presence_penalty != 0.0)
+
+
+def _padded(rows: list[Sequence[int]], pad_id: int, device: torch.device) -> torch.Tensor:
+    width = max(1, max(len(r) for r in rows))
+    data = [list(r) + [pad_id] * (width - len(r)) for r in rows]
+    return torch.tensor(data, dtype=torch.int64, device=device)
+
+
+def _penalty_inputs(
+    requests: Sequence[SamplingRequest], vocab_size: int, device: torch.device
+) -> PenaltyInputs | None:
+    rows = [i for i, r in enumerate(requests) if _has_penalty(r.params)]
+    if not rows:
+        return None
+    chosen = [requests[i] for i in rows]
+    return PenaltyInputs(
+        rows=torch.tensor(rows, dtype=torch.int64, device=device),
+        prompt_token_ids=_padded([r.token_ids[: r.num_prompt_tokens] for r in chosen], vocab_size, device),
+        output_token_ids=_padded([r.token_ids[r.num_prompt_tokens:] for r in chosen], vocab_size, device),
+        repetition=_floats([r.params.repetition_penalty for r in chosen], device),
+        frequency=_floats([r.params.frequency_penalty for r in chosen], device),
+        presence=_floats([r.params.presence_penalty for r in chosen], device),
+    )

@@ -1,0 +1,162 @@
+"""Test helpers for the model runner: a tiny dummy Llama and a toy scheduler that builds SchedulerOutputs.
+
+The toy scheduler has unbounded blocks and schedules every unfinished request each step with up to
+`chunk_size` tokens; tests use it to compare one-shot, chunked, prefix-hit, batched and preempted runs.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from dataclasses import dataclass, field
+
+import torch
+
+from conveyor.config import CacheConfig, DeviceConfig, LoadFormat, ModelConfig, SchedulerConfig
+from conveyor.core.outputs import CachedRequestData, NewRequestData, SchedulerOutput
+from conveyor.sampling_params import SamplingParams
+from conveyor.worker.model_runner import ModelRunner
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "eos_token_id": 2,
+    "bos_token_id": 1,
+}
+BLOCK_SIZE = 4
+
+
+def write_tiny_llama(directory: pathlib.Path) -> pathlib.Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(TINY_LLAMA))
+    return directory
+
+
+def make_runner(model_dir: pathlib.Path, num_blocks: int = 256, max_num_seqs: int = 16) -> ModelRunner:
+    runner = ModelRunner(
+        ModelConfig(model=str(model_dir), load_format=LoadFormat.DUMMY, seed=0),
+        CacheConfig(block_size=BLOCK_SIZE, num_blocks_override=num_blocks),
+        SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=256, max_model_len=256),
+        DeviceConfig(device="cpu"),
+    )
+    _sharpen(runner.model)
+    runner.initialize_kv_cache()
+    return runner
+
+
+def _sharpen(model: torch.nn.Module) -> None:
+    """Larger random weights than the dummy loader's, so greedy choices are far from ties."""
+    generator = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, 0.5 if "embed" in name or "lm_head" in name else 0.1, generator=generator)
+
+
+def record_logits(runner: ModelRunner) -> list[torch.Tensor]:
+    """Wrap the model's compute_logits so each call's [S, V] result is appended to the returned list."""
+    calls: list[torch.Tensor] = []
+    original = runner.model.compute_logits
+
+    def compute_logits(hidden: torch.Tensor) -> torch.Tensor:
+        logits = original(hidden)
+        calls.append(logits.clone())
+        return logits
+
+    runner.model.compute_logits = compute_logits  # type: ignore[method-assign]
+    return calls
+
+
+@dataclass
+class ToyRequest:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    output: list[int] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    held_by_worker: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def done(self) -> bool:
+        return self.params.max_tokens is not None and len(self.output) >= self.params.max_tokens
+
+
+class ToyScheduler:
+    """Schedules every unfinished request every step; fresh blocks from a counter."""
+
+    def __init__(self, chunk_size: int = 1 << 30, first_block: int = 0) -> None:
+        self.chunk_size = chunk_size
+        self.next_block = first_block
+        self.requests: dict[str, ToyRequest] = {}
+        self.finished: set[str] = set()
+        self.preempted: set[str] = set()
+
+    def add(self, request_id: str, prompt: list[int], params: SamplingParams,
+            cached_blocks: list[int] | None = None, num_computed: int = 0) -> ToyRequest:
+        request = ToyRequest(request_id, list(prompt), params, block_ids=list(cached_blocks or []),
+                             num_computed=num_computed)
+        self.requests[request_id] = request
+        return request
+
+    def preempt(self, request_id: str) -> None:
+        request = self.requests[request_id]
+        request.held_by_worker, request.num_computed, request.block_ids = False, 0, []
+        self.preempted.add(request_id)
+
+    def _allocate(self, request: ToyRequest, num_tokens: int) -> list[int]:
+        needed = -(-(request.num_computed + num_tokens) // BLOCK_SIZE) - len(request.block_ids)
+        blocks = list(range(self.next_block, self.next_block + max(0, needed)))
+        self.next_block += len(blocks)
+        request.block_ids.extend(blocks)
+        return blocks
+
+    def schedule(self, only: set[str] | None = None) -> SchedulerOutput:
+        new, cached, num_tokens = [], [], {}
+        for request in self.requests.values():
+            if request.done or (only is not None and request.request_id not in only):
+                continue
+            n = min(request.num_tokens - request.num_computed, self.chunk_size)
+            was_held, blocks = request.held_by_worker, self._allocate(request, n)
+            if was_held:
+                cached.append(CachedRequestData(request.request_id, blocks, request.num_computed))
+            else:
+                new.append(NewRequestData(request.request_id, request.prompt, list(request.output),
+                                          request.params, list(request.block_ids), request.num_computed))
+                request.held_by_worker = True
+            num_tokens[request.request_id] = n
+        output = SchedulerOutput(new, cached, num_tokens, sum(num_tokens.values()),
+                                 finished_req_ids=self.finished, preempted_req_ids=self.preempted)
+        self.finished, self.preempted = set(), set()
+        return output
+
+    def step(self, runner: ModelRunner, only: set[str] | None = None) -> dict[str, list[int]]:
+        scheduler_output = self.schedule(only)
+        result = runner.execute(scheduler_output)
+        for request_id, n in scheduler_output.num_scheduled_tokens.items():
+            request = self.requests[request_id]
+            request.num_computed += n
+            request.output.extend(result.sampled_token_ids[request_id])
+            if request.done:
+                self.finished.add(request_id)
+        return result.sampled_token_ids
+
+    def run(self, runner: ModelRunner, max_steps: int = 1000) -> dict[str, list[int]]:
+        for _ in range(max_steps):
+            if all(r.done for r in self.requests.values()):
+                break
+            self.step(runner)
+        return {rid: r.output for rid, r in self.requests.items()}
