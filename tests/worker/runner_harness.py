@@ -41,11 +41,11 @@ def write_tiny_llama(directory: pathlib.Path) -> pathlib.Path:
     return directory
 
 
-def make_runner(model_dir: pathlib.Path, num_blocks: int = 256, max_num_seqs: int = 16) -> ModelRunner:
+def make_runner(model_dir: pathlib.Path, num_blocks: int = 256, max_model_len: int = 256) -> ModelRunner:
     runner = ModelRunner(
         ModelConfig(model=str(model_dir), load_format=LoadFormat.DUMMY, seed=0),
         CacheConfig(block_size=BLOCK_SIZE, num_blocks_override=num_blocks),
-        SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=256, max_model_len=256),
+        SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=256, max_model_len=max_model_len),
         DeviceConfig(device="cpu"),
     )
     _sharpen(runner.model)
