@@ -1,0 +1,92 @@
+"""The decision on recorded fixture run directories."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+
+import pytest
+
+from conveyor.bench.decision import CostModel, DecisionInputs, Outcome, evaluate_configs, recommend
+from conveyor.bench.decision_checklist import Answer, answer_checklist
+from conveyor.bench.rundirs import discover_runs, find_study_file, group_points
+from conveyor.bench.slo import SLO
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+STUDY = FIXTURES / "study_ab"
+SLO_AB = SLO(ttft_p95_ms=500, e2e_p95_ms=4000, error_rate=0.01)
+PRICES = {"continuous": CostModel(2.0), "static": CostModel(2.0), "cheap_breaking": CostModel(0.5)}
+
+
+def _configs(paths: list[pathlib.Path], slo: SLO = SLO_AB, costs: dict[str, CostModel] | None = None):
+    points = group_points(discover_runs(paths))
+    return evaluate_configs(points, DecisionInputs(slo=slo, costs=PRICES if costs is None else costs))
+
+
+def test_runs_group_by_config_and_rate() -> None:
+    points = group_points(discover_runs([STUDY]))
+    assert sorted(points) == ["cheap_breaking", "continuous", "static"]
+    assert [p.offered_rate for p in points["continuous"]] == [1.0, 2.0, 4.0, 8.0]
+    assert all(len(p.runs) == 3 for p in points["continuous"])
+    assert find_study_file([STUDY])["main_rate"] == 2.0
+
+
+def test_cheapest_meeting_every_bound_wins() -> None:
+    configs = {c.name: c for c in _configs([STUDY])}
+    assert configs["continuous"].max_rate_meeting == 4.0
+    assert configs["static"].max_rate_meeting == 2.0
+    assert configs["cheap_breaking"].max_rate_meeting is None
+    # 3 repeats x 20 s at $2/h over 3 x 80 accepted responses.
+    assert configs["continuous"].cost_per_accepted == pytest.approx(2.0 * 60 / 3600 / 240)
+    rec = recommend(list(configs.values()))
+    assert rec.outcome is Outcome.WINNER and rec.recommended == "continuous"
+    assert "cheap_breaking never meets the objective" in rec.explanation
+
+
+def test_cheaper_but_breaking_never_wins() -> None:
+    # Make the breaking configuration nearly free: it still cannot win.
+    costs = {**PRICES, "cheap_breaking": CostModel(0.0001)}
+    rec = recommend(_configs([STUDY], costs=costs))
+    assert rec.recommended == "continuous"
+
+
+def test_tie_is_said_and_broken_by_sustained_rate(tmp_path: pathlib.Path) -> None:
+    shutil.copytree(STUDY / "continuous", tmp_path / "continuous")
+    shutil.copytree(STUDY / "continuous", tmp_path / "twin")
+    configs = _configs([tmp_path], costs={})
+    rec = recommend(configs)
+    assert rec.outcome is Outcome.TIE
+    assert rec.tied == ("continuous", "twin") and rec.recommended == "continuous"
+    assert "Tie within 2%" in rec.explanation
+
+
+def test_no_winner_names_the_closest() -> None:
+    impossible = SLO(ttft_p95_ms=1.0)
+    rec = recommend(_configs([STUDY], slo=impossible))
+    assert rec.outcome is Outcome.NO_WINNER and rec.recommended is None
+    assert "No configuration meets every bound" in rec.explanation and "Closest" in rec.explanation
+
+
+def test_checklist_answers_with_evidence() -> None:
+    configs = _configs([STUDY])
+    rec = recommend(configs)
+    items = answer_checklist(configs, rec, main_rate=2.0)
+    answers = [i.answer for i in items]
+    # main scenario met; 8 req/s blows latency up (no rejection); KV stable; repeats within 15%; cheaper.
+    assert answers == [Answer.YES, Answer.NO, Answer.YES, Answer.YES, Answer.YES]
+    assert "blow-up" in items[1].evidence and "operating point 4" in items[1].evidence
+    static = next(c for c in configs if c.name == "static")
+    from conveyor.bench.decision_checklist import burst
+    assert burst(static).answer is Answer.YES and "rejected" in burst(static).evidence
+
+
+def test_goodput_bounds_count_accepted_from_requests(tmp_path: pathlib.Path) -> None:
+    import json
+    run = tmp_path / "r"
+    shutil.copytree(STUDY / "continuous" / "rate-1-rep0", run)
+    records = [{"status": "completed", "ttft_s": t, "tpot_s": 0.01, "e2e_s": 1.0} for t in (0.1, 0.2, 0.9)]
+    (run / "requests.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    from conveyor.bench.decision import accepted_responses
+    from conveyor.bench.rundirs import load_run
+    assert accepted_responses(load_run(run), SLO(ttft_ms=500)) == 2
+    assert accepted_responses(load_run(run), SLO()) == 20
