@@ -142,4 +142,9 @@ class EngineClient(Protocol):
 
     def num_unfinished_requests(self) -> int: ...
 
+    @property
+    def is_running(self) -> bool:
+        """False once the engine loop has crashed or shut down (the server's /health turns 503)."""
+        ...
+
     async def shutdown(self) -> None: ...
