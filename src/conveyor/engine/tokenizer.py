@@ -1,0 +1,254 @@
+"""Text <-> token ids, from a `tokenizer.json` or rebuilt from a GGUF file's own vocabulary.
+
+A GGUF carries no tokenizer.json: llama.cpp stores the vocabulary, the BPE merges, a type per
+token (1 normal, 3 control, 4 user-defined), the special ids, a pre-tokenizer name and the chat
+template as metadata. For byte-level BPE (`tokenizer.ggml.model == "gpt2"`) we rebuild the
+`tokenizers` pipeline: GPT-2 byte-to-unicode alphabet, BPE over the merges, control tokens as
+special added tokens (matched whole, never split), and the pre-tokenizer the name implies (the
+StarCoder family, SmolLM included, splits digits one by one before the GPT-2 regex, as
+llama.cpp does). The metadata is read with a small struct parser rather than `gguf.GGUFReader`,
+which materializes every field as numpy views and takes seconds on a 49k-token vocabulary.
+Chat templates are rendered with jinja2 in a sandbox, with the options transformers uses.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import struct
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+import jinja2
+import jinja2.sandbox
+from tokenizers import AddedToken, Tokenizer as BackendTokenizer, decoders, models, pre_tokenizers
+
+GGUF_TOKEN_TYPE_CONTROL = 3
+GGUF_TOKEN_TYPE_USER_DEFINED = 4
+# llama.cpp pre-tokenizer names whose regex isolates every digit before the GPT-2 split.
+_DIGIT_SPLITTING_PRE = frozenset({"smollm", "starcoder", "refact", "codeshell", "command-r", "exaone", "minerva"})
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+class TokenizerError(ValueError):
+    """The tokenizer source is missing or not one we can build."""
+
+
+def read_gguf_metadata(path: str | pathlib.Path) -> dict[str, Any]:
+    """The key/value metadata of a GGUF file (header only; tensors are not read)."""
+    with open(path, "rb") as handle:
+        if handle.read(4) != b"GGUF":
+            raise TokenizerError(f"{str(path)!r} is not a GGUF file")
+        version, _num_tensors, num_kv = struct.unpack("<IQQ", handle.read(20))
+        if version < 2:
+            raise TokenizerError(f"GGUF version {version} is too old (need >= 2)")
+        metadata: dict[str, Any] = {}
+        for _ in range(num_kv):
+            key = _read_string(handle)
+            (value_type,) = struct.unpack("<I", handle.read(4))
+            metadata[key] = _read_value(handle, value_type)
+        return metadata
+
+
+def _read_string(handle: BinaryIO) -> str:
+    (length,) = struct.unpack("<Q", handle.read(8))
+    return handle.read(length).decode("utf-8", errors="replace")
+
+
+def _read_value(handle: BinaryIO, value_type: int) -> Any:
+    if value_type == _GGUF_STRING:
+        return _read_string(handle)
+    if value_type == _GGUF_ARRAY:
+        item_type, count = struct.unpack("<IQ", handle.read(12))
+        if item_type in _GGUF_SCALARS:  # one bulk unpack instead of `count` small ones
+            fmt = _GGUF_SCALARS[item_type]
+            size = struct.calcsize(fmt)
+            return list(struct.unpack(f"<{count}{fmt[1]}", handle.read(size * count)))
+        return [_read_value(handle, item_type) for _ in range(count)]
+    if value_type not in _GGUF_SCALARS:
+        raise TokenizerError(f"unknown GGUF metadata value type {value_type}")
+    fmt = _GGUF_SCALARS[value_type]
+    return struct.unpack(fmt, handle.read(struct.calcsize(fmt)))[0]
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map used by byte-level BPE vocabularies."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    mapping = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+def _byte_level_backend(metadata: dict[str, Any]) -> BackendTokenizer:
+    """A byte-level BPE `tokenizers.Tokenizer` from GGUF vocab, merges, token types and pre name."""
+    spelling = _bytes_to_unicode()
+    alphabet = set(spelling.values())
+    tokens: list[str] = metadata["tokenizer.ggml.tokens"]
+    # A token stored as raw text (outside the byte alphabet) is respelled in it, as transformers does.
+    vocab = {
+        (t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8"))): i
+        for i, t in enumerate(tokens)
+    }
+    merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges", [])]
+    backend = BackendTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if metadata.get("tokenizer.ggml.pre") in _DIGIT_SPLITTING_PRE:
+        backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        backend.pre_tokenizer = byte_level
+    backend.decoder = decoders.ByteLevel()
+    token_types: list[int] = metadata.get("tokenizer.ggml.token_type", [])
+    backend.add_special_tokens([
+        AddedToken(t, normalized=False, special=True)
+        for t, kind in zip(tokens, token_types) if kind == GGUF_TOKEN_TYPE_CONTROL and set(t) <= alphabet
+    ])
+    backend.add_tokens([
+        AddedToken(t, normalized=False, special=False)
+        for t, kind in zip(tokens, token_types) if kind == GGUF_TOKEN_TYPE_USER_DEFINED
+    ])
+    return backend
+
+
+def _special_content(value: Any) -> str | None:
+    """tokenizer_config.json writes a special token as a string or as {"content": ...}."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+@dataclass
+class Tokenizer:
+    """A `tokenizers.Tokenizer` plus the special ids and chat template the engine needs."""
+
+    backend: BackendTokenizer
+    """The fast tokenizer doing the work."""
+    bos_token_id: int | None
+    """Beginning-of-sequence id (None if the model has none)."""
+    eos_token_id: int | None
+    """End-of-sequence id generation stops at."""
+    pad_token_id: int | None = None
+    """Padding id, if any (unused by the engine, reported for completeness)."""
+    add_bos_token: bool = False
+    """`encode(add_special_tokens=True)` prepends BOS."""
+    chat_template: str | None = None
+    """Jinja2 chat template (None: the model has none; apply_chat_template then raises)."""
+    _compiled_template: jinja2.Template | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.chat_template is not None:
+            self._compiled_template = _compile_template(self.chat_template)
+
+    @classmethod
+    def from_path(cls, path: str | pathlib.Path) -> Tokenizer:
+        """From a .gguf file, a tokenizer.json file, or a directory holding tokenizer.json."""
+        path = pathlib.Path(path).expanduser()
+        if path.suffix == ".gguf" and path.is_file():
+            return cls.from_gguf(path)
+        if path.is_dir() and (path / "tokenizer.json").is_file():
+            return cls.from_directory(path)
+        if path.name == "tokenizer.json" and path.is_file():
+            return cls.from_directory(path.parent)
+        raise TokenizerError(f"no tokenizer at {str(path)!r}: expected a .gguf file or a tokenizer.json (--tokenizer)")
+
+    @classmethod
+    def from_gguf(cls, path: str | pathlib.Path) -> Tokenizer:
+        """Rebuild the tokenizer a GGUF describes (byte-level BPE only)."""
+        metadata = read_gguf_metadata(path)
+        kind = metadata.get("tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise TokenizerError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2')")
+        return cls(
+            backend=_byte_level_backend(metadata),
+            bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
+            eos_token_id=metadata.get("tokenizer.ggml.eos_token_id"),
+            pad_token_id=metadata.get("tokenizer.ggml.padding_token_id"),
+            add_bos_token=bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
+            chat_template=metadata.get("tokenizer.chat_template"),
+        )
+
+    @classmethod
+    def from_directory(cls, directory: str | pathlib.Path) -> Tokenizer:
+        """tokenizer.json plus, if present, tokenizer_config.json (special tokens, chat template)."""
+        directory = pathlib.Path(directory)
+        backend = BackendTokenizer.from_file(str(directory / "tokenizer.json"))
+        config_path = directory / "tokenizer_config.json"
+        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates: take the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+
+        def token_id(key: str) -> int | None:
+            content = _special_content(config.get(key))
+            return None if content is None else backend.token_to_id(content)
+
+        return cls(
+            backend=backend,
+            bos_token_id=token_id("bos_token"),
+            eos_token_id=token_id("eos_token"),
+            pad_token_id=token_id("pad_token"),
+            add_bos_token=bool(config.get("add_bos_token", False)),
+            chat_template=template,
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return sorted(i for i, token in self.backend.get_added_tokens_decoder().items() if token.special)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
+            return [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self.backend.id_to_token(token_id)
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        """Token strings in the vocabulary's spelling (byte-level: GPT-2 alphabet)."""
+        return [self.backend.id_to_token(i) or "" for i in ids]
+
+    def convert_tokens_to_string(self, tokens: list[str]) -> str:
+        """Inverse of convert_ids_to_tokens (may end in U+FFFD when a UTF-8 character is incomplete)."""
+        return self.backend.decoder.decode(tokens)
+
+    def token_text(self, token_id: int) -> str | None:
+        """The text of one token as the decoder renders it (for logprobs)."""
+        token = self.backend.id_to_token(token_id)
+        return None if token is None else self.convert_tokens_to_string([token])
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any
+    ) -> str:
+        """Render `messages` with the model's chat template (as transformers does, to text)."""
+        if self._compiled_template is None:
+            raise TokenizerError("this model has no chat template; send a completion (prompt) request instead")
+        special = {
+            "bos_token": self.token_text(self.bos_token_id) if self.bos_token_id is not None else "",
+            "eos_token": self.token_text(self.eos_token_id) if self.eos_token_id is not None else "",
+        }
+        return self._compiled_template.render(messages=messages, add_generation_prompt=add_generation_prompt, **special, **extra)
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _compile_template(source: str) -> jinja2.Template:
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.globals["raise_exception"] = _raise_exception
+    return env.from_string(source)
