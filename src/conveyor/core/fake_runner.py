@@ -1,0 +1,64 @@
+"""A deterministic stand-in for the worker: it keeps the worker's per-request state from the
+`SchedulerOutput` deltas alone, checks the contract, and "samples" a token that is a pure function of
+(request id, position), so runs are reproducible and identical with or without chunking, prefix caching
+or preemption. Used by the tests and the simulation; it never loads a model.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from conveyor.core.outputs import ModelRunnerOutput, SchedulerOutput
+
+
+def default_token_fn(request_id: str, position: int) -> int:
+    """A token id in [1000, 33000): never a small id such as an EOS a test would pick."""
+    return 1000 + zlib.crc32(f"{request_id}:{position}".encode()) % 32000
+
+
+@dataclass
+class _WorkerState:
+    token_ids: list[int]
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class FakeModelRunner:
+    """Mirrors a worker's persistent request states; raises AssertionError on a contract violation."""
+
+    block_size: int
+    token_fn: Callable[[str, int], int] = default_token_fn
+    """Sampled token = token_fn(request id, position of the new token)."""
+    states: dict[str, _WorkerState] = field(default_factory=dict)
+
+    def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
+        for request_id in output.finished_req_ids | output.preempted_req_ids:
+            self.states.pop(request_id, None)
+        for new in output.scheduled_new_reqs:
+            assert new.request_id not in self.states, f"{new.request_id} sent as new twice"
+            self.states[new.request_id] = _WorkerState(
+                list(new.prompt_token_ids) + list(new.output_token_ids), list(new.block_ids),
+                new.num_computed_tokens)
+        for cached in output.scheduled_cached_reqs:
+            state = self.states[cached.request_id]
+            assert state.num_computed_tokens == cached.num_computed_tokens, "worker/scheduler out of sync"
+            state.block_ids.extend(cached.new_block_ids)
+        sampled: dict[str, list[int]] = {}
+        for request_id, num_tokens in output.num_scheduled_tokens.items():
+            sampled[request_id] = self._run(request_id, num_tokens)
+        return ModelRunnerOutput(sampled)
+
+    def _run(self, request_id: str, num_tokens: int) -> list[int]:
+        state = self.states[request_id]
+        end = state.num_computed_tokens + num_tokens
+        assert 0 < num_tokens and end <= len(state.token_ids), f"{request_id}: computes unknown tokens"
+        assert len(state.block_ids) * self.block_size >= end, f"{request_id}: too few KV slots"
+        state.num_computed_tokens = end
+        if end < len(state.token_ids):
+            return []  # a partial prefill chunk samples nothing
+        token_id = self.token_fn(request_id, end)
+        state.token_ids.append(token_id)
+        return [token_id]

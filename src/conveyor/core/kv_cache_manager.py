@@ -1,0 +1,147 @@
+"""Per-request block tables on top of the block pool: prefix lookup, slot allocation, freeing.
+
+Model: a running request holds `req_to_blocks[id]`, enough blocks for the tokens it has computed plus
+those scheduled this step (and, for the static policy, a reservation for its whole life). Blocks are
+only ever appended while the request runs and all released together on finish or preemption, tail
+first, so the tail blocks (the least likely to be shared) are the first evicted. With prefix caching on,
+every block that becomes full of scheduled tokens is indexed under its chained hash right after
+allocation; a later request (or the same one after preemption) can then reuse it. A prefix hit never
+covers a request's last known token: the model must compute at least that one to sample the next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from conveyor.core.block_pool import BlockPool, KVCacheBlock
+from conveyor.request import Request
+
+
+@dataclass
+class PrefixCacheStats:
+    """Prefix-cache lookups since the last `take_prefix_cache_stats()`, in tokens (vLLM's units)."""
+
+    num_queries: int = 0
+    """Tokens of admitted requests that were looked up."""
+    num_hits: int = 0
+    """Of those, tokens found in the cache."""
+
+
+class KVCacheManager:
+    """Allocates and frees KV blocks for requests; finds their cached prefixes."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.block_pool = BlockPool(num_blocks)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.num_cached_blocks: dict[str, int] = {}  # leading blocks of the table already indexed
+        self.prefix_cache_stats = PrefixCacheStats()
+
+    @property
+    def num_blocks(self) -> int:
+        return self.block_pool.num_blocks
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.usage
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest cached prefix of the request's full blocks, leaving its last token to compute."""
+        if not self.enable_prefix_caching:
+            return [], 0
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        computed: list[KVCacheBlock] = []
+        get_cached = self.block_pool.get_cached_block
+        for block_hash in request.block_hashes[:max_hit_blocks]:
+            block = get_cached(block_hash)
+            if block is None:
+                break
+            computed.append(block)
+        return computed, len(computed) * self.block_size
+
+    def record_prefix_lookup(self, num_query_tokens: int, num_hit_tokens: int) -> None:
+        """Count one admitted request's lookup (lookups of requests left waiting are not counted)."""
+        if self.enable_prefix_caching:
+            self.prefix_cache_stats.num_queries += num_query_tokens
+            self.prefix_cache_stats.num_hits += num_hit_tokens
+
+    def take_prefix_cache_stats(self) -> PrefixCacheStats:
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       new_computed_blocks: Sequence[KVCacheBlock] = (),
+                       num_lookahead_tokens: int = 0) -> list[int] | None:
+        """Give the request slots for `num_new_tokens` more tokens (plus a lookahead reservation).
+
+        `new_computed_blocks` are prefix hits from `get_computed_blocks` for a request being admitted;
+        `request.num_computed_tokens` must not include them yet. Returns the ids of the blocks newly
+        taken from the free queue (hits excluded), or None, changing nothing, if too few are free.
+        """
+        request_id = request.request_id
+        req_blocks = self.req_to_blocks.get(request_id)
+        num_held = 0 if req_blocks is None else len(req_blocks)
+        num_computed_tokens = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        num_tokens_after = num_computed_tokens + num_new_tokens
+        block_size = self.block_size
+        num_required = -(-(num_tokens_after + num_lookahead_tokens) // block_size)
+        num_new_blocks = num_required - num_held - len(new_computed_blocks)
+        if req_blocks is not None and num_new_blocks <= 0 and not new_computed_blocks:
+            # Decode fast path: no new block, maybe one newly full block to index.
+            if self.enable_prefix_caching and num_tokens_after // block_size > self.num_cached_blocks[request_id]:
+                self._cache_full_blocks(request, req_blocks, num_tokens_after)
+            return []
+        return self._allocate(request, num_new_blocks, new_computed_blocks, num_tokens_after)
+
+    def _allocate(self, request: Request, num_new_blocks: int,
+                  new_computed_blocks: Sequence[KVCacheBlock], num_tokens_after: int) -> list[int] | None:
+        pool = self.block_pool
+        num_free_hits = sum(1 for block in new_computed_blocks if block.ref_cnt == 0)
+        if max(num_new_blocks, 0) > pool.num_free_blocks - num_free_hits:
+            return None
+        req_blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        if not req_blocks:
+            self.num_cached_blocks[request.request_id] = len(new_computed_blocks)
+        pool.touch(new_computed_blocks)
+        req_blocks.extend(new_computed_blocks)
+        new_blocks = pool.get_new_blocks(max(num_new_blocks, 0))
+        req_blocks.extend(new_blocks)
+        if self.enable_prefix_caching:
+            self._cache_full_blocks(request, req_blocks, num_tokens_after)
+        return [block.block_id for block in new_blocks]
+
+    def _cache_full_blocks(self, request: Request, req_blocks: list[KVCacheBlock], num_tokens: int) -> None:
+        """Index the blocks that the first `num_tokens` tokens fill (their hashes are known)."""
+        request_id = request.request_id
+        start = self.num_cached_blocks[request_id]
+        end = min(num_tokens // self.block_size, len(request.block_hashes))
+        hashes = request.block_hashes
+        for index in range(start, end):
+            self.block_pool.cache_full_block(req_blocks[index], hashes[index])
+        self.num_cached_blocks[request_id] = max(start, end)
+
+    def free(self, request: Request) -> None:
+        """Release all of the request's blocks, tail first (tails are evicted before shared heads)."""
+        blocks = self.req_to_blocks.pop(request.request_id, None)
+        self.num_cached_blocks.pop(request.request_id, None)
+        if blocks:
+            self.block_pool.free_blocks(reversed(blocks))
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [block.block_id for block in self.req_to_blocks.get(request_id, ())]
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def check_invariants(self) -> None:
+        """Pool invariants, and every block's ref count equals the number of tables holding it."""
+        self.block_pool.check_invariants()
+        holders = [0] * self.block_pool.num_blocks
+        for blocks in self.req_to_blocks.values():
+            for block in blocks:
+                holders[block.block_id] += 1
+        for block in self.block_pool.blocks:
+            assert block.ref_cnt == holders[block.block_id], (
+                f"{block} is held by {holders[block.block_id]} requests")

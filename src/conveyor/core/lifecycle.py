@@ -1,0 +1,69 @@
+"""The two ends of a request's life in the scheduler: the admission checks and the stop checks.
+
+Admission rejects what could never finish, so that nothing accepted is left waiting forever: a prompt
+with no room for output under `max_model_len`, an explicit `max_tokens` past it, or a sequence the KV
+pool cannot hold even when empty. Every accepted request gets a length limit, `max_num_tokens`
+(prompt + output): the smallest of prompt + max_tokens, max_model_len and what the whole pool holds
+(the last sampled token needs no slot, hence the +1). Stops are checked after each appended token, in
+order: EOS (unless ignore_eos) and stop token ids, both ignored until `min_tokens` outputs exist; then
+the length limit (max_tokens and max_model_len both end as LENGTH).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from conveyor.config import SchedulerConfig
+from conveyor.core.errors import AdmissionError
+from conveyor.request import FinishReason, Request
+
+
+@dataclass(frozen=True)
+class KVCapacity:
+    """The geometry of the KV pool, as admission sees it."""
+
+    num_blocks: int
+    """Blocks in the pool."""
+    block_size: int
+    """Tokens per block."""
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+
+def check_admission(request: Request, config: SchedulerConfig, capacity: KVCapacity) -> int:
+    """Raise AdmissionError naming the field if the request can never finish; else its max_num_tokens."""
+    num_prompt = len(request.prompt_token_ids)
+    max_model_len = config.max_model_len
+    max_tokens = request.sampling_params.max_tokens
+    if num_prompt == 0:
+        raise AdmissionError("prompt", "must contain at least one token")
+    if num_prompt > max_model_len or (max_tokens is None and num_prompt >= max_model_len):
+        raise AdmissionError("prompt", f"has {num_prompt} tokens, leaving no room for output under "
+                             f"max_model_len ({max_model_len}); shorten the prompt")
+    if max_tokens is not None and num_prompt + max_tokens > max_model_len:
+        raise AdmissionError("max_tokens", f"prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) "
+                             f"exceeds max_model_len ({max_model_len}); lower max_tokens to at most "
+                             f"{max_model_len - num_prompt}")
+    if capacity.blocks_for(num_prompt + 1) > capacity.num_blocks:
+        raise AdmissionError("prompt", f"has {num_prompt} tokens but the KV cache holds only "
+                             f"{capacity.num_blocks * capacity.block_size - 1} + 1 tokens; shorten it")
+    if max_tokens is not None and capacity.blocks_for(num_prompt + max_tokens - 1) > capacity.num_blocks:
+        raise AdmissionError("max_tokens", f"prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) "
+                             f"cannot fit the KV cache ({capacity.num_blocks * capacity.block_size} "
+                             "token slots); lower max_tokens")
+    limit = min(max_model_len, capacity.num_blocks * capacity.block_size + 1)
+    return limit if max_tokens is None else min(limit, num_prompt + max_tokens)
+
+
+def check_stop(request: Request, token_id: int, max_num_tokens: int) -> tuple[FinishReason | None, int | None]:
+    """After `token_id` was appended: (finish reason, stop token id) or (None, None) to go on."""
+    params = request.sampling_params
+    if len(request.output_token_ids) >= params.min_tokens:
+        if token_id == request.eos_token_id and not params.ignore_eos:
+            return FinishReason.STOP, None
+        if token_id in params.stop_token_ids:
+            return FinishReason.STOP, token_id
+    if len(request.prompt_token_ids) + len(request.output_token_ids) >= max_num_tokens:
+        return FinishReason.LENGTH, None
+    return None, None
