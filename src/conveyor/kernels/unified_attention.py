@@ -12,6 +12,8 @@ CUDA-graph capturable. Sequence i's query blocks start at program `query_start_l
 `query_start_loc` and exits if it falls in the gap after the sequence's last block.
 """
 
+from dataclasses import dataclass
+
 import torch
 
 from conveyor.kernels.paged_batch import PagedBatch, check_paged_inputs, paged_attention_ref
@@ -96,13 +98,25 @@ def _unified_attention_kernel(
              mask=row_valid[:, None] & dim_valid[None, :])
 
 
-def unified_tile_shape(max_query_len: int, group: int) -> tuple[int, int, int]:
-    """(BLOCK_Q, BLOCK_M, TILE_N): small rows for decode-only batches, 64+ rows when prefills are in."""
+@dataclass(frozen=True)
+class UnifiedTile:
+    """Launch shape of the unified kernel."""
+
+    block_q: int
+    """Query tokens per program."""
+    block_m: int
+    """Rows per program: block_q * group_pad (query tokens x the KV head's query heads)."""
+    tile_n: int
+    """Keys per inner-loop tile."""
+    num_warps: int
+    num_stages: int
+
+
+def unified_tile(max_query_len: int, group: int) -> UnifiedTile:
+    """Small row blocks for decode-only batches (memory-bound), 64 rows when prefills are in."""
     group_pad = triton.next_power_of_2(group)
-    block_m = 16 if max_query_len == 1 else 64
-    block_m = max(block_m, group_pad)
-    tile_n = 64
-    return block_m // group_pad, block_m, tile_n
+    block_m = max(16 if max_query_len == 1 else 64, group_pad)
+    return UnifiedTile(block_q=block_m // group_pad, block_m=block_m, tile_n=64, num_warps=4, num_stages=2)
 
 
 def unified_attention(
@@ -110,24 +124,36 @@ def unified_attention(
     scale: float,
 ) -> torch.Tensor:
     """query [T, H, d] (bf16/fp16) + paged caches [nb, bs, kvh, d] -> [T, H, d], causal; no host sync."""
+    group = query.shape[1] // key_cache.shape[2]
+    tile = unified_tile(batch.max_query_len, group)
+    return unified_attention_with_tile(query, (key_cache, value_cache), batch, scale, tile)
+
+
+def unified_attention_with_tile(
+    query: torch.Tensor, caches: tuple[torch.Tensor, torch.Tensor], batch: PagedBatch, scale: float,
+    tile: UnifiedTile,
+) -> torch.Tensor:
+    """`unified_attention` with an explicit launch shape (benchmarks sweep it)."""
+    key_cache, value_cache = caches
     check_paged_inputs(query, key_cache, value_cache, batch)
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads = key_cache.shape[2]
     group = num_heads // num_kv_heads
+    group_pad = triton.next_power_of_2(group)
+    assert tile.block_q * group_pad == tile.block_m, f"block_m must be block_q * {group_pad}: {tile}"
     out = torch.empty_like(query)
     if num_tokens == 0:
         return out
-    block_q, block_m, tile_n = unified_tile_shape(batch.max_query_len, group)
-    grid = (num_tokens // block_q + batch.num_seqs, num_kv_heads)
+    grid = (num_tokens // tile.block_q + batch.num_seqs, num_kv_heads)
     _unified_attention_kernel[grid](
         out, query, key_cache, value_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
         scale * LOG2_E, batch.num_seqs,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), batch.block_tables.stride(0),
-        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=block_q, BLOCK_M=block_m,
-        TILE_N=tile_n, HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_SIZE=key_cache.shape[1], num_warps=4, num_stages=2,
+        GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=tile.block_q, BLOCK_M=tile.block_m,
+        TILE_N=tile.tile_n, HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_SIZE=key_cache.shape[1], num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
     return out
 

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Microbenchmarks of conveyor's attention kernels on the GPU: achieved bandwidth / FLOP rate per case.
+
+Cases are the shapes nano256 produces (Qwen3-0.6B: 16 query / 8 KV heads; Llama-3.1-8B: 32 / 8; d=128):
+decode batches of 256 sequences with contexts uniform in [100, 2048], decode with few long sequences
+(unified vs split-KV), pure prefill chunks, and a mixed batch. Decode is judged by bytes (K and V of every
+context token read once) over time, prefill by causal attention FLOPs over time. Also sweeps the unified
+kernel's tile shape. Prints one JSON line per case ("KERNEL {...}") and a table.
+
+    python benchmarks/gpu/kernels.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+
+import torch
+import triton
+
+from conveyor.kernels.paged_batch import PagedBatch
+from conveyor.kernels.split_kv_attention import SplitKVParams, choose_num_splits, split_kv_attention
+from conveyor.kernels.store_kv import store_kv
+from conveyor.kernels.unified_attention import UnifiedTile, unified_attention, unified_attention_with_tile
+
+BLOCK_SIZE = 16
+HEAD_DIM = 128
+
+
+def make_batch(query_lens: list[int], seq_lens: list[int], heads: tuple[int, int]) -> tuple:
+    """Random bf16 query and caches with shuffled block tables (no reference: speed only)."""
+    num_heads, num_kv_heads = heads
+    blocks = [math.ceil(n / BLOCK_SIZE) for n in seq_lens]
+    num_blocks = sum(blocks)
+    perm = torch.randperm(num_blocks, device="cuda", dtype=torch.int64).to(torch.int32)
+    table = torch.zeros(len(seq_lens), max(blocks), dtype=torch.int32, device="cuda")
+    tail = 0
+    for seq, count in enumerate(blocks):
+        table[seq, :count] = perm[tail : tail + count]
+        tail += count
+    caches = torch.randn(2, num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    starts = torch.zeros(len(seq_lens) + 1, dtype=torch.int32)
+    starts[1:] = torch.cumsum(torch.tensor(query_lens), 0)
+    query = torch.randn(int(starts[-1]), num_heads, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    batch = PagedBatch(table, torch.tensor(seq_lens, dtype=torch.int32, device="cuda"), starts.cuda(),
+                       max(query_lens), max(seq_lens))
+    return query, caches, batch
+
+
+def attention_cost(query_lens: list[int], seq_lens: list[int], heads: tuple[int, int]) -> tuple[float, float]:
+    """(bytes: K+V of every context token once + q + out, FLOPs: 4 * visible (q, k) pairs * H * d)."""
+    num_heads, num_kv_heads = heads
+    kv_bytes = sum(seq_lens) * num_kv_heads * HEAD_DIM * 2 * 2
+    qo_bytes = sum(query_lens) * num_heads * HEAD_DIM * 2 * 2
+    pairs = sum(q * (s - q) + q * (q + 1) / 2 for q, s in zip(query_lens, seq_lens))
+    return kv_bytes + qo_bytes, 4.0 * pairs * num_heads * HEAD_DIM
+
+
+def time_ms(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def report(name: str, ms: float, cost: tuple[float, float], extra: dict | None = None) -> dict:
+    row = {"case": name, "ms": round(ms, 4), "GB_s": round(cost[0] / ms / 1e6, 1),
+           "TFLOP_s": round(cost[1] / ms / 1e9, 2), **(extra or {})}
+    print("KERNEL " + json.dumps(row), flush=True)
+    return row
+
+
+def decode_cases(rows: list[dict], quick: bool) -> None:
+    rng = random.Random(0)
+    for model, heads in (("qwen3-0.6b", (16, 8)), ("llama-3.1-8b", (32, 8))):
+        for num_seqs in ((256,) if quick else (64, 256, 512)):
+            seq_lens = [rng.randint(100, 2048) for _ in range(num_seqs)]
+            query, caches, batch = make_batch([1] * num_seqs, seq_lens, heads)
+            cost = attention_cost([1] * num_seqs, seq_lens, heads)
+            ms = time_ms(lambda: unified_attention(query, caches[0], caches[1], batch, 0.088))
+            rows.append(report(f"decode {model} S={num_seqs}", ms, cost))
+            if num_seqs == 256:
+                sweep_decode(rows, (query, caches, batch), cost, heads)
+
+
+def sweep_decode(rows: list[dict], inputs: tuple, cost: tuple, heads: tuple[int, int]) -> None:
+    query, caches, batch = inputs
+    group_pad = triton.next_power_of_2(heads[0] // heads[1])
+    for tile_n, warps, stages in [(32, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 2), (64, 2, 2), (128, 4, 3)]:
+        tile = UnifiedTile(16 // group_pad, 16, tile_n, warps, stages)
+        ms = time_ms(lambda: unified_attention_with_tile(query, (caches[0], caches[1]), batch, 0.088, tile))
+        rows.append(report(f"  sweep decode tile_n={tile_n} warps={warps} stages={stages}", ms, cost))
+
+
+def long_context_cases(rows: list[dict]) -> None:
+    heads = (32, 8)
+    for num_seqs, ctx in ((1, 4096), (4, 8192), (16, 4096), (32, 2048)):
+        query, caches, batch = make_batch([1] * num_seqs, [ctx] * num_seqs, heads)
+        cost = attention_cost([1] * num_seqs, [ctx] * num_seqs, heads)
+        ms = time_ms(lambda: unified_attention(query, caches[0], caches[1], batch, 0.088))
+        rows.append(report(f"long S={num_seqs} ctx={ctx} unified", ms, cost))
+        splits = choose_num_splits(num_seqs, heads[1], ctx, torch.cuda.get_device_properties(0).multi_processor_count)
+        params = SplitKVParams(0.088, splits)
+        ms = time_ms(lambda: split_kv_attention(query, caches[0], caches[1], batch, params))
+        rows.append(report(f"long S={num_seqs} ctx={ctx} split={splits}", ms, cost))
+
+
+def prefill_cases(rows: list[dict]) -> None:
+    for model, heads in (("qwen3-0.6b", (16, 8)), ("llama-3.1-8b", (32, 8))):
+        for query_lens, ctx in (([1024] * 16, 0), ([2048] * 8, 0), ([512] * 8, 1536)):
+            seq_lens = [q + ctx for q in query_lens]
+            query, caches, batch = make_batch(query_lens, seq_lens, heads)
+            cost = attention_cost(query_lens, seq_lens, heads)
+            ms = time_ms(lambda: unified_attention(query, caches[0], caches[1], batch, 0.088))
+            rows.append(report(f"prefill {model} {len(query_lens)}x{query_lens[0]} ctx={ctx}", ms, cost))
+            if query_lens[0] == 1024:
+                sweep_prefill(rows, (query, caches, batch), cost, heads)
+        sdpa_row(rows, heads)
+
+
+def sweep_prefill(rows: list[dict], inputs: tuple, cost: tuple, heads: tuple[int, int]) -> None:
+    query, caches, batch = inputs
+    group_pad = triton.next_power_of_2(heads[0] // heads[1])
+    for block_m, tile_n, warps, stages in [(64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 4, 2), (64, 32, 4, 2),
+                                           (128, 32, 4, 3), (128, 64, 8, 3)]:
+        tile = UnifiedTile(block_m // group_pad, block_m, tile_n, warps, stages)
+        ms = time_ms(lambda: unified_attention_with_tile(query, (caches[0], caches[1]), batch, 0.088, tile))
+        rows.append(report(f"  sweep prefill M={block_m} N={tile_n} w={warps} s={stages}", ms, cost))
+
+
+def sdpa_row(rows: list[dict], heads: tuple[int, int]) -> None:
+    """torch SDPA (flash) on 16 x 1024 dense causal: what a contiguous kernel reaches on this GPU."""
+    q = torch.randn(16, heads[0], 1024, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(16, heads[1], 1024, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, k, is_causal=True, enable_gqa=True)
+    cost = attention_cost([1024] * 16, [1024] * 16, heads)
+    rows.append(report(f"  torch sdpa dense 16x1024 heads={heads}", time_ms(fn), cost))
+
+
+def mixed_and_store(rows: list[dict]) -> None:
+    rng = random.Random(1)
+    heads = (32, 8)
+    query_lens = [1] * 240 + [2048]
+    seq_lens = [rng.randint(100, 2048) for _ in range(240)] + [2048 + 500]
+    query, caches, batch = make_batch(query_lens, seq_lens, heads)
+    ms = time_ms(lambda: unified_attention(query, caches[0], caches[1], batch, 0.088))
+    rows.append(report("mixed 240 decodes + 2048-token chunk", ms, attention_cost(query_lens, seq_lens, heads)))
+    kv = torch.randn(16384, 3 * 8, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    cache = torch.empty(2, 2048, BLOCK_SIZE, 8, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    slots = torch.randperm(2048 * BLOCK_SIZE, device="cuda")[:16384]
+    ms = time_ms(lambda: store_kv(kv[:, 8:16], kv[:, 16:24], cache[0], cache[1], slots))
+    rows.append(report("store_kv 16384 tokens kvh=8", ms, (16384 * 8 * HEAD_DIM * 2 * 2 * 2, 0.0)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer cases")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    rows: list[dict] = []
+    decode_cases(rows, args.quick)
+    long_context_cases(rows)
+    prefill_cases(rows)
+    mixed_and_store(rows)
+    print(f"\n{'case':58} {'ms':>9} {'GB/s':>8} {'TFLOP/s':>8}")
+    for row in rows:
+        print(f"{row['case']:58} {row['ms']:9.4f} {row['GB_s']:8.1f} {row['TFLOP_s']:8.2f}")
+
+
+if __name__ == "__main__":
+    main()
