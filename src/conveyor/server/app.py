@@ -1,0 +1,225 @@
+"""The OpenAI-compatible HTTP application: routes, request parsing, auth and the error contract.
+
+`build_app(engine, server_config)` wires an `EngineClient` (the real AsyncEngine or a test fake) to
+FastAPI. Bodies are read and parsed here rather than by FastAPI, so that every failure (too large,
+not UTF-8, not JSON, wrong types) is a 4xx carrying OpenAI's error object that names the problem;
+FastAPI's own 422 is turned into a 400 as vLLM does. The app never owns the engine: whoever built
+the engine shuts it down.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from typing import TypeVar
+
+from fastapi import Depends, FastAPI
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from conveyor import __version__
+from conveyor.config import ServerConfig
+from conveyor.engine.types import EngineClient
+from conveyor.server.context import ServingContext
+from conveyor.server.errors import (
+    APIError,
+    ErrorType,
+    RejectReason,
+    bad_request,
+    from_error_details,
+    from_validation_error,
+)
+from conveyor.server.generation import ClientDisconnected
+from conveyor.server.lifecycle import AdmissionGate
+from conveyor.server.metrics import ServerMetrics
+from conveyor.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from conveyor.server.responses import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
+from conveyor.server.serving_chat import create_chat_completion, render_chat_prompt
+from conveyor.server.serving_completion import create_completion
+
+logger = logging.getLogger(__name__)
+BodyT = TypeVar("BodyT", bound=BaseModel)
+CLIENT_CLOSED_REQUEST = 499
+"""nginx's status for "the client went away before the response": nobody reads it, logs do."""
+
+
+def build_app(engine: EngineClient, server_config: ServerConfig) -> FastAPI:
+    """The FastAPI app serving `engine`; its state (`app.state.ctx`) holds the gate and metrics."""
+    info = engine.info
+    metrics = ServerMetrics(info)
+    engine.add_stats_listener(metrics.on_step)
+    ctx = ServingContext(engine=engine, model_name=info.model_name, max_model_len=info.max_model_len,
+                         gate=AdmissionGate(), metrics=metrics)
+    app = FastAPI(title="conveyor", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.ctx = ctx
+    app.state.server_config = server_config
+    _add_error_handlers(app, ctx)
+    _add_generation_routes(app, ctx, server_config)
+    _add_admin_routes(app, ctx, server_config)
+    return app
+
+
+async def read_json_object(request: Request, limit_bytes: int) -> dict[str, object]:
+    """The body as a JSON object: 413 over the limit, 400 for invalid UTF-8, JSON or a non-object."""
+    too_large = APIError(413, f"request body is larger than the server's limit of {limit_bytes} bytes")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit_bytes:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit_bytes:
+            raise too_large
+        chunks.append(chunk)
+    try:
+        text = b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise bad_request(f"request body is not valid UTF-8 (invalid byte at offset {error.start})") from None
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except (json.JSONDecodeError, ValueError) as error:
+        raise bad_request(f"request body is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise bad_request(f"request body must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a valid JSON number")
+
+
+async def parse_body(request: Request, model: type[BodyT], limit_bytes: int) -> BodyT:
+    value = await read_json_object(request, limit_bytes)
+    try:
+        return model.model_validate(value)
+    except ValidationError as error:
+        raise from_validation_error(error) from None
+
+
+def _api_key_dependency(api_key: str | None):  # noqa: ANN202 (a FastAPI dependency)
+    expected = f"Bearer {api_key}".encode()
+
+    async def check_api_key(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            raise APIError(401, "missing or invalid API key: send the header `Authorization: Bearer <key>`",
+                           ErrorType.AUTHENTICATION, reason=RejectReason.UNAUTHORIZED,
+                           headers={"WWW-Authenticate": "Bearer"})
+
+    return check_api_key
+
+
+def _add_generation_routes(app: FastAPI, ctx: ServingContext, config: ServerConfig) -> None:
+    auth = [Depends(_api_key_dependency(config.api_key))]
+    limit = config.max_request_body_bytes
+
+    @app.post("/v1/completions", dependencies=auth)
+    async def completions(request: Request) -> Response:
+        ctx.gate.check_open()
+        body = await parse_body(request, CompletionRequest, limit)
+        ctx.check_model(body.model)
+        return await create_completion(ctx, body, request)
+
+    @app.post("/v1/chat/completions", dependencies=auth)
+    async def chat_completions(request: Request) -> Response:
+        ctx.gate.check_open()
+        body = await parse_body(request, ChatCompletionRequest, limit)
+        ctx.check_model(body.model)
+        return await create_chat_completion(ctx, body, request)
+
+    @app.get("/v1/models", dependencies=auth)
+    async def models() -> Response:
+        card = ModelCard(id=ctx.model_name, created=int(time.time()), root=ctx.model_name,
+                         max_model_len=ctx.max_model_len)
+        return Response(ModelList(data=[card]).model_dump_json(), media_type="application/json")
+
+
+def _add_admin_routes(app: FastAPI, ctx: ServingContext, config: ServerConfig) -> None:
+    limit = config.max_request_body_bytes
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200 if _is_healthy(ctx) else 503)
+
+    @app.get("/version")
+    async def version() -> JSONResponse:
+        return JSONResponse({"version": __version__})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(ctx.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        body = await parse_body(request, TokenizeRequest, limit)
+        ctx.check_model(body.model)
+        body.check_supported()
+        if body.prompt is not None:
+            tokens = ctx.engine.tokenize(body.prompt, add_special_tokens=body.add_special_tokens)
+        else:
+            chat = ChatCompletionRequest(messages=body.messages or [],
+                                         add_generation_prompt=body.add_generation_prompt)
+            tokens = render_chat_prompt(ctx, chat)
+        reply = TokenizeResponse(count=len(tokens), max_model_len=ctx.max_model_len, tokens=tokens)
+        return Response(reply.model_dump_json(), media_type="application/json")
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        body = await parse_body(request, DetokenizeRequest, limit)
+        ctx.check_model(body.model)
+        if any(token < 0 for token in body.tokens):
+            raise bad_request("tokens: token ids must be >= 0", "tokens")
+        try:
+            text = ctx.engine.detokenize(body.tokens)
+        except Exception as error:  # the tokenizer's own error type for ids outside its vocabulary
+            raise bad_request(f"tokens: cannot detokenize: {error}", "tokens") from None
+        return Response(DetokenizeResponse(prompt=text).model_dump_json(), media_type="application/json")
+
+
+def _is_healthy(ctx: ServingContext) -> bool:
+    if not ctx.engine.is_running:
+        ctx.gate.engine_dead = True
+    return not (ctx.gate.draining or ctx.gate.engine_dead)
+
+
+def _error_response(error: APIError) -> JSONResponse:
+    return JSONResponse(error.to_response().model_dump(), status_code=error.status_code, headers=error.headers)
+
+
+def _add_error_handlers(app: FastAPI, ctx: ServingContext) -> None:
+    @app.exception_handler(APIError)
+    async def on_api_error(_: Request, error: APIError) -> JSONResponse:
+        if error.reason is not None:
+            ctx.metrics.count_rejection(error.reason)
+        return _error_response(error)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
+        ctx.metrics.count_rejection(RejectReason.INVALID_REQUEST)
+        details = error.errors()
+        return _error_response(from_error_details(details[0]) if details else bad_request("invalid request"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        kind = ErrorType.NOT_FOUND if error.status_code == 404 else ErrorType.INVALID_REQUEST
+        message = f"{request.method} {request.url.path}: {error.detail}"
+        return _error_response(APIError(error.status_code, message, kind, reason=None,
+                                        headers=dict(error.headers or {})))
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, error: Exception) -> JSONResponse:
+        logger.exception("unhandled error serving %s %s", request.method, request.url.path)
+        return _error_response(APIError(500, f"internal error: {type(error).__name__}: {error}",
+                                        ErrorType.INTERNAL, reason=None))
+
+    @app.exception_handler(ClientDisconnected)
+    async def on_disconnect(_: Request, __: ClientDisconnected) -> Response:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)

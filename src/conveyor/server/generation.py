@@ -1,0 +1,171 @@
+"""One request's trip through the engine, with the cleanup that must happen however it ends.
+
+The invariant: every admitted request is either finished by the engine or aborted in it, and its
+in-flight slot is released exactly once, whether the client read everything, went away mid-stream,
+went away before the first token, or the server is shutting down. `EngineStream.close` does all of
+it and is idempotent; the streaming response calls it from `__call__`'s `finally`, so it runs even if
+the body iterator never started.
+
+The first output is awaited before any response header is sent: the engine raises
+RequestRejectedError / EngineOverloadedError there, and they must become a 400 / 503 status, not an
+event in a 200 stream. Later failures (queue timeout, engine error) arrive as outputs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from conveyor.engine.types import (
+    EngineClient,
+    EngineDeadError,
+    EngineError,
+    EngineOverloadedError,
+    GenerateRequest,
+    RequestOutput,
+    RequestRejectedError,
+)
+from conveyor.request import FinishReason
+from conveyor.server.errors import APIError, ErrorType, RejectReason
+from conveyor.server.lifecycle import AdmissionGate, InFlightSlot
+
+T = TypeVar("T")
+RETRY_AFTER_S = 1
+"""Seconds a client told `Retry-After` should wait (the queue drains at engine-step speed)."""
+
+
+class ClientDisconnected(Exception):
+    """The client closed the connection before the response was ready."""
+
+
+def engine_dead_error() -> APIError:
+    return APIError(503, "the engine has stopped; this server can no longer generate",
+                    ErrorType.OVERLOADED, reason=RejectReason.ENGINE_DEAD)
+
+
+def _admission_error(error: EngineError) -> APIError:
+    if isinstance(error, RequestRejectedError):
+        return APIError(400, str(error), param=error.field, reason=RejectReason.ENGINE_REJECTED)
+    if isinstance(error, EngineOverloadedError):
+        return APIError(503, f"the server is overloaded: {error}" if str(error) else "the server is "
+                        "overloaded (waiting queue full); retry later", ErrorType.OVERLOADED,
+                        reason=RejectReason.QUEUE_FULL, headers={"Retry-After": str(RETRY_AFTER_S)})
+    return engine_dead_error()
+
+
+def failed_output_error(output: RequestOutput) -> APIError | None:
+    """The error a finished output carries (queue timeout: 503; engine failure: 500), if any."""
+    if output.finish_reason is FinishReason.QUEUE_TIMEOUT:
+        message = output.error_message or "the request waited too long in the queue"
+        return APIError(503, message, ErrorType.TIMEOUT, reason=None,
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
+    if output.finish_reason is FinishReason.ERROR:
+        return APIError(500, output.error_message or "the engine failed while generating",
+                        ErrorType.INTERNAL, reason=None)
+    return None
+
+
+class EngineStream:
+    """The engine's outputs for one request, with idempotent cleanup (abort + slot release)."""
+
+    def __init__(self, engine: EngineClient, request: GenerateRequest, gate: AdmissionGate) -> None:
+        self._engine = engine
+        self._gate = gate
+        self.request_id = request.request_id
+        self._slot: InFlightSlot = gate.admit()
+        self._finished = False
+        self._closed = False
+        try:
+            self._outputs = engine.generate(request)
+        except EngineError as error:
+            self._finished = True
+            self._slot.release()
+            raise self._mapped(error) from None
+
+    def _mapped(self, error: EngineError) -> APIError:
+        if isinstance(error, EngineDeadError):
+            self._gate.engine_dead = True
+        return _admission_error(error)
+
+    async def next(self) -> RequestOutput:
+        """The next output; engine errors become APIError. Call only while not finished."""
+        try:
+            output = await self._outputs.__anext__()
+        except StopAsyncIteration:
+            self._finished = True
+            raise APIError(500, "the engine ended the request without a final output",
+                           ErrorType.INTERNAL, reason=None) from None
+        except EngineError as error:
+            self._finished = True
+            raise self._mapped(error) from None
+        self._finished = output.finished
+        return output
+
+    async def rest(self, first: RequestOutput) -> AsyncIterator[RequestOutput]:
+        """`first`, then every later output up to and including the final one."""
+        output = first
+        yield output
+        while not output.finished:
+            output = await self.next()
+            yield output
+
+    async def close(self) -> None:
+        """Abort in the engine if unfinished, close the iterator, release the slot. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            with anyio.CancelScope(shield=True):  # runs even while the response task is cancelled
+                if isinstance(self._outputs, AsyncGenerator):
+                    await self._outputs.aclose()
+                if not self._finished:
+                    await self._engine.abort(self.request_id)
+        except EngineError:
+            pass  # a dead engine has nothing left to abort
+        finally:
+            self._slot.release()
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def run_unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
+    """Run `work`; if the client disconnects first, cancel it and raise ClientDisconnected."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        raise ClientDisconnected()
+    return task.result()
+
+
+class EngineStreamResponse(StreamingResponse):
+    """An SSE response whose engine request is closed when the response ends, however it ends."""
+
+    def __init__(self, body: AsyncGenerator[str, None], on_close: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(body, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._body = body
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._body.aclose()
+                await self._on_close()

@@ -1,0 +1,244 @@
+"""OpenAI request bodies (completions, chat completions, tokenize) and their conversion to `SamplingParams`.
+
+Types are strict: `"0.5"` is not a temperature and `1.5` is not a token count. Unknown fields are
+accepted and ignored, as vLLM does, except the ones that would silently change what the client gets
+(`n` > 1, `best_of`, `suffix`, `logit_bias`, tools, JSON response formats): those are rejected with a
+400 that names them. Range checks live in `SamplingParams` alone; its `ValueError` messages start with
+the field name, so they become 400s naming the field unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from conveyor.sampling_params import SamplingParams
+from conveyor.server.errors import bad_request, from_value_error
+
+_SAMPLING_FIELDS = {
+    "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "max_tokens", "min_tokens", "stop", "stop_token_ids", "logprobs",
+}
+_STRICT = ConfigDict(extra="allow", strict=True)
+
+
+class StreamOptions(BaseModel):
+    """`stream_options` (only meaningful with `stream: true`)."""
+
+    model_config = _STRICT
+    include_usage: bool = False
+
+
+class SamplingRequest(BaseModel):
+    """Fields shared by completions and chat completions."""
+
+    model_config = _STRICT
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    user: str | None = None
+    priority: int = 0
+    cache_salt: str | None = None
+    n: int = 1
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+
+    def check_supported(self) -> None:
+        """Reject fields that are well-typed but would change the answer in ways we do not implement."""
+        if self.n != 1:
+            raise bad_request(f"n: only n=1 is supported (got {self.n}); send n separate requests", "n")
+        if self.logit_bias:
+            raise bad_request("logit_bias: not supported", "logit_bias")
+        if self.response_format is not None and self.response_format.get("type") != "text":
+            raise bad_request('response_format: only {"type": "text"} is supported', "response_format")
+        if self.stream_options is not None and not self.stream:
+            raise bad_request("stream_options: only allowed when stream is true", "stream_options")
+
+    @property
+    def include_usage_in_stream(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def to_sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        """The engine's SamplingParams; a range error becomes a 400 naming the field."""
+        given = {
+            "temperature": self.temperature, "top_p": self.top_p, "min_p": self.min_p,
+            "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty, "seed": self.seed,
+        }
+        values: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
+        # vLLM clients spell "no top-k" as -1 (or 0).
+        values["top_k"] = None if self.top_k in (None, -1, 0) else self.top_k
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        try:
+            return SamplingParams(
+                **values, max_tokens=max_tokens, min_tokens=self.min_tokens, stop=tuple(stop),
+                stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
+                logprobs=logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
+                skip_special_tokens=self.skip_special_tokens,
+            )
+        except ValueError as error:
+            raise from_value_error(error, _SAMPLING_FIELDS) from None
+
+
+def _is_token_ids(value: object) -> bool:
+    return isinstance(value, list) and all(type(item) is int for item in value)
+
+
+class CompletionRequest(SamplingRequest):
+    """POST /v1/completions."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, value: object) -> object:
+        ok = isinstance(value, str) or _is_token_ids(value) or (
+            isinstance(value, list) and all(isinstance(v, str) or _is_token_ids(v) for v in value))
+        if not ok:
+            raise ValueError("must be a string, a list of token ids, or a list holding one of either")
+        return value
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.best_of not in (None, 1):
+            raise bad_request(f"best_of: only 1 is supported (got {self.best_of})", "best_of")
+        if self.suffix:
+            raise bad_request("suffix: not supported", "suffix")
+        if self.echo and self.logprobs is not None:
+            raise bad_request("echo: prompt logprobs are not supported; use echo or logprobs, not both",
+                              "echo")
+
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt, as text or token ids; batches of several prompts are rejected."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return prompt
+        if not prompt:
+            raise bad_request("prompt: must not be empty", "prompt")
+        if _is_token_ids(prompt):
+            if any(token_id < 0 for token_id in prompt):  # type: ignore[operator]
+                raise bad_request("prompt: token ids must be >= 0", "prompt")
+            return prompt  # type: ignore[return-value]
+        if len(prompt) != 1:
+            raise bad_request(
+                f"prompt: a batch of {len(prompt)} prompts is not supported; send one request per prompt",
+                "prompt")
+        inner = prompt[0]
+        return inner if isinstance(inner, str) else CompletionRequest(prompt=inner).single_prompt()
+
+
+class TextPart(BaseModel):
+    """One `{"type": "text", "text": ...}` part of a message's content."""
+
+    model_config = _STRICT
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """One chat message; only text content is supported."""
+
+    model_config = _STRICT
+    role: Literal["system", "user", "assistant"]
+    content: str | list[TextPart]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content_shape(cls, value: object) -> object:
+        if isinstance(value, str):
+            return value
+        parts_ok = isinstance(value, list) and all(
+            isinstance(p, dict) and p.get("type") == "text" for p in value)
+        if not parts_ok:
+            raise ValueError('must be a string or a list of {"type": "text", "text": ...} parts')
+        return value
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(SamplingRequest):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    max_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    add_generation_prompt: bool = True
+
+    @field_validator("messages")
+    @classmethod
+    def _not_empty(cls, value: list[ChatMessage]) -> list[ChatMessage]:
+        if not value:
+            raise ValueError("must contain at least one message")
+        return value
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        for name in ("tools", "functions"):
+            if getattr(self, name):
+                raise bad_request(f"{name}: tool calling is not supported", name)
+        if self.tool_choice not in (None, "none"):
+            raise bad_request("tool_choice: tool calling is not supported", "tool_choice")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise bad_request("top_logprobs: requires logprobs to be true", "top_logprobs")
+
+    def requested_max_tokens(self) -> int | None:
+        """`max_completion_tokens` wins over the deprecated `max_tokens` (as OpenAI)."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def num_logprobs(self) -> int | None:
+        if not self.logprobs:
+            return None
+        return self.top_logprobs or 0
+
+    def template_messages(self) -> list[dict[str, str]]:
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize (vLLM's): either `prompt` or `messages`."""
+
+    model_config = _STRICT
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+    def check_supported(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise bad_request("prompt: give exactly one of prompt or messages", "prompt")
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize (vLLM's)."""
+
+    model_config = _STRICT
+    model: str | None = None
+    tokens: list[int]
+

@@ -1,0 +1,141 @@
+"""POST /v1/chat/completions: messages -> chat template -> engine -> one response or an SSE stream.
+
+The template's text is tokenized without special tokens (the template already holds them), as vLLM
+does. Without `max_completion_tokens`/`max_tokens` the answer may use the rest of `max_model_len`.
+A stream opens with a role-only delta, then content deltas; the last content chunk carries
+`finish_reason`; with `include_usage` a final chunk with empty `choices` carries the usage.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from conveyor.engine.types import GenerateRequest, RequestOutput
+from conveyor.server.context import ServingContext, check_prompt_length, finish_reason_text
+from conveyor.server.errors import APIError, bad_request
+from conveyor.server.generation import (
+    EngineStream,
+    EngineStreamResponse,
+    failed_output_error,
+    run_unless_disconnected,
+)
+from conveyor.server.protocol import ChatCompletionRequest
+from conveyor.server.responses import (
+    SSE_DONE,
+    ChatChoice,
+    ChatChoiceLogprobs,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatMessageOut,
+    ChatStreamChoice,
+    DeltaMessage,
+    UsageInfo,
+    sse,
+)
+
+
+@dataclass(frozen=True)
+class PreparedChat:
+    """A validated chat request, templated and tokenized, ready for the engine."""
+
+    request: GenerateRequest
+    created: int
+    include_usage: bool
+    want_logprobs: bool
+
+
+def render_chat_prompt(ctx: ServingContext, body: ChatCompletionRequest) -> list[int]:
+    """Messages -> template text -> token ids; a template failure is the messages' fault (400)."""
+    try:
+        text = ctx.engine.apply_chat_template(body.template_messages(), body.add_generation_prompt)
+    except Exception as error:  # jinja raises its own types; all mean "these messages do not fit"
+        raise bad_request(f"messages: the chat template rejected them: {error}", "messages") from None
+    return ctx.engine.tokenize(text, add_special_tokens=False)
+
+
+def prepare_chat(ctx: ServingContext, body: ChatCompletionRequest) -> PreparedChat:
+    body.check_supported()
+    params = body.to_sampling_params(body.requested_max_tokens(), body.num_logprobs())
+    token_ids = render_chat_prompt(ctx, body)
+    if not token_ids:
+        raise bad_request("messages: the rendered prompt is empty", "messages")
+    check_prompt_length(len(token_ids), params.max_tokens, ctx.max_model_len, "messages")
+    request = GenerateRequest(request_id=f"chatcmpl-{uuid.uuid4().hex}", prompt=token_ids,
+                              sampling_params=params, priority=body.priority, cache_salt=body.cache_salt)
+    return PreparedChat(request=request, created=int(time.time()),
+                        include_usage=body.include_usage_in_stream, want_logprobs=body.logprobs)
+
+
+async def create_chat_completion(ctx: ServingContext, body: ChatCompletionRequest,
+                                 http_request: Request) -> Response:
+    prepared = prepare_chat(ctx, body)
+    stream = EngineStream(ctx.engine, prepared.request, ctx.gate)
+    try:
+        first = await run_unless_disconnected(http_request, stream.next())
+        if body.stream:
+            return EngineStreamResponse(_chunks(ctx, prepared, stream, first), on_close=stream.close)
+        final = await run_unless_disconnected(http_request, _collect(ctx, prepared, stream, first))
+    except BaseException:
+        await stream.close()
+        raise
+    await stream.close()
+    return Response(final.model_dump_json(), media_type="application/json")
+
+
+async def _collect(ctx: ServingContext, prepared: PreparedChat, stream: EngineStream,
+                   first: RequestOutput) -> ChatCompletionResponse:
+    texts: list[str] = []
+    entries = []
+    last = first
+    async for output in stream.rest(first):
+        last = output
+        texts.append(output.new_text)
+        entries.extend(output.new_logprobs)
+    error = failed_output_error(last)
+    if error is not None:
+        raise error
+    logprobs = ChatChoiceLogprobs.of(entries) if prepared.want_logprobs else None
+    choice = ChatChoice(message=ChatMessageOut(content="".join(texts)), logprobs=logprobs,
+                        finish_reason=finish_reason_text(last), stop_reason=last.stop_reason)
+    return ChatCompletionResponse(id=prepared.request.request_id, created=prepared.created,
+                                  model=ctx.model_name, choices=[choice],
+                                  usage=UsageInfo.of(last.num_prompt_tokens, last.num_output_tokens))
+
+
+def _chunk(ctx: ServingContext, prepared: PreparedChat, choices: list[ChatStreamChoice],
+           usage: UsageInfo | None = None) -> str:
+    return sse(ChatCompletionChunk(id=prepared.request.request_id, created=prepared.created,
+                                   model=ctx.model_name, choices=choices, usage=usage))
+
+
+def _content_choice(prepared: PreparedChat, output: RequestOutput) -> ChatStreamChoice:
+    logprobs = ChatChoiceLogprobs.of(output.new_logprobs) if prepared.want_logprobs else None
+    return ChatStreamChoice(delta=DeltaMessage(content=output.new_text), logprobs=logprobs,
+                            finish_reason=finish_reason_text(output), stop_reason=output.stop_reason)
+
+
+async def _chunks(ctx: ServingContext, prepared: PreparedChat, stream: EngineStream,
+                  first: RequestOutput) -> AsyncGenerator[str, None]:
+    yield _chunk(ctx, prepared, [ChatStreamChoice(delta=DeltaMessage(role="assistant", content=""))])
+    last = first
+    try:
+        async for output in stream.rest(first):
+            last = output
+            error = failed_output_error(output)
+            if error is not None:
+                yield error.to_sse()
+                return
+            if output.new_text or output.finished or output.new_logprobs:
+                yield _chunk(ctx, prepared, [_content_choice(prepared, output)])
+    except APIError as error:
+        yield error.to_sse()
+        return
+    if prepared.include_usage:
+        yield _chunk(ctx, prepared, [], UsageInfo.of(last.num_prompt_tokens, last.num_output_tokens))
+    yield SSE_DONE

@@ -1,0 +1,203 @@
+"""A deterministic stand-in for `AsyncEngine`, implementing `EngineClient` on the event loop.
+
+Tokenizer: one token per character (`ord`), plus BOS = 1 with special tokens. Output token i is id
+`1000 + i` with text `" w{i}"`. `max_num_seqs` requests run at once, the rest wait (bounded by
+`max_num_queued_reqs`, timing out after `queue_timeout_s`). Like the real engine it raises
+RequestRejectedError / EngineOverloadedError on the first `__anext__`, honours `abort` and closing the
+iterator, and calls stats listeners after every token and at every finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from conveyor.engine.types import (
+    EngineDeadError,
+    EngineInfo,
+    EngineOverloadedError,
+    FinishedRequestStats,
+    GenerateRequest,
+    LogprobEntry,
+    RequestOutput,
+    RequestRejectedError,
+    SchedulerStats,
+    StatsListener,
+)
+from conveyor.request import FinishReason, RequestTimings
+
+BOS_ID = 1
+FIRST_OUTPUT_ID = 1000
+
+
+def output_text(num_tokens: int) -> str:
+    return "".join(f" w{i}" for i in range(num_tokens))
+
+
+@dataclass(frozen=True)
+class FakeEngineConfig:
+    """Knobs of the fake engine."""
+
+    model_name: str = "fake-model"
+    max_model_len: int = 128
+    max_num_seqs: int = 4
+    max_num_queued_reqs: int | None = None
+    queue_timeout_s: float | None = None
+    token_delay_s: float = 0.0
+    num_kv_blocks: int = 64
+    block_size: int = 16
+
+
+@dataclass
+class _State:
+    """What the tests inspect afterwards."""
+
+    running: set[str] = field(default_factory=set)
+    num_waiting: int = 0
+    aborted: list[str] = field(default_factory=list)
+    finished: dict[str, FinishReason] = field(default_factory=dict)
+    abort_requested: set[str] = field(default_factory=set)
+    requests: list[GenerateRequest] = field(default_factory=list)
+
+
+class FakeEngine:
+    def __init__(self, config: FakeEngineConfig = FakeEngineConfig()) -> None:
+        self.config = config
+        self.state = _State()
+        self.dead = False
+        self.shut_down = False
+        self._listeners: list[StatsListener] = []
+        self._slots = asyncio.Semaphore(config.max_num_seqs)
+
+    @property
+    def info(self) -> EngineInfo:
+        c = self.config
+        return EngineInfo(model_name=c.model_name, max_model_len=c.max_model_len, block_size=c.block_size,
+                          num_kv_blocks=c.num_kv_blocks,
+                          config={"max-num-seqs": str(c.max_num_seqs), "block-size": str(c.block_size)})
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return ([BOS_ID] if add_special_tokens else []) + [ord(ch) for ch in text]
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        return "".join(chr(t) for t in token_ids if t != BOS_ID)
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+    def add_stats_listener(self, listener: StatsListener) -> None:
+        self._listeners.append(listener)
+
+    def num_unfinished_requests(self) -> int:
+        if self.dead:
+            raise EngineDeadError("fake engine is dead")
+        return len(self.state.running) + self.state.num_waiting
+
+    @property
+    def is_running(self) -> bool:
+        return not (self.dead or self.shut_down)
+
+    async def abort(self, request_id: str) -> None:
+        self.state.abort_requested.add(request_id)
+
+    async def shutdown(self) -> None:
+        self.shut_down = True
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        return self._run(request)
+
+    def _emit(self, finished: list[FinishedRequestStats], **counts: int) -> None:
+        usage = len(self.state.running) / self.config.max_num_seqs / 2
+        stats = SchedulerStats(num_running_reqs=len(self.state.running), num_waiting_reqs=self.state.num_waiting,
+                               kv_cache_usage=usage, step_time_s=time.monotonic(), **counts)
+        for listener in self._listeners:
+            listener(stats, finished)
+
+    def _check(self, request: GenerateRequest) -> tuple[list[int], int]:
+        if self.dead:
+            raise EngineDeadError("fake engine is dead")
+        prompt = request.prompt if isinstance(request.prompt, list) else self.tokenize(request.prompt)
+        limit = self.config.max_model_len
+        max_tokens = request.sampling_params.max_tokens or limit - len(prompt)
+        if len(prompt) + max_tokens > limit:
+            raise RequestRejectedError("max_tokens", f"prompt + max_tokens exceeds max_model_len ({limit})")
+        queued = self.config.max_num_queued_reqs
+        if queued is not None and self.state.num_waiting >= queued:
+            raise EngineOverloadedError(f"waiting queue is full (max_num_queued_reqs={queued})")
+        return prompt, max_tokens
+
+    async def _run(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        prompt, max_tokens = self._check(request)
+        self.state.requests.append(request)
+        rid = request.request_id
+        timings = RequestTimings(arrival_s=time.monotonic())
+        num_output = 0
+        reason: FinishReason | None = None
+        self.state.num_waiting += 1
+        try:
+            try:
+                await asyncio.wait_for(self._slots.acquire(), self.config.queue_timeout_s)
+            except asyncio.TimeoutError:
+                reason = FinishReason.QUEUE_TIMEOUT
+            finally:
+                self.state.num_waiting -= 1
+            if reason is FinishReason.QUEUE_TIMEOUT:
+                self._finish(rid, reason, timings, prompt, 0, num_queue_timeouts=1)
+                yield RequestOutput(rid, "", [], len(prompt), 0, reason, error_message="queue timeout after "
+                                    f"{self.config.queue_timeout_s} s", prompt_token_ids=prompt)
+                return
+            self.state.running.add(rid)
+            timings.first_scheduled_s = time.monotonic()
+            try:
+                async for output in self._decode(request, prompt, max_tokens, timings):
+                    num_output = output.num_output_tokens
+                    reason = output.finish_reason
+                    yield output
+            finally:
+                self.state.running.discard(rid)
+                self._slots.release()
+        finally:
+            if reason is None or reason is FinishReason.ABORT:
+                self.state.aborted.append(rid)
+                self._finish(rid, FinishReason.ABORT, timings, prompt, num_output)
+
+    async def _decode(self, request: GenerateRequest, prompt: list[int], max_tokens: int,
+                      timings: RequestTimings) -> AsyncIterator[RequestOutput]:
+        params = request.sampling_params
+        for i in range(max_tokens):
+            await asyncio.sleep(self.config.token_delay_s)
+            if request.request_id in self.state.abort_requested:
+                return
+            now = time.monotonic()
+            timings.first_token_s = timings.first_token_s or now
+            timings.last_token_s = now
+            timings.token_times_s.append(now)
+            token_id = FIRST_OUTPUT_ID + i
+            reason = None
+            if token_id in params.stop_token_ids:
+                reason = FinishReason.STOP
+            elif i == max_tokens - 1:
+                reason = FinishReason.LENGTH
+            text = f" w{i}"
+            logprobs = [] if params.logprobs is None else [LogprobEntry(
+                text, token_id, -0.5, [(text, -0.5)] + [(f" alt{k}", -1.0 - k) for k in range(params.logprobs)])]
+            if reason is None:
+                self._emit([], num_generation_tokens=1, num_scheduled_tokens=len(prompt) if i == 0 else 1)
+            else:
+                self._finish(request.request_id, reason, timings, prompt, i + 1, num_generation_tokens=1)
+            yield RequestOutput(request.request_id, text, [token_id], len(prompt), i + 1, reason,
+                                stop_reason=token_id if reason is FinishReason.STOP else None,
+                                new_logprobs=logprobs, prompt_token_ids=prompt if i == 0 else [])
+            if reason is not None:
+                return
+
+    def _finish(self, rid: str, reason: FinishReason, timings: RequestTimings, prompt: list[int],
+                num_output: int, **counts: int) -> None:
+        timings.finished_s = time.monotonic()
+        self.state.running.discard(rid)  # gauges are the state after the step
+        self.state.finished[rid] = reason
+        stats = FinishedRequestStats(reason, timings, len(prompt), num_output, 0, 0)
+        self._emit([stats], **counts)
