@@ -1,0 +1,243 @@
+"""Rate sweep of one server: find the highest offered rate that meets the objective.
+
+The model: offered rates rise geometrically from `start_rate` (chosen below the expected load) by
+`growth_factor` until a point fails the objective; if the very first point fails, rates fall by the same
+factor until one passes. The boundary between the last passing and the first failing rate is then
+bisected `bisect_steps` times at the geometric midpoint. Every point is run `num_repeats` times and
+passes only if every repeat passes (the spread is reported). A repeat showing *runaway overload*
+(error rate above `runaway_error_rate`, or completed req/s below `runaway_completion_ratio` × offered)
+fails its point at once: the remaining repeats and any higher rate are skipped, since they would only
+pile up a queue that never drains. The run function is injected, so the search is tested without a
+server; `make_run_fn` wires it to `conveyor.bench.runner.run_benchmark`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from conveyor.bench.rundirs import SPREAD_METRICS, SWEEP_FILE
+from conveyor.bench.slo import SLO
+
+RunFn = Callable[[float, int, pathlib.Path], dict[str, Any]]
+"""(offered rate, repeat index, run directory) -> summary dict; must write the run directory."""
+
+
+class SweepError(ValueError):
+    """A sweep setting that cannot work; names the flag."""
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """How the rate search proceeds."""
+
+    slo: SLO
+    """The objective every point is checked against."""
+    start_rate: float = 1.0
+    """First offered rate, req/s (pick it below the expected load)."""
+    growth_factor: float = 2.0
+    """Ratio between successive rates while searching for the boundary."""
+    max_rate: float | None = None
+    """Never offer more than this (None: no cap)."""
+    max_points: int = 8
+    """Most distinct rates before bisection."""
+    bisect_steps: int = 2
+    """Bisections of the boundary once it is bracketed."""
+    num_repeats: int = 3
+    """Runs per rate (the spread over them is reported)."""
+    runaway_error_rate: float = 0.5
+    """Error rate that stops the sweep at once."""
+    runaway_completion_ratio: float = 0.5
+    """Completed req/s below this fraction of the offered rate stops the sweep at once."""
+
+    def __post_init__(self) -> None:
+        if self.start_rate <= 0:
+            raise SweepError(f"--start-rate must be > 0 (got {self.start_rate})")
+        if self.growth_factor <= 1:
+            raise SweepError(f"--growth-factor must be > 1 (got {self.growth_factor})")
+        if self.num_repeats < 1 or self.max_points < 1 or self.bisect_steps < 0:
+            raise SweepError("--repeats and --max-points must be >= 1, --bisect-steps >= 0")
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One offered rate and what its repeats showed."""
+
+    rate: float
+    """Offered req/s."""
+    passed: bool
+    """Every repeat met the objective."""
+    runaway: bool
+    """A repeat showed runaway overload (remaining repeats skipped)."""
+    run_dirs: list[str]
+    """Run directories, relative to the sweep directory."""
+    failures: list[str]
+    """Failed bounds or the runaway reason, per failing repeat."""
+    spread: dict[str, dict[str, float]] = field(default_factory=dict)
+    """metric -> {median, low, high} over repeats."""
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """The whole search."""
+
+    config: str
+    """Configuration (server) name."""
+    slo: dict[str, float]
+    """The objective."""
+    points: list[SweepPoint]
+    """In the order they were run."""
+    fixed: dict[str, list[str]]
+    """trace, model, server version seen across runs (one value each when the sweep was clean)."""
+
+    @property
+    def max_rate_meeting(self) -> float | None:
+        """Highest passing rate below the lowest failing one."""
+        failing = [p.rate for p in self.points if not p.passed]
+        ceiling = min(failing, default=math.inf)
+        passing = [p.rate for p in self.points if p.passed and p.rate < ceiling]
+        return max(passing, default=None)
+
+
+def runaway_reason(summary: dict[str, Any], rate: float, cfg: SweepConfig) -> str | None:
+    error_rate = float(summary.get("error_rate") or 0.0)
+    if error_rate >= cfg.runaway_error_rate:
+        return f"runaway: error rate {error_rate:.0%} >= {cfg.runaway_error_rate:.0%}"
+    completed_rate = float(summary.get("request_throughput") or 0.0)
+    if math.isfinite(rate) and completed_rate < cfg.runaway_completion_ratio * rate:
+        return f"runaway: completed {completed_rate:.3g} req/s << offered {rate:.3g}"
+    return None
+
+
+def _spread(summaries: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for metric in SPREAD_METRICS:
+        values = sorted(float(v) for s in summaries
+                        if (v := s.get(metric, (s.get("server") or {}).get(metric))) is not None)
+        if values:
+            out[metric] = {"median": values[len(values) // 2] if len(values) % 2 else
+                           (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2,
+                           "low": values[0], "high": values[-1]}
+    return out
+
+
+class Sweeper:
+    """Runs the search, writing each run under `out_dir/rate-<r>-rep<k>/` and `sweep.json` after each point."""
+
+    def __init__(self, name: str, cfg: SweepConfig, run_fn: RunFn, out_dir: pathlib.Path,
+                 progress: Callable[[str], None] = print) -> None:
+        self.name, self.cfg, self.run_fn, self.out_dir, self.progress = name, cfg, run_fn, out_dir, progress
+        self.points: list[SweepPoint] = []
+        self.summaries: list[dict[str, Any]] = []
+
+    def run_point(self, rate: float) -> SweepPoint:
+        summaries, failures, dirs, runaway = [], [], [], False
+        for repeat in range(self.cfg.num_repeats):
+            run_dir = self.out_dir / f"rate-{rate:.4g}-rep{repeat}"
+            summary = self.run_fn(rate, repeat, run_dir)
+            summaries.append(summary)
+            dirs.append(run_dir.name)
+            verdict = self.cfg.slo.evaluate(summary)
+            reason = runaway_reason(summary, rate, self.cfg)
+            if not verdict.passed:
+                failures.append(f"rep{repeat}: {'; '.join(c.describe() for c in verdict.failures)}")
+            if reason is not None:
+                failures.append(f"rep{repeat}: {reason}")
+                runaway = True
+                break
+        point = SweepPoint(rate, not failures, runaway, dirs, failures, _spread(summaries))
+        self.points.append(point)
+        self.summaries.extend(summaries)
+        self.progress(f"[sweep {self.name}] {rate:.4g} req/s: {'PASS' if point.passed else 'FAIL'}"
+                      + (f" ({failures[0]})" if failures else ""))
+        self.write()
+        return point
+
+    def _capped(self, rate: float) -> float:
+        return rate if self.cfg.max_rate is None else min(rate, self.cfg.max_rate)
+
+    def bracket(self) -> tuple[float | None, float | None]:
+        """(last passing, first failing) rate after the geometric search."""
+        rate = self._capped(self.cfg.start_rate)
+        first = self.run_point(rate)
+        step = self.cfg.growth_factor if first.passed else 1.0 / self.cfg.growth_factor
+        good, bad = (rate, None) if first.passed else (None, rate)
+        while len(self.points) < self.cfg.max_points:
+            nxt = self._capped(rate * step)
+            if nxt == rate:
+                break
+            rate = nxt
+            point = self.run_point(rate)
+            if point.passed and step > 1:
+                good = rate
+            elif point.passed:
+                return rate, bad
+            elif step > 1:
+                return good, rate
+            else:
+                bad = rate
+        return good, bad
+
+    def run(self) -> SweepResult:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        good, bad = self.bracket()
+        for _ in range(self.cfg.bisect_steps):
+            if good is None or bad is None:
+                break
+            mid = math.sqrt(good * bad)
+            if self.run_point(mid).passed:
+                good = mid
+            else:
+                bad = mid
+        return self.write()
+
+    def write(self) -> SweepResult:
+        fixed = {key: sorted({str(s.get(key)) for s in self.summaries})
+                 for key in ("trace_path", "trace_version", "model")}
+        result = SweepResult(self.name, self.cfg.slo.to_dict(), list(self.points), fixed)
+        data = asdict(result) | {"max_rate_meeting": result.max_rate_meeting, "sweep": asdict(self.cfg)}
+        (self.out_dir / SWEEP_FILE).write_text(json.dumps(data, indent=2, default=str))
+        return result
+
+
+def run_sweep(name: str, cfg: SweepConfig, run_fn: RunFn, out_dir: pathlib.Path,
+              progress: Callable[[str], None] = print) -> SweepResult:
+    """Search the rate boundary of one configuration; see the module docstring."""
+    return Sweeper(name, cfg, run_fn, out_dir, progress).run()
+
+
+@dataclass(frozen=True)
+class RunTemplate:
+    """What stays fixed across a sweep's runs (everything of BenchRunConfig but the rate)."""
+
+    base_url: str
+    """Server URL, e.g. http://127.0.0.1:8000."""
+    trace_path: str
+    """The trace every run replays."""
+    label: str
+    """Configuration name; runs are labelled `<label>@<rate>#<repeat>`."""
+    slo: SLO | None = None
+    """Passed to the run for goodput."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Further BenchRunConfig fields (seed, num_requests, endpoint, model, burstiness, ...)."""
+
+
+def make_run_fn(template: RunTemplate) -> RunFn:
+    """A RunFn over `conveyor.bench.runner.run_benchmark`; repeat k uses arrival seed `seed + k`."""
+
+    def run(rate: float, repeat: int, run_dir: pathlib.Path) -> dict[str, Any]:
+        from conveyor.bench import runner  # the bench engineer's module; imported only when running
+
+        options = dict(template.options)
+        seed = int(options.pop("seed", 0)) + repeat
+        cfg = runner.BenchRunConfig(
+            base_url=template.base_url, trace_path=template.trace_path, request_rate=rate,
+            out_dir=str(run_dir), label=f"{template.label}@{rate:.4g}#{repeat}", seed=seed,
+            slo=template.slo, **options)
+        return runner.run_benchmark(cfg)
+
+    return run

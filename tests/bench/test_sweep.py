@@ -1,0 +1,83 @@
+"""The rate search with a fake server whose capacity is known."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from conveyor.bench.rundirs import discover_runs, group_points
+from conveyor.bench.slo import SLO
+from conveyor.bench.sweep import SweepConfig, SweepError, run_sweep
+
+SLO_E2E = SLO(e2e_p95_ms=1000, error_rate=0.05)
+
+
+class FakeServer:
+    """p95 E2E grows as offered load approaches capacity; beyond 2x capacity it runs away."""
+
+    def __init__(self, capacity: float, noise: float = 0.0) -> None:
+        self.capacity, self.noise, self.calls = capacity, noise, []
+
+    def __call__(self, rate: float, repeat: int, run_dir: pathlib.Path) -> dict:
+        self.calls.append((round(rate, 4), repeat))
+        load = rate / self.capacity
+        e2e = 500.0 / max(1e-3, 1.0 - load) if load < 1 else 50_000.0
+        completed_rate = min(rate, self.capacity)
+        summary = {"label": f"fake@{rate}#{repeat}", "request_rate": rate, "completed": int(completed_rate * 10),
+                   "duration": 10.0, "request_throughput": completed_rate if load < 2 else 0.1 * rate,
+                   "p95_e2el_ms": e2e * (1 + self.noise * repeat), "p95_ttft_ms": 100.0,
+                   "error_rate": 0.0, "server": {"queue_time_p95_ms": 1.0}}
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        return summary
+
+
+def test_geometric_then_bisection(tmp_path: pathlib.Path) -> None:
+    server = FakeServer(capacity=6.0)  # e2e <= 1000 ms while rate <= 3.0
+    cfg = SweepConfig(slo=SLO_E2E, start_rate=1.0, bisect_steps=2, num_repeats=2)
+    result = run_sweep("fake", cfg, server, tmp_path, progress=lambda _: None)
+    rates = [round(p.rate, 3) for p in result.points]
+    # 1, 2 pass, 4 fails; bisect sqrt(2*4)=2.828 passes, sqrt(2.828*4)=3.364 fails.
+    assert rates == [1.0, 2.0, 4.0, 2.828, 3.364]
+    assert [p.passed for p in result.points] == [True, True, False, True, False]
+    assert result.max_rate_meeting == pytest.approx(2.828, abs=1e-3)
+    assert all(len(p.run_dirs) == 2 for p in result.points)
+    saved = json.loads((tmp_path / "sweep.json").read_text())
+    assert saved["max_rate_meeting"] == pytest.approx(2.828, abs=1e-3)
+    # the run dirs are picked up as one configuration named after the sweep directory
+    points = group_points(discover_runs([tmp_path]))
+    assert list(points) == [tmp_path.name] and len(points[tmp_path.name]) == 5
+
+
+def test_failing_start_searches_downward(tmp_path: pathlib.Path) -> None:
+    server = FakeServer(capacity=1.0)  # passes at <= 0.5
+    cfg = SweepConfig(slo=SLO_E2E, start_rate=1.0, bisect_steps=1, num_repeats=1)
+    result = run_sweep("low", cfg, server, tmp_path, progress=lambda _: None)
+    assert [round(p.rate, 3) for p in result.points] == [1.0, 0.5, 0.707]
+    assert result.max_rate_meeting == 0.5
+
+
+def test_runaway_stops_repeats_and_escalation(tmp_path: pathlib.Path) -> None:
+    server = FakeServer(capacity=1.0)
+    cfg = SweepConfig(slo=SLO(ttft_p95_ms=1000), start_rate=1.0, growth_factor=4.0, bisect_steps=0,
+                      num_repeats=3)
+    result = run_sweep("runaway", cfg, server, tmp_path, progress=lambda _: None)
+    # 1 req/s passes (ttft only), 4 req/s completes 0.4 req/s: runaway after one repeat, sweep ends.
+    assert server.calls == [(1.0, 0), (1.0, 1), (1.0, 2), (4.0, 0)]
+    assert result.points[-1].runaway and "runaway" in result.points[-1].failures[0]
+
+
+def test_spread_over_repeats_and_max_rate_cap(tmp_path: pathlib.Path) -> None:
+    server = FakeServer(capacity=100.0, noise=0.1)
+    cfg = SweepConfig(slo=SLO_E2E, start_rate=1.0, max_rate=3.0, num_repeats=3)
+    result = run_sweep("cap", cfg, server, tmp_path, progress=lambda _: None)
+    assert [p.rate for p in result.points] == [1.0, 2.0, 3.0]
+    spread = result.points[0].spread["p95_e2el_ms"]
+    assert spread["low"] < spread["median"] < spread["high"]
+
+
+def test_bad_settings() -> None:
+    with pytest.raises(SweepError, match="--growth-factor"):
+        SweepConfig(slo=SLO(), growth_factor=1.0)
