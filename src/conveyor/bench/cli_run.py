@@ -1,0 +1,74 @@
+"""`conveyor bench run`: one open-loop run of a trace against a server, written to a run directory."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+import sys
+
+from conveyor.bench.metrics import parse_goodput
+from conveyor.bench.runner import BenchError, BenchRunConfig, dashboard_table, run_benchmark
+from conveyor.bench.traces import TraceError
+
+
+def parse_rate(text: str) -> float:
+    if text.lower() in ("inf", "infinity"):
+        return math.inf
+    try:
+        rate = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--rate {text!r} must be a number of req/s or inf") from exc
+    if not rate > 0:
+        raise argparse.ArgumentTypeError(f"--rate {text!r} must be > 0")
+    return rate
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = BenchRunConfig.__dataclass_fields__
+    parser.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--trace", required=True, help="trace file (conveyor trace make | import)")
+    parser.add_argument("--rate", type=parse_rate, default=math.inf, help="offered req/s, or inf (default)")
+    parser.add_argument("--burstiness", type=float, default=d["burstiness"].default, help="gamma shape k")
+    parser.add_argument("--arrival", default=d["arrival"].default, choices=["poisson", "gamma", "constant", "replay"])
+    parser.add_argument("--time-scale", type=float, default=d["time_scale"].default,
+                        help="replay: trace seconds per wall second")
+    parser.add_argument("--endpoint", default=d["endpoint"].default, choices=["completions", "chat"])
+    parser.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
+    parser.add_argument("--out", required=True, help="run directory to write")
+    parser.add_argument("--label", default="", help="run name in tables (default: the --out directory name)")
+    parser.add_argument("--max-send-lag-ms", type=float, default=d["max_send_lag_p99_ms"].default,
+                        help="run is invalid if p99 send lag exceeds this")
+    parser.add_argument("--goodput", default=None, help="per-request bounds in ms, e.g. ttft:200,tpot:50")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--seed", type=int, default=d["seed"].default)
+    parser.add_argument("--num-requests", type=int, default=None, help="send only the first N trace requests")
+    parser.add_argument("--request-timeout-s", type=float, default=d["request_timeout_s"].default)
+    parser.add_argument("--scrape-interval-s", type=float, default=d["scrape_interval_s"].default)
+    parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+
+
+def config_from_args(args: argparse.Namespace) -> BenchRunConfig:
+    slo = parse_goodput(args.goodput) if args.goodput else None
+    return BenchRunConfig(
+        base_url=args.base_url, trace_path=args.trace, request_rate=args.rate, out_dir=args.out, label=args.label,
+        burstiness=args.burstiness, arrival=args.arrival, time_scale=args.time_scale, endpoint=args.endpoint,
+        model=args.model, seed=args.seed, max_send_lag_p99_ms=args.max_send_lag_ms,
+        request_timeout_s=args.request_timeout_s, scrape_interval_s=args.scrape_interval_s, slo=slo,
+        api_key=args.api_key, num_requests=args.num_requests, show_progress=not args.no_progress,
+        command=shlex.join(["conveyor", *sys.argv[1:]]))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        summary = run_benchmark(config_from_args(args))
+    except (BenchError, TraceError, ValueError) as exc:
+        print(f"conveyor bench run: error: {exc}", file=sys.stderr)
+        return 2
+    print(dashboard_table([summary]))
+    print(f"{summary['completed']} completed, {summary['cancelled']} cancelled, {summary['failed']} failed "
+          f"of {summary['num_prompts']} sent; run directory {args.out}")
+    if not summary["valid"]:
+        print(f"INVALID RUN: {summary['invalid_reason']}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,231 @@
+"""One benchmark run: trace + arrival process + server -> a run directory (docs/RUNDIR contract).
+
+run_benchmark() reads and verifies the trace, precomputes every send time, asks the server who it is,
+scrapes /metrics before the first request, drives the open loop while sampling gauges, scrapes again
+after the last request ends, and writes command.txt, config.json, server.json, requests.jsonl,
+server_timeseries.jsonl and summary.json. Nothing the server does makes it raise: failures are data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import json
+import math
+import pathlib
+import shlex
+import sys
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+from conveyor.bench.arrivals import ArrivalConfig, ArrivalProcess, send_offsets_s
+from conveyor.bench.client import ClientConfig, Endpoint
+from conveyor.bench.loadgen import LoadResult, new_session, run_open_loop
+from conveyor.bench.metrics import GoodputBounds, client_summary, send_lag_p99_ms, validity
+from conveyor.bench.server_metrics import ServerObservation, ServerScraper, config_info, get_json, server_summary
+from conveyor.bench.traces import Trace, read_trace
+
+SCHEMA_VERSION = 1
+
+
+class BenchError(ValueError):
+    """A run that cannot start (bad URL, unreachable server, no model): the message names the flag."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchRunConfig:
+    """`conveyor bench run` options, one field per flag."""
+
+    base_url: str
+    """Server root URL (http://host:port)."""
+    trace_path: str
+    """Trace file (conveyor trace make / import)."""
+    request_rate: float
+    """Offered requests per second; math.inf sends all at once."""
+    out_dir: str
+    """Run directory to write."""
+    label: str = ""
+    """Name of the run in tables (default: the out_dir's name)."""
+    burstiness: float = 1.0
+    """Gamma shape k (gamma arrival)."""
+    arrival: str = "poisson"
+    """poisson | gamma | constant | replay."""
+    time_scale: float = 1.0
+    """replay: trace seconds per wall second."""
+    endpoint: str = "completions"
+    """completions | chat."""
+    model: str | None = None
+    """Model name to request (default: the first of GET /v1/models)."""
+    seed: int = 0
+    """Arrival seed."""
+    max_send_lag_p99_ms: float = 10.0
+    """The run is invalid if the p99 send lag exceeds this."""
+    request_timeout_s: float = 600.0
+    """Per-request timeout."""
+    scrape_interval_s: float = 1.0
+    """Gauge sampling period for server_timeseries.jsonl."""
+    slo: Any = None
+    """GoodputBounds, or any object with ttft_ms/tpot_ms/itl_ms/e2el_ms attributes (bench/slo.py's SLO)."""
+    api_key: str | None = None
+    """Bearer token for the server."""
+    num_requests: int | None = None
+    """Send only the first N requests of the trace."""
+    show_progress: bool = True
+    """Progress line on stderr."""
+    command: str | None = None
+    """The command line to record in command.txt (default: this process's argv)."""
+
+    def __post_init__(self) -> None:
+        parts = urllib.parse.urlsplit(self.base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise BenchError(f"--base-url {self.base_url!r} must look like http://HOST:PORT")
+        if self.arrival not in {a.value for a in ArrivalProcess}:
+            raise BenchError(f"--arrival {self.arrival!r} must be one of poisson, gamma, constant, replay")
+        if self.endpoint not in {e.value for e in Endpoint}:
+            raise BenchError(f"--endpoint {self.endpoint!r} must be completions or chat")
+        if not self.request_rate > 0:
+            raise BenchError(f"--rate must be > 0 or inf, got {self.request_rate}")
+        if self.num_requests is not None and self.num_requests < 1:
+            raise BenchError("--num-requests must be >= 1")
+        if self.request_timeout_s <= 0 or self.scrape_interval_s <= 0 or self.max_send_lag_p99_ms <= 0:
+            raise BenchError("--request-timeout-s, --scrape-interval-s and --max-send-lag-ms must be > 0")
+
+
+def goodput_bounds(slo: Any) -> GoodputBounds | None:
+    if slo is None or isinstance(slo, GoodputBounds):
+        return slo
+    return GoodputBounds(**{k: getattr(slo, k, None) for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")})
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _jsonable(dataclasses.asdict(value))
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    return value
+
+
+def run_benchmark(cfg: BenchRunConfig) -> dict[str, Any]:
+    """Run the benchmark, write cfg.out_dir, return the summary dict."""
+    trace = read_trace(cfg.trace_path)
+    requests = trace.requests[: cfg.num_requests] if cfg.num_requests else trace.requests
+    arrival = ArrivalConfig(process=ArrivalProcess(cfg.arrival), request_rate=cfg.request_rate,
+                            burstiness=cfg.burstiness, time_scale=cfg.time_scale, seed=cfg.seed)
+    try:
+        offsets = send_offsets_s(arrival, len(requests), [r.arrival_s for r in requests])
+    except ValueError as exc:
+        raise BenchError(str(exc)) from exc
+    return asyncio.run(_run(cfg, trace, offsets))
+
+
+async def _identify(cfg: BenchRunConfig, session: Any) -> tuple[str, dict[str, Any]]:
+    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    root = cfg.base_url.rstrip("/")
+    models = await get_json(session, f"{root}/v1/models", headers)
+    version = await get_json(session, f"{root}/version", headers)
+    model = cfg.model
+    if model is None:
+        data = models.get("data") if isinstance(models, dict) else None
+        if not data:
+            raise BenchError(f"--model not given and {root}/v1/models listed no model (is the server up?)")
+        model = str(data[0]["id"])
+    return model, {"models": models, "version": version}
+
+
+async def _run(cfg: BenchRunConfig, trace: Trace, offsets: list[float]) -> dict[str, Any]:
+    requests = trace.requests[: len(offsets)]
+    async with new_session() as session:
+        model, identity = await _identify(cfg, session)
+        scraper = ServerScraper(session, cfg.base_url, cfg.scrape_interval_s)
+        await scraper.start()
+        sampler = asyncio.create_task(scraper.run())
+        started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        client = ClientConfig(base_url=cfg.base_url, model=model, endpoint=Endpoint(cfg.endpoint),
+                              api_key=cfg.api_key, request_timeout_s=cfg.request_timeout_s)
+        try:
+            load = await run_open_loop(session, client, requests, offsets, cfg.show_progress)
+        finally:
+            sampler.cancel()
+        obs = await scraper.stop()
+    identity["config_info"] = config_info(obs.after or obs.before)
+    summary = build_summary(cfg, trace, model, (load, obs, started_at))
+    write_run_dir(cfg, identity, load, obs, summary)
+    return summary
+
+
+def build_summary(cfg: BenchRunConfig, trace: Trace, model: str,
+                  run: tuple[LoadResult, ServerObservation, str]) -> dict[str, Any]:
+    load, obs, started_at = run
+    lag = send_lag_p99_ms(load.records)
+    valid, reason = validity(lag, cfg.max_send_lag_p99_ms)
+    summary: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION, "label": cfg.label or pathlib.Path(cfg.out_dir).name,
+        "base_url": cfg.base_url, "model": model, "endpoint": cfg.endpoint, "trace_path": cfg.trace_path,
+        "trace_version": trace.header.version, "request_rate": _jsonable(cfg.request_rate),
+        "burstiness": cfg.burstiness, "arrival": cfg.arrival, "seed": cfg.seed, "started_at": started_at,
+    }
+    summary.update(client_summary(load.records, goodput_bounds(cfg.slo)))
+    summary.update({"send_lag_p99_ms": lag, "max_send_lag_p99_ms": cfg.max_send_lag_p99_ms,
+                    "valid": valid, "invalid_reason": reason, "server": server_summary(obs)})
+    return summary
+
+
+def _write_jsonl(path: pathlib.Path, rows: list[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+
+
+def write_run_dir(cfg: BenchRunConfig, identity: dict[str, Any], load: LoadResult, obs: ServerObservation,
+                  summary: dict[str, Any]) -> None:
+    out = pathlib.Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "command.txt").write_text((cfg.command or shlex.join(sys.argv)) + "\n", encoding="utf-8")
+    (out / "config.json").write_text(json.dumps(_jsonable(cfg), indent=2, default=str) + "\n", encoding="utf-8")
+    (out / "server.json").write_text(json.dumps(identity, indent=2) + "\n", encoding="utf-8")
+    _write_jsonl(out / "requests.jsonl", [r.to_json() for r in load.records])
+    _write_jsonl(out / "server_timeseries.jsonl", [
+        {"t_s": round(s.t_abs - load.t0, 6), "num_requests_running": s.num_requests_running,
+         "num_requests_waiting": s.num_requests_waiting, "kv_cache_usage_perc": s.kv_cache_usage_perc}
+        for s in obs.samples])
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+
+
+def load_summary(run_dir: str | pathlib.Path) -> dict[str, Any]:
+    path = pathlib.Path(run_dir) / "summary.json"
+    if not path.is_file():
+        raise BenchError(f"{run_dir} is not a run directory (no summary.json)")
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return data
+
+
+DASHBOARD_COLUMNS = ("Run", "Offered req/s", "Completed req/s", "TTFT p95", "Queue p95", "E2E p95",
+                     "Error rate", "Preemptions")
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    return f"{value:.{digits}f}"
+
+
+def dashboard_row(s: dict[str, Any]) -> list[str]:
+    server = s.get("server") or {}
+    row = [str(s.get("label", "")) + ("" if s.get("valid", True) else " (INVALID)"), _fmt(s.get("request_rate"), 2),
+           _fmt(s.get("request_throughput"), 2), _fmt(s.get("p95_ttft_ms")) + " ms",
+           _fmt(server.get("queue_time_p95_ms")) + " ms", _fmt(s.get("p95_e2el_ms")) + " ms",
+           f"{100.0 * float(s.get('error_rate') or 0.0):.1f}%", _fmt(server.get("num_preemptions"), 0)]
+    return [c.replace("- ms", "-") for c in row]
+
+
+def dashboard_table(summaries: list[dict[str, Any]]) -> str:
+    """The guide's dashboard row(s) as a plain-text table."""
+    rows = [list(DASHBOARD_COLUMNS)] + [dashboard_row(s) for s in summaries]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(DASHBOARD_COLUMNS))]
+    lines = [" | ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    lines.insert(1, "-+-".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -1,0 +1,228 @@
+"""Synthetic trace generators: `chat`, `long` and `agent`, mixed and stamped with arrival times.
+
+Each class has its own parameter dataclass and its own numpy Generator (seeded from the trace seed and
+the class name), so changing the share of one class does not reshuffle the others' requests. Text is
+drawn from wordlist.WORDS, whose words are one token each after a space, so a prompt of n words is
+≈ n tokens (exactly n for SmolLM2's tokenizer, ±1 for the first word; docs/trace-format.md).
+`agent` models agent/RAG traffic: every agent request starts with one system prompt, requests of a
+group then share the same retrieved documents (prefix_group / shared_prefix_len), each ends with its
+own question; outputs vary widely, a share is cancelled (after a delay or after N tokens), and when
+the trace is stamped with arrival times a group arrives as a burst.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+
+from conveyor.bench.arrivals import ArrivalConfig, send_offsets_s
+from conveyor.bench.traces import Trace, TraceRequest, make_trace
+from conveyor.bench.wordlist import WORDS
+
+
+@dataclass(frozen=True)
+class ChatParams:
+    """Short prompts, short answers (lognormal lengths, clipped)."""
+
+    prompt_len_median: int = 64
+    """Median prompt tokens."""
+    prompt_len_max: int = 512
+    """Prompt tokens are clipped to [4, this]."""
+    output_len_median: int = 48
+    """Median output tokens."""
+    output_len_max: int = 256
+    """Output tokens are clipped to [4, this]."""
+    sigma: float = 0.6
+    """Lognormal shape of both lengths."""
+
+
+@dataclass(frozen=True)
+class LongParams:
+    """Large prefills (documents to summarize), moderate outputs (uniform lengths)."""
+
+    prompt_len_min: int = 1500
+    """Smallest prompt, tokens."""
+    prompt_len_max: int = 3000
+    """Largest prompt, tokens (keep below the server's max_model_len minus output_len_max)."""
+    output_len_min: int = 32
+    """Smallest output, tokens."""
+    output_len_max: int = 160
+    """Largest output, tokens."""
+
+
+@dataclass(frozen=True)
+class AgentParams:
+    """Groups sharing a long prefix (system prompt + retrieved documents), variable outputs, cancellations."""
+
+    system_prompt_len: int = 256
+    """Tokens of the system prompt every agent request starts with."""
+    documents_len: int = 1024
+    """Tokens of retrieved documents shared by the requests of one group."""
+    question_len_min: int = 16
+    """Shortest per-request question suffix, tokens."""
+    question_len_max: int = 96
+    """Longest per-request question suffix, tokens."""
+    group_size_mean: float = 6.0
+    """Mean requests per prefix group (1 + Poisson)."""
+    output_len_median: int = 96
+    """Median output tokens (lognormal, sigma 1: highly variable)."""
+    output_len_max: int = 512
+    """Output tokens are clipped to [4, this]."""
+    cancel_fraction: float = 0.15
+    """Share of agent requests the client cancels; half after a delay, half after N tokens."""
+    cancel_after_s_max: float = 2.0
+    """Delay cancellations are uniform in [0.2, this] seconds."""
+    cancel_after_tokens_max: int = 32
+    """Token cancellations are uniform in [2, this] streamed chunks."""
+    burst_gap_s: float = 0.02
+    """Mean gap between the requests of one group's burst when arrival times are stamped."""
+
+
+@dataclass(frozen=True)
+class TraceMakeConfig:
+    """Everything `conveyor trace make` needs; recorded in the trace header."""
+
+    mix: dict[str, float] = field(default_factory=lambda: {"chat": 0.6, "long": 0.2, "agent": 0.2})
+    """Class -> share (normalized)."""
+    num_requests: int | None = 100
+    """Number of requests (or None with duration_s)."""
+    duration_s: float | None = None
+    """Generate the requests that arrive within this many seconds (needs a finite arrival rate)."""
+    seed: int = 0
+    """Seed of every generator."""
+    arrival: ArrivalConfig | None = None
+    """Stamp arrival_s on each request with this process; None leaves the trace untimed."""
+    chat: ChatParams = ChatParams()
+    """chat class parameters."""
+    long: LongParams = LongParams()
+    """long class parameters."""
+    agent: AgentParams = AgentParams()
+    """agent class parameters."""
+
+
+CLASSES = ("chat", "long", "agent")
+
+
+def words(rng: np.random.Generator, num_words: int) -> list[str]:
+    idx = rng.integers(0, len(WORDS), size=num_words)
+    return [WORDS[i] for i in idx]
+
+
+def _lognormal_len(rng: np.random.Generator, median: int, sigma: float, max_len: int) -> int:
+    return int(np.clip(round(median * math.exp(sigma * rng.standard_normal())), 4, max_len))
+
+
+def _class_rng(seed: int, name: str) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(name.encode())])
+
+
+def gen_chat(p: ChatParams, n: int, rng: np.random.Generator) -> list[TraceRequest]:
+    out = []
+    for i in range(n):
+        plen = _lognormal_len(rng, p.prompt_len_median, p.sigma, p.prompt_len_max)
+        olen = _lognormal_len(rng, p.output_len_median, p.sigma, p.output_len_max)
+        out.append(TraceRequest(request_id=f"chat-{i}", request_class="chat", prompt=" ".join(words(rng, plen)),
+                                prompt_len=plen, output_len=olen))
+    return out
+
+
+def gen_long(p: LongParams, n: int, rng: np.random.Generator) -> list[TraceRequest]:
+    out = []
+    for i in range(n):
+        plen = int(rng.integers(p.prompt_len_min, p.prompt_len_max + 1))
+        olen = int(rng.integers(p.output_len_min, p.output_len_max + 1))
+        out.append(TraceRequest(request_id=f"long-{i}", request_class="long", prompt=" ".join(words(rng, plen)),
+                                prompt_len=plen, output_len=olen))
+    return out
+
+
+def gen_agent(p: AgentParams, n: int, rng: np.random.Generator) -> list[TraceRequest]:
+    system = words(rng, p.system_prompt_len)
+    out: list[TraceRequest] = []
+    group = 0
+    while len(out) < n:
+        docs = words(rng, p.documents_len)
+        size = min(n - len(out), 1 + int(rng.poisson(max(p.group_size_mean - 1.0, 0.0))))
+        for _ in range(size):
+            question = words(rng, int(rng.integers(p.question_len_min, p.question_len_max + 1)))
+            prompt = system + docs + question
+            out.append(_agent_request(p, rng, len(out), group, prompt))
+        group += 1
+    return out
+
+
+def _agent_request(p: AgentParams, rng: np.random.Generator, i: int, group: int, prompt: list[str]) -> TraceRequest:
+    cancel_s, cancel_tokens = None, None
+    if rng.random() < p.cancel_fraction:
+        if rng.random() < 0.5:
+            cancel_s = round(float(rng.uniform(0.2, p.cancel_after_s_max)), 3)
+        else:
+            cancel_tokens = int(rng.integers(2, p.cancel_after_tokens_max + 1))
+    return TraceRequest(
+        request_id=f"agent-{i}", request_class="agent", prompt=" ".join(prompt), prompt_len=len(prompt),
+        output_len=_lognormal_len(rng, p.output_len_median, 1.0, p.output_len_max),
+        prefix_group=f"agent-g{group}", shared_prefix_len=p.system_prompt_len + p.documents_len,
+        cancel_after_s=cancel_s, cancel_after_tokens=cancel_tokens, session_id=f"agent-g{group}")
+
+
+def _num_and_offsets(cfg: TraceMakeConfig) -> tuple[int, list[float] | None]:
+    if cfg.duration_s is not None:
+        if cfg.arrival is None or math.isinf(cfg.arrival.request_rate):
+            raise ValueError("--duration needs a finite --rate to know how many requests arrive in it")
+        guess = int(cfg.arrival.request_rate * cfg.duration_s * 2 + 100)
+        offsets = [t for t in send_offsets_s(cfg.arrival, guess) if t < cfg.duration_s]
+        return len(offsets), offsets
+    if cfg.num_requests is None or cfg.num_requests < 1:
+        raise ValueError("--num-requests must be >= 1 (or give --duration)")
+    offsets = send_offsets_s(cfg.arrival, cfg.num_requests) if cfg.arrival is not None else None
+    return cfg.num_requests, offsets
+
+
+def make_mixed_trace(cfg: TraceMakeConfig) -> Trace:
+    """Draw the class of each slot from the mix, fill slots from each class's generator, stamp arrivals."""
+    unknown = set(cfg.mix) - set(CLASSES)
+    if unknown or not cfg.mix or any(v < 0 for v in cfg.mix.values()) or sum(cfg.mix.values()) <= 0:
+        raise ValueError(f"--mix must give non-negative shares of {', '.join(CLASSES)} (got {cfg.mix})")
+    n, offsets = _num_and_offsets(cfg)
+    names = sorted(cfg.mix)
+    probs = np.array([cfg.mix[c] for c in names]) / sum(cfg.mix.values())
+    slots = [names[i] for i in _class_rng(cfg.seed, "mix").choice(len(names), size=n, p=probs)]
+    pools = {
+        "chat": iter(gen_chat(cfg.chat, slots.count("chat"), _class_rng(cfg.seed, "chat"))),
+        "long": iter(gen_long(cfg.long, slots.count("long"), _class_rng(cfg.seed, "long"))),
+        "agent": iter(gen_agent(cfg.agent, slots.count("agent"), _class_rng(cfg.seed, "agent"))),
+    }
+    requests = [next(pools[c]) for c in slots]
+    if offsets is not None:
+        requests = _stamp(requests, offsets, cfg)
+    requests = [replace(r, request_id=f"r{i:06d}-{r.request_class}") for i, r in enumerate(requests)]
+    generator = {"name": "mix", "config": _jsonable(asdict(cfg))}
+    return make_trace(requests, seed=cfg.seed, generator=generator)
+
+
+def _stamp(requests: list[TraceRequest], offsets: list[float], cfg: TraceMakeConfig) -> list[TraceRequest]:
+    """Arrival times from the process; agent groups arrive as bursts after their first member."""
+    rng = _class_rng(cfg.seed, "bursts")
+    first_of_group: dict[str, float] = {}
+    stamped = []
+    for r, t in zip(requests, offsets):
+        if r.prefix_group is not None and r.prefix_group in first_of_group:
+            first_of_group[r.prefix_group] += float(rng.exponential(cfg.agent.burst_gap_s))
+            t = first_of_group[r.prefix_group]
+        elif r.prefix_group is not None:
+            first_of_group[r.prefix_group] = t
+        stamped.append(replace(r, arrival_s=round(t, 6)))
+    return sorted(stamped, key=lambda r: r.arrival_s or 0.0)
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    if hasattr(value, "value"):
+        return value.value
+    return value

@@ -1,0 +1,156 @@
+"""A small in-process OpenAI-style streaming server for the benchmark's edge cases.
+
+Behaviour is chosen per request by the prompt's first word (so one trace can mix them):
+ok (default) · http400 · http500 · http503 · stall (one token, then nothing) · break (two tokens, then
+the connection drops) · errobj (HTTP 200, then an SSE error object as vLLM sends under
+--max-num-queued-reqs) · nodone (tokens, then the stream ends without [DONE]).
+It runs on its own event loop in a thread, on a free port, and keeps vLLM-named /metrics counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import aiohttp
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+
+@dataclass
+class FakeConfig:
+    token_delay_s: float = 0.002
+    send_usage: bool = True
+    with_metrics: bool = True
+    queue_time_s: float = 0.003
+
+
+@dataclass
+class FakeState:
+    generation_tokens: int = 0
+    prompt_tokens: int = 0
+    num_requests: int = 0
+    num_disconnects: int = 0
+    queue_times: list[float] = field(default_factory=list)
+
+
+QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0)
+
+
+def _first_word(body: dict) -> str:
+    if "messages" in body:
+        text = body["messages"][-1]["content"]
+    else:
+        text = body.get("prompt") or ""
+    words = text.split() if isinstance(text, str) else []
+    return words[0] if words else ""
+
+
+def _chunk(chat: bool, text: str) -> bytes:
+    choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
+    return f"data: {json.dumps({'id': 'x', 'choices': [choice]})}\n\n".encode()
+
+
+class FakeServer:
+    def __init__(self, cfg: FakeConfig | None = None) -> None:
+        self.cfg = cfg or FakeConfig()
+        self.state = FakeState()
+        self.base_url = ""
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/completions", lambda r: self._generate(r, chat=False))
+        app.router.add_post("/v1/chat/completions", lambda r: self._generate(r, chat=True))
+        app.router.add_get("/v1/models", self._models)
+        if self.cfg.with_metrics:
+            app.router.add_get("/metrics", self._metrics)
+        return app
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        s = self.state
+        lines = [f'vllm:generation_tokens_total{{model_name="fake-model"}} {s.generation_tokens}',
+                 f'vllm:prompt_tokens_total{{model_name="fake-model"}} {s.prompt_tokens}',
+                 'vllm:num_preemptions_total{model_name="fake-model"} 0',
+                 'vllm:num_requests_running{model_name="fake-model"} 1',
+                 'vllm:num_requests_waiting{model_name="fake-model"} 0',
+                 'vllm:kv_cache_usage_perc{model_name="fake-model"} 0.25',
+                 'vllm:cache_config_info{block_size="16",model_name="fake-model"} 1']
+        for le in QUEUE_BUCKETS:
+            n = sum(q <= le for q in s.queue_times)
+            lines.append(f'vllm:request_queue_time_seconds_bucket{{le="{le}",model_name="fake-model"}} {n}')
+        lines.append(f'vllm:request_queue_time_seconds_bucket{{le="+Inf",model_name="fake-model"}} {len(s.queue_times)}')
+        lines.append(f'vllm:request_queue_time_seconds_count{{model_name="fake-model"}} {len(s.queue_times)}')
+        return web.Response(text="\n".join(lines) + "\n")
+
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        body = await request.json()
+        mode = _first_word(body)
+        if mode.startswith("http"):
+            status = int(mode[4:])
+            return web.json_response({"error": {"message": f"fake {status}", "code": status}}, status=status)
+        self.state.num_requests += 1
+        self.state.queue_times.append(self.cfg.queue_time_s)
+        prompt_len = len(str(body.get("prompt") or body.get("messages")).split())
+        self.state.prompt_tokens += prompt_len
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            await self._stream(request, resp, body, (chat, mode, prompt_len))
+        except (ConnectionError, aiohttp.ClientConnectionError, asyncio.CancelledError):
+            self.state.num_disconnects += 1  # the client went away (cancellation or test teardown)
+        return resp
+
+    async def _stream(self, request: web.Request, resp: web.StreamResponse, body: dict, info: tuple) -> None:
+        chat, mode, prompt_len = info
+        if mode == "errobj":
+            await resp.write(b'data: {"error": {"message": "queue is full", "type": "ServiceUnavailable", "code": 503}}\n\n')
+            await resp.write(b"data: [DONE]\n\n")
+            return
+        if chat:
+            await resp.write(f"data: {json.dumps({'choices': [{'index': 0, 'delta': {'role': 'assistant', 'content': ''}}]})}\n\n".encode())
+        n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        for i in range(n):
+            await asyncio.sleep(self.cfg.token_delay_s)
+            await resp.write(_chunk(chat, f" t{i}"))
+            self.state.generation_tokens += 1
+            if mode == "stall":  # hold the stream open, silent, until the client gives up
+                while request.transport is not None and not request.transport.is_closing():
+                    await asyncio.sleep(0.02)
+                raise ConnectionResetError("client gave up")
+            if mode == "break" and i == 1:
+                request.transport.close()
+                return
+        if self.cfg.send_usage:
+            usage = {"prompt_tokens": prompt_len, "completion_tokens": n, "total_tokens": prompt_len + n}
+            await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
+        if mode != "nodone":
+            await resp.write(b"data: [DONE]\n\n")
+
+    async def _start(self) -> None:
+        self._runner = web.AppRunner(self.app(), handle_signals=False, shutdown_timeout=0.2)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.base_url = f"http://127.0.0.1:{port}"
+
+    def __enter__(self) -> FakeServer:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        time.sleep(0)
