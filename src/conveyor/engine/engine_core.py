@@ -9,8 +9,6 @@ synchronous and single-threaded; `AsyncEngine` runs it on its own thread.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -92,7 +90,7 @@ class EngineCore:
 
     def step(self) -> StepResult:
         scheduler_output = self.scheduler.schedule()
-        if scheduler_output.is_empty:
+        if _nothing_for_runner(scheduler_output):
             runner_output = EMPTY_RUNNER_OUTPUT
         else:
             runner_output = self.runner.execute(scheduler_output)
@@ -106,9 +104,8 @@ class EngineCore:
         return self.scheduler.has_unfinished_requests()
 
 
-def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.monotonic) -> EngineCore:
-    """Load the model, size the KV cache, then build the scheduler over the same number of blocks."""
-    from conveyor.engine.model_setup import load_runner_and_scheduler
+def _nothing_for_runner(scheduler_output: SchedulerOutput) -> bool:
+    """Skip the runner only when there is nothing to compute and no worker state to drop."""
+    return (scheduler_output.is_empty and not scheduler_output.finished_req_ids
+            and not scheduler_output.preempted_req_ids)
 
-    runner, scheduler, limits, resolved = load_runner_and_scheduler(config, clock)
-    return EngineCore(resolved, runner, scheduler, limits)

@@ -133,6 +133,7 @@ class OutputProcessor:
             num_generation_tokens=state.num_output_tokens,
             num_cached_tokens=core_output.num_cached_tokens,
             num_preemptions=core_output.num_preemptions,
+            request_id=state.request_id,
         ))
 
     def _error_message(self, reason: FinishReason | None) -> str | None:

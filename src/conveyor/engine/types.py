@@ -92,6 +92,8 @@ class FinishedRequestStats:
     num_generation_tokens: int
     num_cached_tokens: int
     num_preemptions: int
+    request_id: str = ""
+    """Which request (lets offline callers attach timings to their results)."""
 
 
 StatsListener = Callable[[SchedulerStats, list[FinishedRequestStats]], None]

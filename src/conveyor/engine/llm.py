@@ -1,0 +1,207 @@
+"""Offline generation: `LLM(...).generate(prompts, sampling_params)` → one result per prompt, in order.
+
+All prompts are submitted at once and the step loop runs until every request has finished, so the
+batch policy (continuous, or static with `batching="static"`) decides the interleaving, exactly as
+in the server. Keyword arguments name config fields (`max_num_seqs=8`, `enable_prefix_caching=False`,
+`batching="static"`, `kv_cache_memory_bytes=...`) or pass a whole `engine_config=`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import sys
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from conveyor.config import CacheConfig, DeviceConfig, EngineConfig, ModelConfig, SchedulerConfig
+from conveyor.core.stats import SchedulerStats
+from conveyor.engine.llm_engine import LLMEngine, PreparedRequest
+from conveyor.engine.types import EngineOverloadedError, FinishedRequestStats, GenerateRequest, RequestOutput
+from conveyor.request import FinishReason, RequestTimings
+from conveyor.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+
+_SECTIONS: dict[str, type] = {"model": ModelConfig, "scheduler": SchedulerConfig, "cache": CacheConfig,
+                              "device": DeviceConfig}
+
+
+@dataclass(frozen=True)
+class CompletionResult:
+    """One finished request."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    text: str
+    finish_reason: FinishReason
+    stop_reason: int | str | None
+    timings: RequestTimings
+    """Arrival, first scheduled, first/last token, finished (monotonic seconds)."""
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    error_message: str | None = None
+
+
+@dataclass
+class RunSummary:
+    """What the last `generate` call did, step by step (for tests and benchmarks)."""
+
+    num_steps: int = 0
+    num_preemptions: int = 0
+    num_generation_tokens: int = 0
+    elapsed_s: float = 0.0
+    max_kv_cache_usage: float = 0.0
+    max_num_running: int = 0
+
+    def add(self, stats: SchedulerStats) -> None:
+        self.num_steps += 1
+        self.num_preemptions += stats.num_preemptions
+        self.num_generation_tokens += stats.num_generation_tokens
+        self.max_kv_cache_usage = max(self.max_kv_cache_usage, stats.kv_cache_usage)
+        self.max_num_running = max(self.max_num_running, stats.num_running_reqs)
+
+
+@dataclass
+class _Pending:
+    """A request being collected."""
+
+    prepared: PreparedRequest
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    final: RequestOutput | None = None
+    stats: FinishedRequestStats | None = None
+
+
+def engine_config_from_kwargs(base: EngineConfig | None = None, **kwargs: object) -> EngineConfig:
+    """`EngineConfig` with fields set by name; enum fields accept their string values."""
+    config = base or EngineConfig()
+    for name, value in kwargs.items():
+        if name == "check_invariants":
+            config = dataclasses.replace(config, check_invariants=bool(value))
+            continue
+        section = next((s for s, cls in _SECTIONS.items() if name in {f.name for f in dataclasses.fields(cls)}), None)
+        if section is None:
+            raise TypeError(f"LLM got an unknown engine argument {name!r}")
+        current = getattr(config, section)
+        old = getattr(current, name)
+        if isinstance(old, enum.Enum) and isinstance(value, str):
+            value = type(old)(value)
+        config = dataclasses.replace(config, **{section: dataclasses.replace(current, **{name: value})})
+    return config
+
+
+class LLM:
+    """Load once, generate many times."""
+
+    def __init__(self, model: str | None = None, *, engine_config: EngineConfig | None = None,
+                 **kwargs: object) -> None:
+        if model is not None:
+            kwargs["model"] = model
+        self.config = engine_config_from_kwargs(engine_config, **kwargs)
+        self.engine = LLMEngine.from_config(self.config)
+        self.last_run = RunSummary()
+        self._next_id = 0
+
+    @classmethod
+    def from_engine(cls, engine: LLMEngine) -> LLM:
+        """Wrap an already built engine (tests with fakes)."""
+        llm = cls.__new__(cls)
+        llm.config, llm.engine, llm.last_run, llm._next_id = engine.config, engine, RunSummary(), 0
+        return llm
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 show_progress: bool = False) -> list[CompletionResult]:
+        """Generate for every prompt (text or token ids); results come back in input order."""
+        prompt_list = _as_prompt_list(prompts)
+        params_list = _as_params_list(sampling_params, len(prompt_list))
+        pending = [_Pending(self.engine.prepare(GenerateRequest(self._new_id(), p, sp)))
+                   for p, sp in zip(prompt_list, params_list)]
+        self._run(pending, show_progress)
+        return [_result(p) for p in pending]
+
+    def _new_id(self) -> str:
+        self._next_id += 1
+        return str(self._next_id - 1)
+
+    def _run(self, pending: list[_Pending], show_progress: bool) -> None:
+        by_id = {p.prepared.request_id: p for p in pending}
+        to_add = deque(pending)
+        self.last_run = summary = RunSummary()
+        start = time.monotonic()
+        num_done = 0
+        while to_add or self.engine.has_unfinished_requests():
+            _admit(self.engine, to_add)
+            step = self.engine.step()
+            summary.add(step.stats)
+            num_done += _collect(by_id, step.request_outputs, step.finished_stats)
+            if show_progress:
+                print(f"\rconveyor: {num_done}/{len(pending)} requests done", end="", file=sys.stderr)
+        summary.elapsed_s = time.monotonic() - start
+        if show_progress:
+            print(file=sys.stderr)
+
+
+def _admit(engine: LLMEngine, to_add: deque[_Pending]) -> None:
+    """Add as many as the waiting-queue bound allows; the rest wait here (nothing is dropped)."""
+    while to_add:
+        try:
+            engine.add_request(to_add[0].prepared)
+        except EngineOverloadedError:
+            return
+        to_add.popleft()
+
+
+def _collect(by_id: dict[str, _Pending], outputs: list[RequestOutput], stats: list[FinishedRequestStats]) -> int:
+    num_finished = 0
+    for output in outputs:
+        item = by_id[output.request_id]
+        item.text.append(output.new_text)
+        item.token_ids.extend(output.new_token_ids)
+        if output.finished:
+            item.final = output
+            num_finished += 1
+    for finished in stats:
+        by_id[finished.request_id].stats = finished
+    return num_finished
+
+
+def _result(item: _Pending) -> CompletionResult:
+    final, stats = item.final, item.stats
+    assert final is not None and final.finish_reason is not None, "every request ends with a final output"
+    return CompletionResult(
+        request_id=item.prepared.request_id,
+        prompt_token_ids=item.prepared.prompt_token_ids,
+        output_token_ids=item.token_ids,
+        text="".join(item.text),
+        finish_reason=final.finish_reason,
+        stop_reason=final.stop_reason,
+        timings=stats.timings if stats else RequestTimings(arrival_s=0.0),
+        num_cached_tokens=stats.num_cached_tokens if stats else final.num_cached_tokens,
+        num_preemptions=stats.num_preemptions if stats else 0,
+        error_message=final.error_message,
+    )
+
+
+def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    items = list(prompts)
+    if items and all(isinstance(t, int) for t in items):
+        return [list(items)]  # a single prompt given as token ids
+    return [p if isinstance(p, str) else list(p) for p in items]
+
+
+def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None, num: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * num
+    if isinstance(params, SamplingParams):
+        return [params] * num
+    params_list = list(params)
+    if len(params_list) != num:
+        raise ValueError(f"sampling_params has {len(params_list)} entries for {num} prompts")
+    return params_list

@@ -1,0 +1,54 @@
+"""Start-up: load the model runner, size the KV cache, build the scheduler over the same blocks.
+
+Order matters: the runner loads the weights (which fixes the model's max positions and KV geometry),
+then sizes and allocates the KV cache from the memory budget; only then can the scheduler's block
+pool be built with exactly that many blocks. `max_model_len` is resolved here: the configured value
+(SchedulerConfig's default 2048 unless --max-model-len is given) capped by the model's
+`max_position_embeddings`, so a request can never run past the positions the model was trained for;
+the scheduler is built with the resolved value so admission and the runner agree.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from conveyor.config import EngineConfig
+from conveyor.engine.args import with_overrides
+from conveyor.engine.engine_core import EngineCore, ModelLimits
+
+logger = logging.getLogger(__name__)
+
+
+def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.monotonic) -> EngineCore:
+    """Load the model, size the KV cache, then build the scheduler over the same number of blocks."""
+    from conveyor.core.scheduler import make_scheduler
+    from conveyor.worker.model_runner import ModelRunner
+
+    runner = ModelRunner(config.model, config.cache, config.scheduler, config.device)
+    max_model_len = min(config.scheduler.max_model_len, runner.max_position_embeddings)
+    if max_model_len < config.scheduler.max_model_len:
+        logger.warning("max_model_len lowered from %d to the model's max_position_embeddings %d",
+                       config.scheduler.max_model_len, max_model_len)
+        config = with_overrides(config, "scheduler", max_model_len=max_model_len)
+    capacity = runner.initialize_kv_cache()
+    scheduler = make_scheduler(config.scheduler, config.cache, capacity.num_blocks, clock)
+    limits = ModelLimits(num_kv_blocks=capacity.num_blocks, max_model_len=max_model_len,
+                         eos_token_ids=tuple(runner.eos_token_ids), vocab_size=runner.vocab_size)
+    logger.info("KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB), max concurrency %.1f at "
+                "max_model_len=%d", capacity.num_blocks, capacity.block_size, capacity.num_tokens,
+                capacity.num_bytes / 2**20, capacity.max_concurrency, max_model_len)
+    return EngineCore(config, runner, scheduler, limits)
+
+
+def load_tokenizer(config: EngineConfig):  # noqa: ANN201 - engine.tokenizer.Tokenizer
+    """The tokenizer of --tokenizer, else of the model (GGUF vocabulary or tokenizer.json)."""
+    from conveyor.engine.tokenizer import load_tokenizer as load
+
+    return load(config.model)
+
+
+def build_core_and_tokenizer(config: EngineConfig) -> tuple[EngineCore, object]:
+    core = build_engine_core(config)
+    return core, load_tokenizer(core.config)
