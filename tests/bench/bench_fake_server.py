@@ -65,12 +65,18 @@ class FakeServer:
 
     def app(self) -> web.Application:
         app = web.Application()
-        app.router.add_post("/v1/completions", lambda r: self._generate(r, chat=False))
-        app.router.add_post("/v1/chat/completions", lambda r: self._generate(r, chat=True))
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         if self.cfg.with_metrics:
             app.router.add_get("/metrics", self._metrics)
         return app
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})

@@ -1,0 +1,109 @@
+"""Trace format (versioned JSONL) and the chat/long/agent generators."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from conveyor.bench.arrivals import ArrivalConfig
+from conveyor.bench.trace_gen import AgentParams, TraceMakeConfig, make_mixed_trace
+from conveyor.bench.traces import TraceError, TraceRequest, make_trace, read_trace, write_trace
+
+
+def _cfg(**kw: object) -> TraceMakeConfig:
+    return TraceMakeConfig(**kw)  # type: ignore[arg-type]
+
+
+def test_roundtrip_and_version_is_content_hash(tmp_path: pathlib.Path) -> None:
+    trace = make_mixed_trace(_cfg(num_requests=40, seed=3))
+    path = tmp_path / "t.jsonl"
+    write_trace(trace, path)
+    assert read_trace(path) == trace
+    header = json.loads(path.read_text().splitlines()[0])
+    assert header["format"] == "conveyor-trace" and header["format_version"] == 1
+    assert header["version"] == trace.header.version and header["seed"] == 3
+    assert header["generator"]["config"]["chat"]["prompt_len_median"] == 64
+
+
+def test_tampered_trace_is_rejected(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "t.jsonl"
+    write_trace(make_mixed_trace(_cfg(num_requests=5)), path)
+    lines = path.read_text().splitlines()
+    lines[2] = lines[2].replace('"output_len":', '"output_len":1').replace(":1", ":1", 1)
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TraceError, match="edited"):
+        read_trace(path)
+
+
+def test_same_seed_same_version_other_seed_differs() -> None:
+    a = make_mixed_trace(_cfg(num_requests=30, seed=1))
+    assert a.header.version == make_mixed_trace(_cfg(num_requests=30, seed=1)).header.version
+    assert a.header.version != make_mixed_trace(_cfg(num_requests=30, seed=2)).header.version
+
+
+def test_bad_inputs_name_the_problem(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(TraceError, match="exactly one of prompt"):
+        TraceRequest(request_id="a", request_class="chat", prompt_len=1, output_len=1)
+    with pytest.raises(TraceError, match="unique"):
+        r = TraceRequest(request_id="a", request_class="chat", prompt="x", prompt_len=1, output_len=1)
+        make_trace([r, r], 0, {})
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"format": "other"}\n')
+    with pytest.raises(TraceError, match="not a conveyor trace"):
+        read_trace(bad)
+    with pytest.raises(TraceError, match="does not exist"):
+        read_trace(tmp_path / "missing.jsonl")
+    with pytest.raises(ValueError, match="--mix"):
+        make_mixed_trace(_cfg(mix={"chat": 1.0, "video": 1.0}))
+    with pytest.raises(ValueError, match="--duration needs a finite --rate"):
+        make_mixed_trace(_cfg(num_requests=None, duration_s=5.0))
+
+
+def test_lengths_are_word_counts_and_classes_differ() -> None:
+    trace = make_mixed_trace(_cfg(num_requests=200, seed=0))
+    by_class: dict[str, list[TraceRequest]] = {}
+    for r in trace.requests:
+        assert r.prompt is not None and len(r.prompt.split()) == r.prompt_len
+        by_class.setdefault(r.request_class, []).append(r)
+    assert set(by_class) == {"chat", "long", "agent"}
+    assert 0.45 < len(by_class["chat"]) / 200 < 0.75  # mix 0.6
+    assert max(r.prompt_len for r in by_class["chat"]) <= 512
+    assert min(r.prompt_len for r in by_class["long"]) >= 1500
+
+
+def test_agent_groups_share_exactly_their_prefix_and_some_cancel() -> None:
+    params = AgentParams(cancel_fraction=0.5)
+    trace = make_mixed_trace(_cfg(mix={"agent": 1.0}, num_requests=60, seed=4, agent=params))
+    groups: dict[str, list[list[str]]] = {}
+    for r in trace.requests:
+        assert r.prompt is not None and r.prefix_group is not None
+        groups.setdefault(r.prefix_group, []).append(r.prompt.split())
+        assert r.shared_prefix_len == params.system_prompt_len + params.documents_len
+    multi = [g for g in groups.values() if len(g) > 1]
+    assert multi
+    shared = params.system_prompt_len + params.documents_len
+    for members in multi:
+        assert all(m[:shared] == members[0][:shared] for m in members)
+    firsts = [g[0] for g in groups.values()]
+    # every agent request starts with the same system prompt; documents differ between groups
+    assert all(f[: params.system_prompt_len] == firsts[0][: params.system_prompt_len] for f in firsts)
+    assert len({tuple(f[params.system_prompt_len:shared]) for f in firsts}) == len(firsts)
+    by_s = [r for r in trace.requests if r.cancel_after_s is not None]
+    by_tokens = [r for r in trace.requests if r.cancel_after_tokens is not None]
+    assert by_s and by_tokens and len(by_s) + len(by_tokens) < 60
+
+
+def test_stamped_arrivals_rate_duration_and_bursts() -> None:
+    trace = make_mixed_trace(_cfg(num_requests=None, duration_s=60.0, seed=1,
+                                  arrival=ArrivalConfig(request_rate=5.0, seed=1)))
+    stamps = [r.arrival_s for r in trace.requests]
+    assert all(s is not None for s in stamps) and stamps == sorted(stamps)  # type: ignore[type-var]
+    assert 200 < len(stamps) < 400  # ~300 arrivals in 60 s at 5 req/s
+    agents = [r for r in trace.requests if r.request_class == "agent"]
+    groups: dict[str, list[float]] = {}
+    for r in agents:
+        groups.setdefault(str(r.prefix_group), []).append(float(r.arrival_s or 0.0))
+    spans = [max(v) - min(v) for v in groups.values() if len(v) > 2]
+    assert spans and sum(spans) / len(spans) < 1.0  # a group arrives as a burst, not spread over a minute
