@@ -55,8 +55,10 @@ def main_scenario(config: ConfigEval, main_rate: float | None) -> ChecklistItem:
     if point is None or not point.verdicts:
         return ChecklistItem(question, Answer.UNKNOWN, f"{config.name}: no run at the main rate")
     answer = Answer.YES if point.passed else Answer.NO
-    detail = " | ".join(v.describe() for v in point.verdicts[:3])
-    return ChecklistItem(question, answer, f"{config.name} at {point.offered_rate:g} req/s: {detail}")
+    shown = next((v for v in point.verdicts if not v.passed), point.verdicts[0])
+    num_met = sum(v.passed for v in point.verdicts)
+    return ChecklistItem(question, answer, f"{config.name} at {point.offered_rate:g} req/s, {num_met}/"
+                                           f"{len(point.verdicts)} repeats met: {shown.describe()}")
 
 
 def _burst_mode(over: PointEval, base: PointEval) -> tuple[Answer, str]:

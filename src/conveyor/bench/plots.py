@@ -1,0 +1,150 @@
+"""The report's PNG plots (matplotlib, Agg backend: no display needed).
+
+Four figures: completed vs offered rate per configuration (the y = x line is perfect service); p95
+TTFT / queue time / E2E vs offered rate with the objective drawn as a dashed line; KV usage and waiting
+requests over time for each configuration's most loaded passing run and first failing run; p95 TTFT
+and E2E per request class at each configuration's operating point. Medians over repeats are drawn,
+with the min..max range of the repeats as error bars.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+import matplotlib.ticker as ticker  # noqa: E402
+import numpy as np  # noqa: E402
+
+from conveyor.bench.decision import ConfigEval  # noqa: E402
+from conveyor.bench.rundirs import Point, RunResult  # noqa: E402
+from conveyor.bench.slo import SLO  # noqa: E402
+
+_DPI = 110
+
+
+def _finite(points: list[Point]) -> list[Point]:
+    return [p for p in points if math.isfinite(p.offered_rate)]
+
+
+def _series(points: list[Point], metric: str) -> tuple[list[float], list[float], list[list[float]]]:
+    xs, ys, err_low, err_high = [], [], [], []
+    for point in _finite(points):
+        spread = point.spread(metric)
+        if spread is None:
+            continue
+        xs.append(point.offered_rate)
+        ys.append(spread.median)
+        err_low.append(spread.median - spread.low)
+        err_high.append(spread.high - spread.median)
+    return xs, ys, [err_low, err_high]
+
+
+def plot_throughput(points: dict[str, list[Point]], path: pathlib.Path) -> pathlib.Path:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    top = 0.0
+    for name, pts in points.items():
+        xs, ys, err = _series(pts, "request_throughput")
+        if xs:
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=name)
+            top = max(top, *xs)
+    if top:
+        ax.plot([0, top], [0, top], ls=":", color="grey", label="completed = offered")
+    ax.set(xlabel="offered rate (req/s)", ylabel="completed (req/s)", title="Completed vs offered load")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+_LATENCY_PANELS = (("p95_ttft_ms", "ttft_p95_ms", "p95 TTFT (ms)"),
+                   ("queue_time_p95_ms", "queue_p95_ms", "p95 queue time (ms)"),
+                   ("p95_e2el_ms", "e2e_p95_ms", "p95 end-to-end (ms)"))
+
+
+def plot_latency(points: dict[str, list[Point]], slo: SLO, path: pathlib.Path) -> pathlib.Path:
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    for ax, (metric, bound_name, title) in zip(axes, _LATENCY_PANELS, strict=True):
+        for name, pts in points.items():
+            xs, ys, err = _series(pts, metric)
+            if xs:
+                ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=name)
+        bound = getattr(slo, bound_name)
+        if bound is not None:
+            ax.axhline(bound, ls="--", color="red", label=f"objective {bound:g} ms")
+        ax.set(xlabel="offered rate (req/s)", ylabel="ms", title=title)
+        _log_axis_if_positive(ax)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("p95 latency vs offered load (median of repeats, bars: min..max)")
+    return _save(fig, path)
+
+
+def _log_axis_if_positive(ax: plt.Axes) -> None:
+    """Log y (a blow-up spans decades) with plain-number ticks at 1-2-5, when every value is > 0."""
+    values = [y for line in ax.get_lines() for y in np.asarray(line.get_ydata(), dtype=float)]
+    if not values or min(values) <= 0:
+        return
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+
+
+def timeline_runs(configs: list[ConfigEval]) -> list[RunResult]:
+    """Per configuration: the first repeat of its operating point and of its first failing point."""
+    chosen: list[RunResult] = []
+    for config in configs:
+        for evaluated in (config.operating_point, config.first_failure()):
+            if evaluated is not None and evaluated.point.runs:
+                chosen.append(evaluated.point.runs[0])
+    return chosen
+
+
+def plot_timeseries(configs: list[ConfigEval], path: pathlib.Path) -> pathlib.Path:
+    fig, (ax_kv, ax_wait) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
+    for run in timeline_runs(configs):
+        samples = run.timeseries()
+        if not samples:
+            continue
+        t = np.array([float(s.get("t_s") or 0.0) for s in samples])
+        kv = np.array([float(s.get("kv_cache_usage_perc") or 0.0) for s in samples]) * 100.0
+        waiting = np.array([float(s.get("num_requests_waiting") or 0.0) for s in samples])
+        label = f"{run.config_name} @ {run.offered_rate:g} req/s"
+        ax_kv.plot(t - t[0], kv, label=label)
+        ax_wait.plot(t - t[0], waiting, label=label)
+    ax_kv.set(ylabel="KV cache usage (%)", title="KV usage and waiting requests over time")
+    ax_wait.set(xlabel="time since first sample (s)", ylabel="waiting requests")
+    for ax in (ax_kv, ax_wait):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_per_class(configs: list[ConfigEval], path: pathlib.Path) -> pathlib.Path:
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    chosen = [(c.name if c.operating_point else f"{c.name} (missed)",
+               c.operating_point or (c.points[-1] if c.points else None)) for c in configs]
+    runs = [(name, ev.point.runs[0]) for name, ev in chosen if ev is not None and ev.point.runs]
+    classes = sorted({k for _, r in runs for k in (r.summary.get("per_class") or {})})
+    width = 0.8 / max(1, len(runs))
+    for ax, metric in zip(axes, ("p95_ttft_ms", "p95_e2el_ms"), strict=True):
+        for i, (name, run) in enumerate(runs):
+            per_class = run.summary.get("per_class") or {}
+            values = [float((per_class.get(c) or {}).get(metric) or 0.0) for c in classes]
+            ax.bar(np.arange(len(classes)) + i * width, values, width, label=f"{name} @ {run.offered_rate:g}")
+        ax.set_xticks(np.arange(len(classes)) + width * (len(runs) - 1) / 2, classes)
+        ax.set(ylabel="ms", title=f"{metric} per request class (operating point)")
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def _save(fig: plt.Figure, path: pathlib.Path) -> pathlib.Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=_DPI)
+    plt.close(fig)
+    return path
