@@ -41,12 +41,14 @@ def write_tiny_llama(directory: pathlib.Path) -> pathlib.Path:
     return directory
 
 
-def make_runner(model_dir: pathlib.Path, num_blocks: int = 256, max_model_len: int = 256) -> ModelRunner:
+def make_runner(model_dir: pathlib.Path, num_blocks: int | None = 256, max_model_len: int = 256,
+                device: str = "cpu", dtype: str = "auto") -> ModelRunner:
+    """A runner on the tiny model; num_blocks=None sizes the cache from memory (30% of a GPU)."""
     runner = ModelRunner(
-        ModelConfig(model=str(model_dir), load_format=LoadFormat.DUMMY, seed=0),
-        CacheConfig(block_size=BLOCK_SIZE, num_blocks_override=num_blocks),
+        ModelConfig(model=str(model_dir), load_format=LoadFormat.DUMMY, seed=0, dtype=dtype),
+        CacheConfig(block_size=BLOCK_SIZE, num_blocks_override=num_blocks, gpu_memory_utilization=0.3),
         SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=256, max_model_len=max_model_len),
-        DeviceConfig(device="cpu"),
+        DeviceConfig(device=device),
     )
     _sharpen(runner.model)
     runner.initialize_kv_cache()
@@ -59,7 +61,8 @@ def _sharpen(model: torch.nn.Module) -> None:
     with torch.no_grad():
         for name, param in model.named_parameters():
             if param.dim() == 2:
-                param.normal_(0.0, 0.5 if "embed" in name or "lm_head" in name else 0.1, generator=generator)
+                std = 0.5 if "embed" in name or "lm_head" in name else 0.1
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
 
 
 def record_logits(runner: ModelRunner) -> list[torch.Tensor]:

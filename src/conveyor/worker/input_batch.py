@@ -117,13 +117,14 @@ def _block_tables(batch: Sequence[RequestState]) -> np.ndarray:
 class HostStaging:
     """Moves host arrays to the device: zero-copy on CPU; on CUDA via reusable pinned buffers.
 
-    A pinned buffer is reused on the next step; that is safe because every step ends by reading the
-    sampled tokens back to the host, which waits for the whole stream (copies included).
+    A pinned buffer is rewritten only after the previous step's copies out of it have completed
+    (an event recorded behind them): a step of partial prefill chunks never syncs on its own.
     """
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._pinned: dict[str, torch.Tensor] = {}
+        self._copies_done: torch.cuda.Event | None = None
 
     def to_device(self, name: str, array: np.ndarray) -> torch.Tensor:
         host = torch.from_numpy(np.ascontiguousarray(array))
@@ -139,6 +140,15 @@ class HostStaging:
         return staged.to(self.device, non_blocking=True)
 
     def device_batch(self, host: HostBatch, block_size: int) -> DeviceBatch:
+        if self._copies_done is not None:
+            self._copies_done.synchronize()
+        batch = self._device_batch(host, block_size)
+        if self.device.type == "cuda":
+            self._copies_done = torch.cuda.Event()
+            self._copies_done.record()
+        return batch
+
+    def _device_batch(self, host: HostBatch, block_size: int) -> DeviceBatch:
         query_lens = np.diff(host.query_start_loc)
         attention = AttentionMetadata(
             query_start_loc=self.to_device("query_start_loc", host.query_start_loc),

@@ -32,8 +32,13 @@ from conveyor.worker.request_state import RequestState, apply_scheduler_output
 from conveyor.worker.sampler import Sampler
 from conveyor.worker.sampling_metadata import SamplingRequest, VocabInfo, build_sampling_batch
 
-ATTENTION_BACKEND = "torch"
-"""The paged-attention backend the runner asks the model for (the Triton one arrives with CUDA work)."""
+
+
+def attention_backend_for(device: torch.device, dtype: torch.dtype) -> str:
+    """The Triton kernels on CUDA with a 16-bit cache (what they support); the torch reference otherwise."""
+    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
+        return "triton"
+    return "torch"
 
 
 class ModelRunner:
@@ -47,7 +52,8 @@ class ModelRunner:
         self.scheduler_config = scheduler_config
         self.device = torch.device(device_config.device)
         self.dtype = resolve_dtype(model_config.dtype, device_config.device)
-        loaded = load_model(model_config, device_config.device, self.dtype, ATTENTION_BACKEND)
+        self.attention_backend = attention_backend_for(self.device, self.dtype)
+        loaded = load_model(model_config, device_config.device, self.dtype, self.attention_backend)
         self.model = loaded.module
         self.arch_config = loaded.arch_config
         self.eos_token_ids: tuple[int, ...] = loaded.eos_token_ids
