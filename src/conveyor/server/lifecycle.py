@@ -9,9 +9,17 @@ stops, cancelling whatever is left (their cleanup aborts them in the engine).
 from __future__ import annotations
 
 import asyncio
+import logging
+import signal
+import socket
 import time
+from types import FrameType
+
+import uvicorn
 
 from conveyor.server.errors import APIError, ErrorType, RejectReason
+
+logger = logging.getLogger(__name__)
 
 
 class AdmissionGate:
@@ -71,3 +79,45 @@ class InFlightSlot:
         if self._gate is not None:
             self._gate._release()
             self._gate = None
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, with SIGTERM/SIGINT meaning "drain, then stop" instead of "stop now".
+
+    The first signal closes the gate and waits (up to `grace_s`) for in-flight requests while still
+    listening, so late clients get a clean 503 rather than a refused connection; then uvicorn shuts
+    down as usual. A second signal stops at once. The signal is not re-raised afterwards (uvicorn's
+    default), so the process exits 0 after a graceful drain.
+    """
+
+    def __init__(self, config: uvicorn.Config, gate: AdmissionGate, grace_s: float) -> None:
+        super().__init__(config)
+        self._gate = gate
+        self._grace_s = grace_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task[None] | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._gate.draining or self._loop is None:
+            self.should_exit = True  # second signal (or not serving yet): stop now
+            self.force_exit = self._gate.draining
+            return
+        self._gate.start_draining()
+        self._loop.call_soon_threadsafe(self._start_drain, signal.Signals(sig).name)
+
+    def _start_drain(self, signal_name: str) -> None:
+        self._drain_task = asyncio.ensure_future(self._drain(signal_name))
+
+    async def _drain(self, signal_name: str) -> None:
+        logger.info("%s: no longer admitting; waiting up to %.1f s for %d in-flight request(s)",
+                    signal_name, self._grace_s, self._gate.num_in_flight)
+        if await self._gate.wait_drained(self._grace_s):
+            logger.info("all in-flight requests finished; shutting down")
+        else:
+            logger.warning("grace period over with %d request(s) in flight; aborting them",
+                           self._gate.num_in_flight)
+        self.should_exit = True
