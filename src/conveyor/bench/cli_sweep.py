@@ -1,0 +1,98 @@
+"""`conveyor bench sweep`: one server, offered rates rising until the objective breaks, the boundary
+bisected, repeats per point; then the dashboard and recommendation, and an HTML report in OUT/report/.
+With --server-command the sweep starts (and stops) the server itself from a command template."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import pathlib
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from conveyor.bench.launch import LaunchError, ServerProcess, ServerSpec
+from conveyor.bench.report import ReportInputs, analyze, format_terminal, write_report
+from conveyor.bench.slo import SLOError, parse_slo_flag
+from conveyor.bench.sweep import RunTemplate, SweepConfig, SweepError, make_run_fn, run_sweep
+
+_RUN_OPTIONS = ("endpoint", "model", "burstiness", "arrival", "seed", "num_requests", "request_timeout_s",
+                "max_send_lag_p99_ms", "scrape_interval_s", "api_key")
+
+
+def add_run_option_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `conveyor bench run` options that stay fixed across a sweep's runs (same spelling)."""
+    group = parser.add_argument_group("each run (as conveyor bench run)")
+    group.add_argument("--endpoint", choices=["completions", "chat"])
+    group.add_argument("--model", help="model name (default: first of /v1/models)")
+    group.add_argument("--burstiness", type=float, help="gamma shape k")
+    group.add_argument("--arrival", choices=["poisson", "gamma", "constant", "replay"])
+    group.add_argument("--seed", type=int, help="arrival seed of repeat 0 (repeat k uses seed + k)")
+    group.add_argument("--num-requests", type=int, help="send only the first N trace requests per run")
+    group.add_argument("--request-timeout-s", type=float)
+    group.add_argument("--max-send-lag-ms", dest="max_send_lag_p99_ms", type=float)
+    group.add_argument("--scrape-interval-s", type=float)
+    group.add_argument("--api-key")
+
+
+def run_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(args, k) for k in _RUN_OPTIONS if getattr(args, k, None) is not None}
+
+
+def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("rate search")
+    group.add_argument("--start-rate", type=float, help="first offered req/s, below the expected load")
+    group.add_argument("--growth-factor", type=float, help="ratio between successive rates (default 2)")
+    group.add_argument("--max-rate", type=float, help="never offer more req/s than this")
+    group.add_argument("--max-points", type=int, help="most rates before bisection (default 8)")
+    group.add_argument("--bisect-steps", type=int, help="bisections of the boundary (default 2)")
+    group.add_argument("--repeats", dest="num_repeats", type=int, help="runs per rate (default 3)")
+
+
+def sweep_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    keys = ("start_rate", "growth_factor", "max_rate", "max_points", "bisect_steps", "num_repeats")
+    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--base-url", help="running server, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--server-command", help="or start one: template with {port} {host}, e.g. "
+                                                 "'conveyor serve --port {port} --max-num-seqs 8'")
+    parser.add_argument("--trace", required=True, help="trace file replayed at every rate")
+    parser.add_argument("--slo", required=True,
+                        help="objective: ttft_p95_ms=500,e2e_p95_ms=5000,error_rate=0.01 or a JSON/TOML file")
+    parser.add_argument("--out", required=True, type=pathlib.Path, help="sweep directory to write")
+    parser.add_argument("--name", help="configuration name (default: the --out directory name)")
+    add_sweep_arguments(parser)
+    add_run_option_arguments(parser)
+
+
+@contextlib.contextmanager
+def _server(args: argparse.Namespace, name: str) -> Iterator[str]:
+    if args.server_command:
+        spec = ServerSpec(name=name, command=args.server_command)
+        with ServerProcess(spec, args.out / "server") as server:
+            yield server.base_url
+    else:
+        yield args.base_url
+
+
+def run(args: argparse.Namespace) -> int:
+    if bool(args.base_url) == bool(args.server_command):
+        print("conveyor bench sweep: give exactly one of --base-url and --server-command", file=sys.stderr)
+        return 2
+    name = args.name or args.out.name
+    try:
+        slo = parse_slo_flag(args.slo)
+        cfg = SweepConfig(slo=slo, **sweep_options_from_args(args))
+        with _server(args, name) as base_url:
+            template = RunTemplate(base_url, args.trace, name, slo, run_options_from_args(args))
+            result = run_sweep(name, cfg, make_run_fn(template), args.out, progress=lambda m: print(m, file=sys.stderr))
+    except (SLOError, SweepError, LaunchError) as error:
+        print(f"conveyor bench sweep: {error}", file=sys.stderr)
+        return 2
+    analysis = analyze(ReportInputs((args.out,), slo))
+    print(format_terminal(analysis))
+    paths = write_report(analysis, args.out / "report")
+    print(f"\nHighest rate meeting the objective: {result.max_rate_meeting} req/s; report: {paths['html']}")
+    return 0

@@ -1,0 +1,91 @@
+"""Study orchestration (file/flags -> configurations -> launch + sweep) with fake launch and runs."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import pathlib
+from collections.abc import Iterator
+
+import pytest
+
+from conveyor.bench import cli_study
+from conveyor.bench.launch import ServerSpec
+from conveyor.bench.report import ReportInputs, analyze
+from conveyor.bench.study import StudyError, run_study, spec_from_mapping
+from conveyor.bench.sweep import RunTemplate
+
+STUDY = {
+    "command": "conveyor serve --port {port} {args}", "trace": "t.jsonl", "main_rate": 1.0,
+    "slo": {"e2e_p95_ms": 1000},
+    "baseline": {"max_num_seqs": 8, "batching": "continuous"},
+    "variants": [{"name": "static", "batching": "static"}, {"name": "seqs2", "max_num_seqs": 2}],
+    "sweep": {"rates": [1.0, 2.0, 4.0], "num_repeats": 2},
+}
+
+
+def _fake_launcher(launched: list[ServerSpec]):
+    @contextlib.contextmanager
+    def launch(spec: ServerSpec, out_dir: pathlib.Path) -> Iterator[str]:
+        launched.append(spec)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        yield f"http://fake/{spec.name}"
+    return launch
+
+
+def _fake_runs(template: RunTemplate):
+    capacity = {"baseline": 8.0, "static": 3.0, "seqs2": 1.5}[template.label]
+
+    def run(rate: float, repeat: int, run_dir: pathlib.Path) -> dict:
+        e2e = 500.0 / (1 - rate / capacity) if rate < capacity else 60_000.0
+        summary = {"label": f"{template.label}@{rate}#{repeat}", "request_rate": rate, "duration": 10.0,
+                   "completed": int(10 * min(rate, capacity)), "request_throughput": min(rate, capacity),
+                   "p95_e2el_ms": e2e, "error_rate": 0.0, "server": {}}
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        return summary
+    return run
+
+
+def test_variants_change_one_parameter() -> None:
+    spec = spec_from_mapping(STUDY, "t")
+    assert [(v.name, v.changed) for v in spec.variants] == [("baseline", None), ("static", "batching"),
+                                                            ("seqs2", "max_num_seqs")]
+    assert spec.variants[1].args == {"max_num_seqs": 8, "batching": "static"}
+    with pytest.raises(StudyError, match="exactly one parameter"):
+        spec_from_mapping({**STUDY, "variants": [{"name": "x", "max_num_seqs": 4, "batching": "static"}]}, "t")
+    with pytest.raises(StudyError, match="baseline's own value"):
+        spec_from_mapping({**STUDY, "variants": [{"name": "x", "max_num_seqs": 8}]}, "t")
+    with pytest.raises(StudyError, match="missing 'trace'"):
+        spec_from_mapping({"command": "x"}, "t")
+
+
+def test_study_runs_every_configuration(tmp_path: pathlib.Path) -> None:
+    launched: list[ServerSpec] = []
+    run_study(spec_from_mapping(STUDY, "t"), tmp_path, _fake_launcher(launched), _fake_runs, progress=lambda _: None)
+    assert [s.name for s in launched] == ["baseline", "static", "seqs2"]
+    assert launched[1].args["batching"] == "static"
+    record = json.loads((tmp_path / "study.json").read_text())
+    assert record["configs"]["baseline"]["max_rate_meeting"] == 4.0
+    assert record["configs"]["static"]["max_rate_meeting"] == 1.0
+    # seqs2 misses at 1 and 2 req/s; at 4 it completes 1.5 << 4 (runaway): one repeat, then stop.
+    assert (tmp_path / "seqs2" / "rate-4-rep0").exists() and not (tmp_path / "seqs2" / "rate-4-rep1").exists()
+    assert record["configs"]["seqs2"]["max_rate_meeting"] is None
+    analysis = analyze(ReportInputs((tmp_path,)))
+    assert analysis.recommendation.recommended == "baseline"
+
+
+def test_flags_override_file(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "study.toml"
+    path.write_text('command = "vllm serve m --port {port} {args}"\ntrace = "a.jsonl"\n[slo]\nttft_p95_ms = 100\n')
+    parser = argparse.ArgumentParser()
+    cli_study.add_arguments(parser)
+    args = parser.parse_args([str(path), "--trace", "b.jsonl", "--baseline", "max_num_seqs=4",
+                              "--variant", "nochunk:enable_chunked_prefill=false", "--rates", "1,2",
+                              "--repeats", "1", "--num-requests", "20"])
+    spec = spec_from_mapping(cli_study.study_mapping(args), "t")
+    assert spec.trace_path == "b.jsonl" and spec.command.startswith("vllm serve")
+    assert spec.variants[1].args == {"max_num_seqs": 4, "enable_chunked_prefill": False}
+    assert spec.rates == (1.0, 2.0) and spec.sweep.num_repeats == 1
+    assert spec.run_options == {"num_requests": 20} and spec.slo.ttft_p95_ms == 100
