@@ -10,6 +10,8 @@ import pytest
 from fake_engine import FakeEngineConfig
 from server_helpers import LiveServer, live_server
 
+pytestmark = pytest.mark.slow  # starts real servers
+
 SLOW = FakeEngineConfig(max_num_seqs=64, token_delay_s=0.01)
 
 
