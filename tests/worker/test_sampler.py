@@ -33,16 +33,24 @@ def test_all_greedy_batch_is_argmax_and_builds_nothing_else() -> None:
     logits = torch.randn(4, 8)
     requests = [make_request(temperature=0.0) for _ in range(4)]
     batch = build_sampling_batch(requests, VOCAB, CPU)
-    assert batch.all_greedy and batch.temperature is None and batch.penalties is None
-    assert batch.top_k is None and batch.top_p is None and batch.min_p is None
+    assert batch.all_greedy and batch.random is None and batch.penalties is None
+    assert batch.masked_rows is None and batch.max_num_logprobs is None
     assert sample(logits, requests) == logits.argmax(-1).tolist()
 
 
-def test_mixed_batch_keeps_greedy_rows_exact() -> None:
+def test_mixed_batch_keeps_greedy_rows_exact_and_processes_only_random_rows() -> None:
     logits = torch.randn(6, 8)
-    requests = [make_request(temperature=0.0 if i % 2 else 1.5) for i in range(6)]
-    tokens = sample(logits, requests)
-    assert tokens[1::2] == logits.argmax(-1)[1::2].tolist()
+    requests = [make_request(temperature=0.0 if i % 2 else 1.5, top_k=None if i % 2 else 1) for i in range(6)]
+    batch = build_sampling_batch(requests, VOCAB, CPU)
+    assert batch.random is not None and batch.random.rows is not None
+    assert batch.random.rows.tolist() == [0, 2, 4] and batch.random.temperature.tolist() == [1.5] * 3
+    assert sample(logits, requests) == logits.argmax(-1).tolist()  # top_k=1 draws the argmax too
+
+
+def test_all_random_batch_needs_no_gather() -> None:
+    batch = build_sampling_batch([make_request(temperature=1.0), make_request(temperature=0.5)], VOCAB, CPU)
+    assert batch.random is not None and batch.random.rows is None
+    assert batch.random.top_k is None and batch.random.top_p is None and batch.random.min_p is None
 
 
 def test_temperature_sampling_follows_the_distribution() -> None:

@@ -51,21 +51,22 @@ class Sampler:
         return SamplerOutput(token_ids, gather_logprobs(raw_logprobs, sampled, batch.num_logprobs))
 
     def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        if batch.all_greedy:
+        """[N] int64: argmax for greedy rows, a draw for the others (only they pay for it)."""
+        random = batch.random
+        if random is None:
             return logits.argmax(dim=-1)
-        assert batch.temperature is not None
-        is_greedy = batch.temperature == 0.0
-        # Greedy rows divide by 1 so that the random path stays finite; their result is the argmax.
-        temperature = torch.where(is_greedy, torch.ones_like(batch.temperature), batch.temperature)
-        scaled = logits / temperature.unsqueeze(1)  # [N, V]
-        if batch.min_p is not None:
-            apply_min_p(scaled, batch.min_p)
-        if batch.top_k is not None or batch.top_p is not None:
-            scaled = apply_top_k_top_p(scaled, batch.top_k, batch.top_p)
-        random = exponential_race(scaled.softmax(dim=-1), batch.generators, self.generator)
-        if not bool(is_greedy.any()):
-            return random
-        return torch.where(is_greedy, logits.argmax(dim=-1), random)
+        chosen = logits if random.rows is None else logits[random.rows]  # [R, V]
+        scaled = chosen / random.temperature.unsqueeze(1)  # a new tensor: edits below stay local
+        if random.min_p is not None:
+            apply_min_p(scaled, random.min_p)
+        if random.top_k is not None or random.top_p is not None:
+            scaled = apply_top_k_top_p(scaled, random.top_k, random.top_p)
+        drawn = exponential_race(scaled.softmax(dim=-1), random.generators, self.generator)  # [R]
+        if random.rows is None:
+            return drawn
+        sampled = logits.argmax(dim=-1)
+        sampled[random.rows] = drawn
+        return sampled
 
 
 def _raw_logprobs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor | None:

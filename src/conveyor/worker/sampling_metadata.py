@@ -65,22 +65,30 @@ class PenaltyInputs:
 
 
 @dataclass(frozen=True)
+class RandomSampling:
+    """The rows that draw at random (temperature > 0) and their parameters, indexed 0..R-1."""
+
+    rows: torch.Tensor | None
+    """[R] int64 rows of the logits (None when every row draws at random: no gather needed)."""
+    temperature: torch.Tensor
+    """[R] float32, all > 0."""
+    top_k: torch.Tensor | None
+    """[R] int64, vocab_size where unset (None when no row sets top_k)."""
+    top_p: torch.Tensor | None
+    """[R] float32, 1.0 where unset (None when no row sets top_p < 1)."""
+    min_p: torch.Tensor | None
+    """[R] float32 (None when no row sets min_p)."""
+    generators: dict[int, torch.Generator]
+    """index in 0..R-1 -> the seeded request's generator, positioned for this step."""
+
+
+@dataclass(frozen=True)
 class SamplingBatch:
     """Sampler inputs for N rows of logits."""
 
     num_rows: int
-    all_greedy: bool
-    """Every row has temperature 0: the sample is one argmax."""
-    temperature: torch.Tensor | None
-    """[N] float32, 0 for greedy rows (None when all greedy)."""
-    top_k: torch.Tensor | None
-    """[N] int64, vocab_size where unset (None when no row sets top_k)."""
-    top_p: torch.Tensor | None
-    """[N] float32, 1.0 where unset (None when no row sets top_p < 1)."""
-    min_p: torch.Tensor | None
-    """[N] float32 (None when no row sets min_p)."""
-    generators: dict[int, torch.Generator]
-    """row -> the seeded request's generator, positioned for this step."""
+    random: RandomSampling | None
+    """None when every row is greedy: the sample is one argmax."""
     penalties: PenaltyInputs | None
     masked_rows: torch.Tensor | None
     """[K] int64 row of each (row, token) pair that min_tokens forbids this step."""
@@ -88,6 +96,10 @@ class SamplingBatch:
     """[K] int64 token of each pair."""
     num_logprobs: list[int | None]
     """Per row: top alternatives requested (None: no logprobs)."""
+
+    @property
+    def all_greedy(self) -> bool:
+        return self.random is None
 
     @property
     def max_num_logprobs(self) -> int | None:
@@ -108,21 +120,33 @@ class VocabInfo:
 def build_sampling_batch(
     requests: Sequence[SamplingRequest], vocab: VocabInfo, device: torch.device
 ) -> SamplingBatch:
-    params = [r.params for r in requests]
-    all_greedy = all(p.temperature == 0.0 for p in params)
     masked_rows, masked_tokens = _min_tokens_pairs(requests, vocab, device)
     return SamplingBatch(
         num_rows=len(requests),
-        all_greedy=all_greedy,
-        temperature=None if all_greedy else _floats([p.temperature for p in params], device),
-        top_k=_top_k(params, vocab.vocab_size, device) if not all_greedy else None,
-        top_p=_floats([p.top_p for p in params], device) if _any(params, "top_p", 1.0, all_greedy) else None,
-        min_p=_floats([p.min_p for p in params], device) if _any(params, "min_p", 0.0, all_greedy) else None,
-        generators=_position_generators(requests),
+        random=_random_sampling(requests, vocab.vocab_size, device),
         penalties=_penalty_inputs(requests, vocab.vocab_size, device),
         masked_rows=masked_rows,
         masked_token_ids=masked_tokens,
-        num_logprobs=[p.logprobs for p in params],
+        num_logprobs=[r.params.logprobs for r in requests],
+    )
+
+
+def _random_sampling(
+    requests: Sequence[SamplingRequest], vocab_size: int, device: torch.device
+) -> RandomSampling | None:
+    rows = [i for i, r in enumerate(requests) if r.params.temperature > 0.0]
+    if not rows:
+        return None
+    chosen = [requests[i] for i in rows]
+    params = [r.params for r in chosen]
+    top_ks = [p.top_k if p.top_k is not None and p.top_k < vocab_size else vocab_size for p in params]
+    return RandomSampling(
+        rows=None if len(rows) == len(requests) else torch.tensor(rows, dtype=torch.int64, device=device),
+        temperature=_floats([p.temperature for p in params], device),
+        top_k=torch.tensor(top_ks, dtype=torch.int64, device=device) if min(top_ks) < vocab_size else None,
+        top_p=_floats([p.top_p for p in params], device) if any(p.top_p < 1.0 for p in params) else None,
+        min_p=_floats([p.min_p for p in params], device) if any(p.min_p > 0.0 for p in params) else None,
+        generators=_position_generators(chosen),
     )
 
 
@@ -130,26 +154,14 @@ def _floats(values: list[float], device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float32, device=device)
 
 
-def _any(params: list[SamplingParams], name: str, neutral: float, all_greedy: bool) -> bool:
-    """Whether a random-sampling row sets `name` to something other than its neutral value."""
-    return not all_greedy and any(p.temperature > 0.0 and getattr(p, name) != neutral for p in params)
-
-
-def _top_k(params: list[SamplingParams], vocab_size: int, device: torch.device) -> torch.Tensor | None:
-    if not any(p.temperature > 0.0 and p.top_k is not None and p.top_k < vocab_size for p in params):
-        return None
-    ks = [min(p.top_k, vocab_size) if p.top_k is not None else vocab_size for p in params]
-    return torch.tensor(ks, dtype=torch.int64, device=device)
-
-
 def _position_generators(requests: Sequence[SamplingRequest]) -> dict[int, torch.Generator]:
     generators: dict[int, torch.Generator] = {}
-    for row, request in enumerate(requests):
+    for index, request in enumerate(requests):
         seed = request.params.seed
-        if request.generator is None or seed is None or request.params.temperature == 0.0:
+        if request.generator is None or seed is None:
             continue
         request.generator.manual_seed(seed_for_position(seed, request.num_output_tokens))
-        generators[row] = request.generator
+        generators[index] = request.generator
     return generators
 
 
