@@ -82,17 +82,19 @@ class KVCacheManager:
         """
         request_id = request.request_id
         req_blocks = self.req_to_blocks.get(request_id)
-        num_held = 0 if req_blocks is None else len(req_blocks)
+        if req_blocks is not None and not new_computed_blocks and not num_lookahead_tokens:
+            # Decode fast path: the tokens fit the blocks held; maybe one block just became full.
+            num_tokens_after = request.num_computed_tokens + num_new_tokens
+            if num_tokens_after <= len(req_blocks) * self.block_size:
+                if self.enable_prefix_caching and \
+                        num_tokens_after >= (self.num_cached_blocks[request_id] + 1) * self.block_size:
+                    self._cache_full_blocks(request, req_blocks, num_tokens_after)
+                return []
         num_computed_tokens = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         num_tokens_after = num_computed_tokens + num_new_tokens
-        block_size = self.block_size
-        num_required = -(-(num_tokens_after + num_lookahead_tokens) // block_size)
+        num_required = self.num_blocks_for(num_tokens_after + num_lookahead_tokens)
+        num_held = 0 if req_blocks is None else len(req_blocks)
         num_new_blocks = num_required - num_held - len(new_computed_blocks)
-        if req_blocks is not None and num_new_blocks <= 0 and not new_computed_blocks:
-            # Decode fast path: no new block, maybe one newly full block to index.
-            if self.enable_prefix_caching and num_tokens_after // block_size > self.num_cached_blocks[request_id]:
-                self._cache_full_blocks(request, req_blocks, num_tokens_after)
-            return []
         return self._allocate(request, num_new_blocks, new_computed_blocks, num_tokens_after)
 
     def _allocate(self, request: Request, num_new_blocks: int,

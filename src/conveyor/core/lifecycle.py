@@ -56,14 +56,25 @@ def check_admission(request: Request, config: SchedulerConfig, capacity: KVCapac
     return limit if max_tokens is None else min(limit, num_prompt + max_tokens)
 
 
-def check_stop(request: Request, token_id: int, max_num_tokens: int) -> tuple[FinishReason | None, int | None]:
-    """After `token_id` was appended: (finish reason, stop token id) or (None, None) to go on."""
+def append_tokens(request: Request, token_ids: list[int], now_s: float,
+                  max_num_tokens: int) -> tuple[list[int], FinishReason | None, int | None]:
+    """Append sampled tokens until a stop: (tokens kept, finish reason or None, stop token id or None)."""
+    timings = request.timings
+    if timings.first_token_s is None:
+        timings.first_token_s = now_s
+    timings.last_token_s = now_s
     params = request.sampling_params
-    if len(request.output_token_ids) >= params.min_tokens:
-        if token_id == request.eos_token_id and not params.ignore_eos:
-            return FinishReason.STOP, None
-        if token_id in params.stop_token_ids:
-            return FinishReason.STOP, token_id
-    if len(request.prompt_token_ids) + len(request.output_token_ids) >= max_num_tokens:
-        return FinishReason.LENGTH, None
-    return None, None
+    output_token_ids = request.output_token_ids
+    max_num_output_tokens = max_num_tokens - len(request.prompt_token_ids)
+    for index, token_id in enumerate(token_ids):
+        output_token_ids.append(token_id)
+        timings.token_times_s.append(now_s)
+        num_output_tokens = len(output_token_ids)
+        if num_output_tokens >= params.min_tokens:
+            if token_id == request.eos_token_id and not params.ignore_eos:
+                return token_ids[:index + 1], FinishReason.STOP, None
+            if token_id in params.stop_token_ids:
+                return token_ids[:index + 1], FinishReason.STOP, token_id
+        if num_output_tokens >= max_num_output_tokens:
+            return token_ids[:index + 1], FinishReason.LENGTH, None
+    return token_ids, None, None

@@ -30,11 +30,11 @@ class Scheduler(SchedulerBase):
     def schedule(self) -> SchedulerOutput:
         now_s = self.clock()
         self._expire_queue_timeouts(now_s)
-        step = StepBuilder(self.scheduler_config.max_num_batched_tokens)
+        step = StepBuilder(self.scheduler_config.max_num_batched_tokens, now_s)
         self._schedule_running(step)
         if step.num_preemptions == 0:
             self._schedule_waiting(step)
-        return self._build_output(step, now_s)
+        return self._build_output(step)
 
     def _schedule_waiting(self, step: StepBuilder) -> None:
         max_num_seqs = self.scheduler_config.max_num_seqs
@@ -53,10 +53,9 @@ class Scheduler(SchedulerBase):
             num_new_tokens = min(num_new_tokens, step.token_budget)
         elif num_new_tokens > step.token_budget:
             return False
-        new_block_ids = self._start_running(request, num_new_tokens, computed)
-        if new_block_ids is None:
+        if self._start_running(request, num_new_tokens, computed) is None:
             return False
-        step.schedule(request, num_new_tokens, new_block_ids, is_new=True)
+        step.schedule_new(request, num_new_tokens, self.kv_cache_manager.get_block_ids(request.request_id))
         return True
 
 

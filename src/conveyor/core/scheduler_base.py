@@ -18,7 +18,9 @@ from collections.abc import Callable, Iterable
 from conveyor.config import CacheConfig, SchedulerConfig, SchedulingPolicy
 from conveyor.core.errors import AdmissionError, QueueFullError
 from conveyor.core.kv_cache_manager import KVCacheBlock, KVCacheManager
-from conveyor.core.lifecycle import KVCapacity, check_admission, check_stop
+from conveyor.core.fast_outputs import token_output
+from conveyor.core.invariants import check_scheduler_invariants
+from conveyor.core.lifecycle import KVCapacity, append_tokens, check_admission
 from conveyor.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 from conveyor.core.prefix_hash import extend_block_hashes
 from conveyor.core.request_queue import make_request_queue
@@ -81,27 +83,31 @@ class SchedulerBase(ABC):
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            model_runner_output: ModelRunnerOutput) -> tuple[list[EngineCoreOutput], SchedulerStats]:
         """Append sampled tokens, check stops, free finished requests; one output per request with news."""
-        now = self.clock()
+        now_s = self.clock()
         outputs, self.pending_outputs = self.pending_outputs, []
-        requests = self.requests
-        logprobs = model_runner_output.logprobs
+        requests, max_num_tokens, logprobs = self.requests, self.max_num_tokens, model_runner_output.logprobs
+        hash_blocks = self.enable_prefix_caching
+        block_size = self.block_size
         num_generated = 0
         any_finished = False
         for request_id, token_ids in model_runner_output.sampled_token_ids.items():
             request = requests.get(request_id)
             if not token_ids or request is None or request.status is not _RUNNING:
                 continue  # partial prefill chunk, or finished (aborted) since it was scheduled
-            new_token_ids, reason, stop_token = self._append_tokens(request, token_ids, now)
+            new_token_ids, reason, stop_token = append_tokens(request, token_ids, now_s, max_num_tokens[request_id])
             num_generated += len(new_token_ids)
-            new_logprobs = logprobs.get(request_id, [])
             if reason is None:
-                outputs.append(EngineCoreOutput(request_id, new_token_ids, new_logprobs))
+                outputs.append(token_output(request_id, new_token_ids, logprobs.get(request_id, []) if logprobs else []))
+                if hash_blocks and (len(request.prompt_token_ids) + len(request.output_token_ids)
+                                    >= (len(request.block_hashes) + 1) * block_size):
+                    extend_block_hashes(request, block_size)
             else:
                 any_finished = True
-                outputs.append(self._finish(request, reason, now, stop_token, new_token_ids, new_logprobs))
+                outputs.append(self._finish(request, reason, now_s, stop_token, new_token_ids,
+                                            logprobs.get(request_id, [])))
         if any_finished:
             self.running = [request for request in self.running if request.status is _RUNNING]
-        return outputs, self._take_stats(scheduler_output, num_generated, now)
+        return outputs, self._take_stats(scheduler_output, num_generated, now_s)
 
     def finish_requests(self, request_ids: Iterable[str], reason: FinishReason) -> list[EngineCoreOutput]:
         """End requests from outside (abort, stop string); unknown or finished ids are ignored."""
@@ -147,25 +153,32 @@ class SchedulerBase(ABC):
         """Give each running request, in admission order, what it needs within the budget."""
         running = self.running
         threshold = self.long_prefill_token_threshold
+        unsent = self.unsent_req_ids
+        allocate_slots = self.kv_cache_manager.allocate_slots
+        schedule_cached = step.schedule_cached
         index = 0
         while index < len(running) and step.token_budget > 0:
             request = running[index]
-            num_new_tokens = request.num_tokens - request.num_computed_tokens
+            index += 1
+            # request.num_tokens, spelled out: this loop runs for every running request every step.
+            num_new_tokens = (len(request.prompt_token_ids) + len(request.output_token_ids)
+                              - request.num_computed_tokens)
             if threshold is not None and num_new_tokens > threshold:
                 num_new_tokens = threshold
             if num_new_tokens > step.token_budget:
                 num_new_tokens = step.token_budget
             if num_new_tokens <= 0:  # nothing to compute (its sampled token has not come back)
-                index += 1
                 continue
-            new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+            new_block_ids = allocate_slots(request, num_new_tokens)
             if new_block_ids is None:
                 new_block_ids = self._preempt_until_fits(request, num_new_tokens, step)
                 if new_block_ids is None:
                     break  # the request preempted itself: nothing after it can be served either
-                index = _index_of(running, request)
-            step.schedule(request, num_new_tokens, new_block_ids, request.request_id in self.unsent_req_ids)
-            index += 1
+                index = _index_of(running, request) + 1
+            if unsent and request.request_id in unsent:
+                step.schedule_new(request, num_new_tokens, self.kv_cache_manager.get_block_ids(request.request_id))
+            else:
+                schedule_cached(request, num_new_tokens, new_block_ids)
 
     def _preempt_until_fits(self, request: Request, num_new_tokens: int, step: StepBuilder) -> list[int] | None:
         """Preempt victims until the request's slots fit; None if the request itself was the victim."""
@@ -218,13 +231,12 @@ class SchedulerBase(ABC):
         self.unsent_req_ids.add(request.request_id)
         return new_block_ids
 
-    def _build_output(self, step: StepBuilder, now_s: float) -> SchedulerOutput:
+    def _build_output(self, step: StepBuilder) -> SchedulerOutput:
         finished, self.finished_req_ids = self.finished_req_ids, set()
-        output, num_prompt_tokens = step.build(self.kv_cache_manager.get_block_ids, now_s, finished)
-        for request_id in output.num_scheduled_tokens:
-            self.unsent_req_ids.discard(request_id)
-        self.num_prompt_tokens_step += num_prompt_tokens
-        return output
+        for data in step.new_reqs:
+            self.unsent_req_ids.discard(data.request_id)
+        self.num_prompt_tokens_step += step.num_prompt_tokens
+        return step.build(finished)
 
     def _expire_queue_timeouts(self, now_s: float) -> None:
         """End waiting requests never scheduled within queue_timeout_s (emitted by the next update)."""
@@ -239,23 +251,6 @@ class SchedulerBase(ABC):
         self.num_queue_timeouts_step += len(expired)
 
     # ---- applying outputs ----------------------------------------------------------------------
-
-    def _append_tokens(self, request: Request, token_ids: list[int],
-                       now_s: float) -> tuple[list[int], FinishReason | None, int | None]:
-        timings = request.timings
-        if timings.first_token_s is None:
-            timings.first_token_s = now_s
-        timings.last_token_s = now_s
-        max_num_tokens = self.max_num_tokens[request.request_id]
-        for index, token_id in enumerate(token_ids):
-            request.output_token_ids.append(token_id)
-            timings.token_times_s.append(now_s)
-            reason, stop_token = check_stop(request, token_id, max_num_tokens)
-            if reason is not None:
-                return token_ids[:index + 1], reason, stop_token
-        if self.enable_prefix_caching and request.num_tokens >= (len(request.block_hashes) + 1) * self.block_size:
-            extend_block_hashes(request, self.block_size)
-        return token_ids, None, None
 
     def _finish(self, request: Request, reason: FinishReason, now_s: float, stop_token: int | None = None,
                 new_token_ids: list[int] | None = None,
@@ -285,26 +280,9 @@ class SchedulerBase(ABC):
         self.num_preemptions_step = self.num_prompt_tokens_step = self.num_queue_timeouts_step = 0
         return stats
 
-    # ---- invariants ----------------------------------------------------------------------------
-
     def check_invariants(self) -> None:
         """Block-pool invariants, and every unfinished request in exactly one consistent place."""
-        self.kv_cache_manager.check_invariants()
-        waiting = list(self.waiting)
-        placed = [request.request_id for request in waiting + self.running]
-        assert len(placed) == len(set(placed)), "a request is queued or running twice"
-        assert set(placed) == set(self.requests), "requests lost or finished ones still tracked"
-        assert len(self.running) <= self.scheduler_config.max_num_seqs, "too many running requests"
-        assert self.unsent_req_ids <= {request.request_id for request in self.running}
-        for request in waiting:
-            assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), request.status
-            assert request.num_computed_tokens == 0, "a waiting request claims computed tokens"
-            assert request.request_id not in self.kv_cache_manager.req_to_blocks, "waiting holds blocks"
-        for request in self.running:
-            assert request.status is _RUNNING, request.status
-            num_held = len(self.kv_cache_manager.req_to_blocks.get(request.request_id, ()))
-            assert num_held >= self.capacity.blocks_for(request.num_computed_tokens), "too few blocks"
-            assert request.num_computed_tokens <= request.num_tokens, "computed beyond known tokens"
+        check_scheduler_invariants(self)
 
 
 def _index_of(requests: list[Request], request: Request) -> int:

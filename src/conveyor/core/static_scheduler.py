@@ -21,11 +21,11 @@ class StaticScheduler(SchedulerBase):
     def schedule(self) -> SchedulerOutput:
         now_s = self.clock()
         self._expire_queue_timeouts(now_s)
-        step = StepBuilder(self.scheduler_config.max_num_batched_tokens)
+        step = StepBuilder(self.scheduler_config.max_num_batched_tokens, now_s)
         if not self.running:
             self._admit_batch()
         self._schedule_running(step)
-        return self._build_output(step, now_s)
+        return self._build_output(step)
 
     def _admit_batch(self) -> None:
         max_num_seqs = self.scheduler_config.max_num_seqs
