@@ -134,7 +134,8 @@ def test_api_key() -> None:
                 assert response.status_code == 401 and "API key" in response.json()["error"]["message"]
                 assert response.json()["error"]["type"] == "authentication_error"
             assert (await client.get("/v1/models")).status_code == 401
-            ok = await client.post(COMP, json={"prompt": "x", "max_tokens": 1}, headers={"Authorization": "Bearer sekret"})
+            ok = await client.post(COMP, json={"prompt": "x", "max_tokens": 1},
+                                   headers={"Authorization": "Bearer sekret"})
             assert ok.status_code == 200
             assert (await client.get("/health")).status_code == 200  # only /v1 is protected, as vLLM
             assert (await client.get("/metrics")).status_code == 200

@@ -5,6 +5,21 @@ FastAPI. Bodies are read and parsed here rather than by FastAPI, so that every f
 not UTF-8, not JSON, wrong types) is a 4xx carrying OpenAI's error object that names the problem;
 FastAPI's own 422 is turned into a 400 as vLLM does. The app never owns the engine: whoever built
 the engine shuts it down.
+
+Error contract (body always `{"error": {"message", "type", "param", "code"}}`):
+
+| status | when |
+|---|---|
+| 400 | bad JSON / UTF-8, wrong types, out-of-range or unsupported fields, prompt (+ max_tokens) over max_model_len |
+| 401 | `--api-key` set and `Authorization: Bearer <key>` missing or wrong (/v1/* only) |
+| 404 | unknown `model` ("The model `x` does not exist."), unknown route |
+| 413 | body over `ServerConfig.max_request_body_bytes` |
+| 503 + Retry-After | waiting queue full (--max-num-queued-reqs); queue timeout (--queue-timeout, type `timeout_error`) |
+| 503 | draining after SIGTERM; engine dead (also /health) |
+| 500 | the engine failed while running the request |
+
+Once a stream has started (200 sent), a failure is one `data: {"error": {...}}` event, then the
+stream closes without `[DONE]`.
 """
 
 from __future__ import annotations

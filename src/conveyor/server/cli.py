@@ -38,11 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--port", type=int, help=f"port to bind, 0 for any free one (default {defaults['port']})")
     group.add_argument("--api-key", help="require `Authorization: Bearer <key>` on /v1/*")
     group.add_argument("--shutdown-grace", type=float, metavar="SECONDS",
-                       help=f"on SIGTERM, time in-flight requests get to finish (default {defaults['shutdown_grace_s']})")
+                       help="on SIGTERM, time in-flight requests get to finish "
+                            f"(default {defaults['shutdown_grace_s']})")
 
 
 def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
-    given = {field: getattr(args, dest) for dest, field in _SERVER_FLAGS.items() if getattr(args, dest, None) is not None}
+    given = {field: getattr(args, dest) for dest, field in _SERVER_FLAGS.items()
+             if getattr(args, dest, None) is not None}
     return ServerConfig(**given)
 
 

@@ -83,10 +83,12 @@ class EngineStream:
         self._closed = False
         try:
             self._outputs = engine.generate(request)
-        except EngineError as error:
+        except BaseException as error:
             self._finished = True
             self._slot.release()
-            raise self._mapped(error) from None
+            if isinstance(error, EngineError):
+                raise self._mapped(error) from None
+            raise
 
     def _mapped(self, error: EngineError) -> APIError:
         if isinstance(error, EngineDeadError):

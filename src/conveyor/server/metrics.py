@@ -19,6 +19,7 @@ Counters are declared without `_total`: prometheus_client appends it.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -64,62 +65,64 @@ class ServerMetrics:
         self._make_histograms(info.max_model_len)
         self._make_conveyor_metrics(info)
 
-    def _counter(self, name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
-        return Counter(name, doc, LABELS + extra, registry=self.registry)
-
+    # Each helper returns the child for this server's model_name (the only label vLLM's dashboards need).
     def _gauge(self, name: str, doc: str) -> Gauge:
-        return Gauge(name, doc, LABELS, registry=self.registry)
+        return Gauge(name, doc, LABELS, registry=self.registry).labels(self.model_name)
 
-    def _histogram(self, name: str, doc: str, buckets: tuple[float, ...] | list[int]) -> Histogram:
-        return Histogram(name, doc, LABELS, buckets=buckets, registry=self.registry)
+    def _counter(self, name: str, doc: str) -> Counter:
+        return Counter(name, doc, LABELS, registry=self.registry).labels(self.model_name)
+
+    def _counters_by(self, name: str, doc: str, label: str, values: list[str]) -> dict[str, Counter]:
+        """One child per label value, created up front so every series exists from the start (as vLLM)."""
+        counter = Counter(name, doc, LABELS + (label,), registry=self.registry)
+        return {value: counter.labels(self.model_name, value) for value in values}
+
+    def _histogram(self, name: str, doc: str, buckets: Sequence[float]) -> Histogram:
+        return Histogram(name, doc, LABELS, buckets=buckets, registry=self.registry).labels(self.model_name)
 
     def _make_gauges_and_counters(self) -> None:
-        m = self.model_name
-        self.running = self._gauge("vllm:num_requests_running", "Number of requests in model execution batches.").labels(m)
-        self.waiting = self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.").labels(m)
-        self.kv_usage = self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.").labels(m)
-        self.preemptions = self._counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.").labels(m)
-        self.prefix_queries = self._counter(
-            "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.").labels(m)
-        self.prefix_hits = self._counter(
-            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.").labels(m)
-        self.prompt_tokens = self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.").labels(m)
-        self.generation_tokens = self._counter(
-            "vllm:generation_tokens", "Number of generation tokens processed.").labels(m)
-        success = self._counter("vllm:request_success", "Count of successfully processed requests.",
-                                ("finished_reason",))
-        self.success = {reason: success.labels(m, reason.value) for reason in FinishReason}
+        self.running = self._gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        self.kv_usage = self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.preemptions = self._counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+        self.prefix_queries = self._counter("vllm:prefix_cache_queries",
+                                            "Prefix cache queries, in terms of number of queried tokens.")
+        self.prefix_hits = self._counter("vllm:prefix_cache_hits",
+                                         "Prefix cache hits, in terms of number of cached tokens.")
+        self.prompt_tokens = self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = self._counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        success = self._counters_by("vllm:request_success", "Count of successfully processed requests.",
+                                    "finished_reason", [reason.value for reason in FinishReason])
+        self.success = {reason: success[reason.value] for reason in FinishReason}
 
     def _make_histograms(self, max_model_len: int) -> None:
-        m = self.model_name
         token_buckets = build_1_2_5_buckets(max_model_len)
+        latency = REQUEST_LATENCY_BUCKETS_S
         h = self._histogram
         self.ttft = h("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                      TTFT_BUCKETS_S).labels(m)
+                      TTFT_BUCKETS_S)
         self.itl = h("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                     ITL_BUCKETS_S).labels(m)
-        self.e2e = h("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                     REQUEST_LATENCY_BUCKETS_S).labels(m)
+                     ITL_BUCKETS_S)
+        self.e2e = h("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", latency)
         self.queue_time = h("vllm:request_queue_time_seconds",
-                            "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS_S).labels(m)
+                            "Histogram of time spent in WAITING phase for request.", latency)
         self.prefill_time = h("vllm:request_prefill_time_seconds",
-                              "Histogram of time spent in PREFILL phase for request.", REQUEST_LATENCY_BUCKETS_S).labels(m)
+                              "Histogram of time spent in PREFILL phase for request.", latency)
         self.decode_time = h("vllm:request_decode_time_seconds",
-                             "Histogram of time spent in DECODE phase for request.", REQUEST_LATENCY_BUCKETS_S).labels(m)
+                             "Histogram of time spent in DECODE phase for request.", latency)
         self.iteration_tokens = h("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
-                                  ITERATION_TOKENS_BUCKETS).labels(m)
+                                  ITERATION_TOKENS_BUCKETS)
         self.request_prompt_tokens = h("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
-                                       token_buckets).labels(m)
+                                       token_buckets)
         self.request_generation_tokens = h("vllm:request_generation_tokens",
-                                           "Number of generation tokens processed.", token_buckets).labels(m)
+                                           "Number of generation tokens processed.", token_buckets)
 
     def _make_conveyor_metrics(self, info: EngineInfo) -> None:
-        rejected = self._counter("conveyor:requests_rejected", "Requests refused before generation, by reason.",
-                                 ("reason",))
-        self.rejected = {reason: rejected.labels(self.model_name, reason.value) for reason in RejectReason}
-        self.queue_timeouts = self._counter(
-            "conveyor:queue_timeouts", "Requests ended because they waited longer than --queue-timeout.").labels(
-            self.model_name)
+        rejected = self._counters_by("conveyor:requests_rejected", "Requests refused before generation, by reason.",
+                                     "reason", [reason.value for reason in RejectReason])
+        self.rejected = {reason: rejected[reason.value] for reason in RejectReason}
+        self.queue_timeouts = self._counter("conveyor:queue_timeouts",
+                                            "Requests ended because they waited longer than --queue-timeout.")
         config = {_label_name(key): value for key, value in sorted(info.config.items())}
         config.update(max_model_len=str(info.max_model_len), block_size=str(info.block_size),
                       num_kv_blocks=str(info.num_kv_blocks))
