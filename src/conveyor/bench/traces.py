@@ -70,7 +70,7 @@ class TraceRequest:
 
     def to_json(self) -> str:
         """Canonical line: sorted keys, no None fields, no spaces."""
-        data = {k: v for k, v in asdict(self).items() if v is not None}
+        data = {k: v for k in self.__dataclass_fields__ if (v := getattr(self, k)) is not None}
         return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
     @classmethod
