@@ -15,6 +15,7 @@ client on time) triggers nothing.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 from conveyor.bench.rundirs import Point, RunResult
@@ -44,6 +45,8 @@ class DiagnoseThresholds:
     """Relative throughput gain of one configuration over another..."""
     p95_loss: float = 0.2
     """...while its p95 E2E or TTFT is this much worse."""
+    saturated_fraction: float = 0.9
+    """Rule 3 compares at rates where the other configuration completes less than this share of the offered."""
     preemptions_per_request: float = 0.01
     """Preemptions per completed request that count as rising."""
     low_running_fraction: float = 0.5
@@ -156,6 +159,8 @@ def _compare(a: Point | None, b: Point, th: DiagnoseThresholds) -> Finding | Non
     thr_a, thr_b = a.median("request_throughput"), b.median("request_throughput")
     if not thr_a or not thr_b or thr_b < thr_a * (1 + th.throughput_gain):
         return None
+    if math.isfinite(a.offered_rate) and thr_a >= th.saturated_fraction * a.offered_rate:
+        return None  # A keeps up with the offered load: a throughput "gain" there is sampling noise
     for metric in ("p95_e2el_ms", "p95_ttft_ms"):
         lat_a, lat_b = a.median(metric), b.median(metric)
         if lat_a and lat_b and lat_b >= lat_a * (1 + th.p95_loss):

@@ -22,7 +22,7 @@ from typing import Any, ContextManager
 from conveyor.bench.launch import ServerProcess, ServerSpec
 from conveyor.bench.rundirs import STUDY_FILE
 from conveyor.bench.slo import SLO, slo_from_mapping
-from conveyor.bench.sweep import RunFn, RunTemplate, SweepConfig, Sweeper, make_run_fn
+from conveyor.bench.sweep import RunFn, RunTemplate, SweepConfig, Sweeper, SweepResult, make_run_fn
 
 _COST_KEYS = {"price_per_gpu_hour", "num_gpus"}
 _SWEEP_KEYS = {f.name for f in fields(SweepConfig)} - {"slo"}
@@ -140,6 +140,25 @@ def study_record(spec: StudySpec) -> dict[str, Any]:
     }
 
 
+def run_configuration(spec: StudySpec, variant: Variant, base_url: str, config_dir: pathlib.Path,
+                      run_fn_factory: RunFnFactory = make_run_fn,
+                      progress: Callable[[str], None] = print) -> SweepResult:
+    """Sweep (or run the fixed rates of) one configuration whose server is up at `base_url`."""
+    template = RunTemplate(base_url, spec.trace_path, variant.name, spec.slo, dict(spec.run_options))
+    sweeper = Sweeper(variant.name, spec.sweep, run_fn_factory(template), config_dir, progress)
+    if not spec.rates:
+        return sweeper.run()
+    config_dir.mkdir(parents=True, exist_ok=True)
+    for rate in spec.rates:
+        if sweeper.run_point(rate).runaway:
+            break  # higher fixed rates would only pile up a queue that never drains
+    return sweeper.write()
+
+
+def server_spec(spec: StudySpec, variant: Variant) -> ServerSpec:
+    return ServerSpec(name=variant.name, command=spec.command, args=variant.args, **spec.server_options)
+
+
 def run_study(spec: StudySpec, out_dir: pathlib.Path, launcher: Launcher = launch_server,
               run_fn_factory: RunFnFactory = make_run_fn, progress: Callable[[str], None] = print) -> pathlib.Path:
     """Launch, sweep and stop every configuration in turn; returns `out_dir`."""
@@ -150,18 +169,8 @@ def run_study(spec: StudySpec, out_dir: pathlib.Path, launcher: Launcher = launc
         progress(f"[study] configuration {index}/{len(spec.variants)}: {variant.name} "
                  f"({variant.changed or 'baseline'})")
         config_dir = out_dir / variant.name
-        server = ServerSpec(name=variant.name, command=spec.command, args=variant.args, **spec.server_options)
-        with launcher(server, config_dir) as base_url:
-            template = RunTemplate(base_url, spec.trace_path, variant.name, spec.slo, dict(spec.run_options))
-            sweeper = Sweeper(variant.name, spec.sweep, run_fn_factory(template), config_dir, progress)
-            if spec.rates:
-                config_dir.mkdir(parents=True, exist_ok=True)
-                for rate in spec.rates:
-                    if sweeper.run_point(rate).runaway:
-                        break  # higher fixed rates would only pile up a queue that never drains
-                result = sweeper.write()
-            else:
-                result = sweeper.run()
+        with launcher(server_spec(spec, variant), config_dir) as base_url:
+            result = run_configuration(spec, variant, base_url, config_dir, run_fn_factory, progress)
         record["configs"][variant.name]["max_rate_meeting"] = result.max_rate_meeting
         (out_dir / STUDY_FILE).write_text(json.dumps(record, indent=2))
     return out_dir
