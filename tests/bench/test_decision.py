@@ -90,3 +90,15 @@ def test_goodput_bounds_count_accepted_from_requests(tmp_path: pathlib.Path) -> 
     from conveyor.bench.rundirs import load_run
     assert accepted_responses(load_run(run), SLO(ttft_ms=500)) == 2
     assert accepted_responses(load_run(run), SLO()) == 20
+
+
+def test_invalid_run_fails_its_point(tmp_path: pathlib.Path) -> None:
+    import json
+    shutil.copytree(STUDY / "continuous", tmp_path / "continuous")
+    path = tmp_path / "continuous" / "rate-4-rep1" / "summary.json"
+    summary = json.loads(path.read_text())
+    summary.update(valid=False, invalid_reason="send lag p99 80 ms > 10 ms")
+    path.write_text(json.dumps(summary))
+    config = _configs([tmp_path])[0]
+    assert config.max_rate_meeting == 2.0
+    assert config.points[2].invalid_runs == ["continuous@4#1"]

@@ -1,7 +1,8 @@
 """The decision: which configuration meets the objective at the lowest cost per accepted response.
 
 The model: a *point* (configuration × offered rate) meets the objective when every repeat's summary
-passes every aggregate bound (conservative: one failing repeat fails the point). A configuration's
+passes every aggregate bound (conservative: one failing repeat fails the point) and no repeat is
+invalid (a client that fell behind measured itself, not the server). A configuration's
 *operating point* is its highest passing rate below its first failing one (a pass above a failure is
 noise, not capacity). Its cost per accepted response, measured there, is
     price per GPU-hour × GPUs × Σ run time (h) / Σ responses that completed and met the per-request bounds
@@ -80,8 +81,14 @@ class PointEval:
         return self.point.offered_rate
 
     @property
+    def invalid_runs(self) -> list[str]:
+        """Labels of repeats whose client fell behind (RUNDIR `valid: false`): not evidence either way."""
+        return [r.label for r in self.point.runs if r.summary.get("valid") is False]
+
+    @property
     def passed(self) -> bool:
-        return bool(self.verdicts) and all(v.passed for v in self.verdicts)
+        """Every repeat met every bound, and every repeat is a valid measurement."""
+        return bool(self.verdicts) and all(v.passed for v in self.verdicts) and not self.invalid_runs
 
     @property
     def cost_per_accepted(self) -> float | None:

@@ -111,9 +111,15 @@ def dashboard_rows(analysis: Analysis) -> list[list[str]]:
                     config.name, run.label, _fmt(run.offered_rate), _fmt(run.metric("request_throughput")),
                     _fmt(run.metric("p95_ttft_ms")), _fmt(run.metric("queue_time_p95_ms")),
                     _fmt(run.metric("p95_e2el_ms")), "-" if error_rate is None else f"{error_rate:.1%}",
-                    _fmt(run.metric("num_preemptions")), "met" if verdict.passed else "MISSED",
+                    _fmt(run.metric("num_preemptions")), _objective_cell(run, verdict.passed),
                 ])
     return rows
+
+
+def _objective_cell(run: RunResult, passed: bool) -> str:
+    if run.summary.get("valid") is False:
+        return f"INVALID ({run.summary.get('invalid_reason') or 'client fell behind'})"
+    return "met" if passed else "MISSED"
 
 
 def config_rows(analysis: Analysis) -> list[list[str]]:
