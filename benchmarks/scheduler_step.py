@@ -11,6 +11,7 @@ steps of the thread's CPU time (robust on a shared machine), with wall time besi
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import random
 import statistics
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 from conveyor.config import CacheConfig, SchedulerConfig
 from conveyor.core.fake_runner import FakeModelRunner
+from conveyor.core.fast_outputs import cached_request_data, token_output
 from conveyor.core.scheduler import Scheduler
 from conveyor.request import Request
 from conveyor.sampling_params import SamplingParams
@@ -102,6 +104,31 @@ def measure(population: Population, num_steps: int, seed: int) -> Timing:
     return Timing(statistics.median(cpu_ns) / 1e6, statistics.median(wall_ns) / 1e6, statistics.mean(tokens))
 
 
+def contract_floor_ms(num_requests: int, num_steps: int) -> float:
+    """Median CPU time of only what the core<->worker contract forces per request and step: one
+    CachedRequestData, one EngineCoreOutput (both via the fast constructors), one dict entry."""
+    request_ids = [f"req-{i}" for i in range(num_requests)]
+    samples = []
+    for _ in range(num_steps):
+        start = time.thread_time_ns()
+        cached, scheduled, outputs = [], {}, []
+        for request_id in request_ids:
+            cached.append(cached_request_data(request_id, [], 100))
+            scheduled[request_id] = 1
+        for request_id in request_ids:
+            outputs.append(token_output(request_id, [5], []))
+        samples.append(time.thread_time_ns() - start)
+    return statistics.median(samples) / 1e6
+
+
+def loop_ns_per_iteration() -> float:
+    """CPU speed calibration: a trivial Python loop (about 15-20 ns/iteration on an idle modern core)."""
+    start, total = time.thread_time_ns(), 0
+    for value in range(1_000_000):
+        total += value
+    return (time.thread_time_ns() - start) / 1e6
+
+
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as cpuinfo:
@@ -121,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     populations = [Population(f"{n} decodes", n, 128, max(2048, n)) for n in args.sizes]
     populations.append(Population("256 decodes + 1024-token prefills", 256, 128, 2048, long_prompt_len=1024))
-    print(f"CPU: {_cpu_model()}; Python {platform.python_version()}; median of {args.num_steps} steps")
+    print(f"CPU: {_cpu_model()} ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}); "
+          f"Python {platform.python_version()}; median of {args.num_steps} steps; "
+          f"calibration loop {loop_ns_per_iteration():.0f} ns/iteration")
     print(f"{'population':<32} {'tokens/step':>11} {'cpu ms':>8} {'wall ms':>8} {'goal ms':>8}")
     run: Callable[[Population], Timing] = lambda p: measure(p, args.num_steps, args.seed)  # noqa: E731
     for population in populations:
@@ -130,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         goal_text = f"{goal:.1f}" if goal is not None else "-"
         print(f"{population.name:<32} {timing.tokens_per_step:>11.0f} {timing.cpu_ms:>8.3f} "
               f"{timing.wall_ms:>8.3f} {goal_text:>8}")
+    for size in args.sizes:
+        floor_ms = contract_floor_ms(size, args.num_steps)
+        print(f"{'contract floor, ' + str(size) + ' requests':<32} {'':>11} {floor_ms:>8.3f} {'':>8} {'':>8}")
     return 0
 
 

@@ -5,7 +5,8 @@ those scheduled this step (and, for the static policy, a reservation for its who
 only ever appended while the request runs and all released together on finish or preemption, tail
 first, so the tail blocks (the least likely to be shared) are the first evicted. With prefix caching on,
 every block that becomes full of scheduled tokens is indexed under its chained hash right after
-allocation; a later request (or the same one after preemption) can then reuse it. A prefix hit never
+allocation (the hash is computed then, once per block: `Request.block_hashes` grows lazily here);
+a later request (or the same one after preemption) can then reuse it. A prefix hit never
 covers a request's last known token: the model must compute at least that one to sample the next.
 """
 
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from conveyor.core.block_pool import BlockPool, KVCacheBlock
+from conveyor.core.prefix_hash import extend_block_hashes
 from conveyor.request import Request
 
 
@@ -37,6 +39,7 @@ class KVCacheManager:
         self.block_pool = BlockPool(num_blocks)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}  # leading blocks of the table already indexed
+        self.fast_num_tokens: dict[str, int] = {}  # token count reachable with no allocation or indexing
         self.prefix_cache_stats = PrefixCacheStats()
 
     @property
@@ -51,6 +54,7 @@ class KVCacheManager:
         """The longest cached prefix of the request's full blocks, leaving its last token to compute."""
         if not self.enable_prefix_caching:
             return [], 0
+        extend_block_hashes(request, self.block_size)
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         computed: list[KVCacheBlock] = []
         get_cached = self.block_pool.get_cached_block
@@ -80,22 +84,23 @@ class KVCacheManager:
         `request.num_computed_tokens` must not include them yet. Returns the ids of the blocks newly
         taken from the free queue (hits excluded), or None, changing nothing, if too few are free.
         """
-        request_id = request.request_id
-        req_blocks = self.req_to_blocks.get(request_id)
-        if req_blocks is not None and not new_computed_blocks and not num_lookahead_tokens:
-            # Decode fast path: the tokens fit the blocks held; maybe one block just became full.
-            num_tokens_after = request.num_computed_tokens + num_new_tokens
-            if num_tokens_after <= len(req_blocks) * self.block_size:
-                if self.enable_prefix_caching and \
-                        num_tokens_after >= (self.num_cached_blocks[request_id] + 1) * self.block_size:
-                    self._cache_full_blocks(request, req_blocks, num_tokens_after)
-                return []
+        req_blocks = self.req_to_blocks.get(request.request_id)
         num_computed_tokens = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         num_tokens_after = num_computed_tokens + num_new_tokens
         num_required = self.num_blocks_for(num_tokens_after + num_lookahead_tokens)
         num_held = 0 if req_blocks is None else len(req_blocks)
         num_new_blocks = num_required - num_held - len(new_computed_blocks)
         return self._allocate(request, num_new_blocks, new_computed_blocks, num_tokens_after)
+
+    def append_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
+        """`allocate_slots` for a running request (no new hits, no lookahead): the per-step hot path.
+
+        Most steps need neither a new block nor a newly full block to index; `fast_num_tokens` says up
+        to which token count that holds, so the common case is one comparison.
+        """
+        if request.num_computed_tokens + num_new_tokens <= self.fast_num_tokens[request.request_id]:
+            return []
+        return self.allocate_slots(request, num_new_tokens)
 
     def _allocate(self, request: Request, num_new_blocks: int,
                   new_computed_blocks: Sequence[KVCacheBlock], num_tokens_after: int) -> list[int] | None:
@@ -110,15 +115,21 @@ class KVCacheManager:
         req_blocks.extend(new_computed_blocks)
         new_blocks = pool.get_new_blocks(max(num_new_blocks, 0))
         req_blocks.extend(new_blocks)
+        capacity = len(req_blocks) * self.block_size
         if self.enable_prefix_caching:
             self._cache_full_blocks(request, req_blocks, num_tokens_after)
+            # Beyond this, the next block fills and must be indexed (by the slow path).
+            capacity = min(capacity, (self.num_cached_blocks[request.request_id] + 1) * self.block_size - 1)
+        self.fast_num_tokens[request.request_id] = capacity
         return [block.block_id for block in new_blocks]
 
     def _cache_full_blocks(self, request: Request, req_blocks: list[KVCacheBlock], num_tokens: int) -> None:
         """Index the blocks that the first `num_tokens` tokens fill (their hashes are known)."""
         request_id = request.request_id
         start = self.num_cached_blocks[request_id]
-        end = min(num_tokens // self.block_size, len(request.block_hashes))
+        end = num_tokens // self.block_size
+        if len(request.block_hashes) < end:
+            extend_block_hashes(request, self.block_size)  # hashed lazily, once per block, when it fills
         hashes = request.block_hashes
         for index in range(start, end):
             self.block_pool.cache_full_block(req_blocks[index], hashes[index])
@@ -128,6 +139,7 @@ class KVCacheManager:
         """Release all of the request's blocks, tail first (tails are evicted before shared heads)."""
         blocks = self.req_to_blocks.pop(request.request_id, None)
         self.num_cached_blocks.pop(request.request_id, None)
+        self.fast_num_tokens.pop(request.request_id, None)
         if blocks:
             self.block_pool.free_blocks(reversed(blocks))
 

@@ -6,7 +6,8 @@ pool cannot hold even when empty. Every accepted request gets a length limit, `m
 (prompt + output): the smallest of prompt + max_tokens, max_model_len and what the whole pool holds
 (the last sampled token needs no slot, hence the +1). Stops are checked after each appended token, in
 order: EOS (unless ignore_eos) and stop token ids, both ignored until `min_tokens` outputs exist; then
-the length limit (max_tokens and max_model_len both end as LENGTH).
+the length limit (max_tokens and max_model_len both end as LENGTH). The conditions are folded into a
+`StopSpec` at admission, so the common case (no stop) costs one set lookup and one comparison.
 """
 
 from __future__ import annotations
@@ -56,25 +57,51 @@ def check_admission(request: Request, config: SchedulerConfig, capacity: KVCapac
     return limit if max_tokens is None else min(limit, num_prompt + max_tokens)
 
 
+@dataclass(frozen=True)
+class StopSpec:
+    """A request's stop conditions, precomputed at admission so the per-token check is one lookup."""
+
+    stop_token_ids: frozenset[int]
+    """EOS (unless ignore_eos) and the stop token ids."""
+    min_tokens: int
+    """Stop tokens are ignored while fewer outputs exist."""
+    max_num_output_tokens: int
+    """The length limit, as output tokens (max_tokens, or what max_model_len / the pool leave)."""
+    eos_token_id: int | None
+    """EOS when it counts (None under ignore_eos): it stops with no stop_reason."""
+
+
+def make_stop_spec(request: Request, max_num_tokens: int) -> StopSpec:
+    params = request.sampling_params
+    eos = None if params.ignore_eos else request.eos_token_id
+    stop_ids = frozenset(params.stop_token_ids) | (frozenset() if eos is None else frozenset([eos]))
+    return StopSpec(stop_ids, params.min_tokens, max_num_tokens - len(request.prompt_token_ids), eos)
+
+
 def append_tokens(request: Request, token_ids: list[int], now_s: float,
-                  max_num_tokens: int) -> tuple[list[int], FinishReason | None, int | None]:
+                  spec: StopSpec) -> tuple[list[int], FinishReason | None, int | None]:
     """Append sampled tokens until a stop: (tokens kept, finish reason or None, stop token id or None)."""
     timings = request.timings
     if timings.first_token_s is None:
         timings.first_token_s = now_s
     timings.last_token_s = now_s
-    params = request.sampling_params
     output_token_ids = request.output_token_ids
-    max_num_output_tokens = max_num_tokens - len(request.prompt_token_ids)
-    for index, token_id in enumerate(token_ids):
+    token_times_s = timings.token_times_s
+    num_before = len(output_token_ids)
+    for token_id in token_ids:
         output_token_ids.append(token_id)
-        timings.token_times_s.append(now_s)
-        num_output_tokens = len(output_token_ids)
-        if num_output_tokens >= params.min_tokens:
-            if token_id == request.eos_token_id and not params.ignore_eos:
-                return token_ids[:index + 1], FinishReason.STOP, None
-            if token_id in params.stop_token_ids:
-                return token_ids[:index + 1], FinishReason.STOP, token_id
-        if num_output_tokens >= max_num_output_tokens:
-            return token_ids[:index + 1], FinishReason.LENGTH, None
+        token_times_s.append(now_s)
+        if token_id in spec.stop_token_ids or len(output_token_ids) >= spec.max_num_output_tokens:
+            reason, stop_token = check_stop(len(output_token_ids), token_id, spec)
+            if reason is not None:
+                return token_ids[:len(output_token_ids) - num_before], reason, stop_token
     return token_ids, None, None
+
+
+def check_stop(num_output_tokens: int, token_id: int, spec: StopSpec) -> tuple[FinishReason | None, int | None]:
+    """After the `num_output_tokens`-th token `token_id`: (finish reason, stop token id) or (None, None)."""
+    if token_id in spec.stop_token_ids and num_output_tokens >= spec.min_tokens:
+        return FinishReason.STOP, (None if token_id == spec.eos_token_id else token_id)
+    if num_output_tokens >= spec.max_num_output_tokens:
+        return FinishReason.LENGTH, None
+    return None, None

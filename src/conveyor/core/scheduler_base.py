@@ -14,21 +14,30 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from conveyor.config import CacheConfig, SchedulerConfig, SchedulingPolicy
 from conveyor.core.errors import AdmissionError, QueueFullError
 from conveyor.core.kv_cache_manager import KVCacheBlock, KVCacheManager
 from conveyor.core.fast_outputs import token_output
 from conveyor.core.invariants import check_scheduler_invariants
-from conveyor.core.lifecycle import KVCapacity, append_tokens, check_admission
+from conveyor.core.lifecycle import KVCapacity, StopSpec, append_tokens, check_admission, make_stop_spec
 from conveyor.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput, TokenLogprobs
-from conveyor.core.prefix_hash import extend_block_hashes
 from conveyor.core.request_queue import make_request_queue
 from conveyor.core.stats import SchedulerStats
 from conveyor.core.step import StepBuilder
 from conveyor.request import FinishReason, Request, RequestStatus
 
 _RUNNING = RequestStatus.RUNNING
+
+
+@dataclass
+class StepCounters:
+    """What happened since the last `update_from_output`, for its SchedulerStats."""
+
+    num_preemptions: int = 0
+    num_prompt_tokens: int = 0
+    num_queue_timeouts: int = 0
 
 
 class SchedulerBase(ABC):
@@ -47,13 +56,11 @@ class SchedulerBase(ABC):
         self.waiting = make_request_queue(scheduler_config.policy)
         self.running: list[Request] = []  # admission order
         self.requests: dict[str, Request] = {}  # every unfinished request
-        self.max_num_tokens: dict[str, int] = {}  # request id -> length limit (prompt + output)
+        self.stop_specs: dict[str, StopSpec] = {}  # request id -> its stop conditions
         self.unsent_req_ids: set[str] = set()  # running, but the worker does not hold their state yet
         self.finished_req_ids: set[str] = set()  # for the next SchedulerOutput
         self.pending_outputs: list[EngineCoreOutput] = []  # queue timeouts, for update_from_output
-        self.num_preemptions_step = 0
-        self.num_prompt_tokens_step = 0
-        self.num_queue_timeouts_step = 0
+        self.counters = StepCounters()  # since the last update_from_output
         chunked = scheduler_config.enable_chunked_prefill
         # The threshold is a chunked-prefill knob: with chunking off a prompt is never split.
         self.long_prefill_token_threshold = scheduler_config.long_prefill_token_threshold if chunked else None
@@ -69,11 +76,9 @@ class SchedulerBase(ABC):
         if max_queued is not None and len(self.waiting) >= max_queued:
             raise QueueFullError(f"{len(self.waiting)} requests are already waiting "
                                  f"(max_num_queued_reqs={max_queued}); retry later")
-        if self.enable_prefix_caching:
-            extend_block_hashes(request, self.block_size)
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
-        self.max_num_tokens[request.request_id] = max_num_tokens
+        self.stop_specs[request.request_id] = make_stop_spec(request, max_num_tokens)
         self.waiting.add(request)
 
     @abstractmethod
@@ -85,26 +90,21 @@ class SchedulerBase(ABC):
         """Append sampled tokens, check stops, free finished requests; one output per request with news."""
         now_s = self.clock()
         outputs, self.pending_outputs = self.pending_outputs, []
-        requests, max_num_tokens, logprobs = self.requests, self.max_num_tokens, model_runner_output.logprobs
-        hash_blocks = self.enable_prefix_caching
-        block_size = self.block_size
+        requests, stop_specs, logprobs = self.requests, self.stop_specs, model_runner_output.logprobs
         num_generated = 0
         any_finished = False
         for request_id, token_ids in model_runner_output.sampled_token_ids.items():
             request = requests.get(request_id)
             if not token_ids or request is None or request.status is not _RUNNING:
                 continue  # partial prefill chunk, or finished (aborted) since it was scheduled
-            new_token_ids, reason, stop_token = append_tokens(request, token_ids, now_s, max_num_tokens[request_id])
+            new_token_ids, reason, stop_token = append_tokens(request, token_ids, now_s, stop_specs[request_id])
             num_generated += len(new_token_ids)
             if reason is None:
                 outputs.append(token_output(request_id, new_token_ids, logprobs.get(request_id, []) if logprobs else []))
-                if hash_blocks and (len(request.prompt_token_ids) + len(request.output_token_ids)
-                                    >= (len(request.block_hashes) + 1) * block_size):
-                    extend_block_hashes(request, block_size)
             else:
                 any_finished = True
-                outputs.append(self._finish(request, reason, now_s, stop_token, new_token_ids,
-                                            logprobs.get(request_id, [])))
+                request.stop_reason = stop_token
+                outputs.append(self._finish(request, reason, now_s, new_token_ids, logprobs.get(request_id, [])))
         if any_finished:
             self.running = [request for request in self.running if request.status is _RUNNING]
         return outputs, self._take_stats(scheduler_output, num_generated, now_s)
@@ -151,30 +151,30 @@ class SchedulerBase(ABC):
 
     def _schedule_running(self, step: StepBuilder) -> None:
         """Give each running request, in admission order, what it needs within the budget."""
-        running = self.running
         threshold = self.long_prefill_token_threshold
         unsent = self.unsent_req_ids
-        allocate_slots = self.kv_cache_manager.allocate_slots
+        append_slots = self.kv_cache_manager.append_slots
         schedule_cached = step.schedule_cached
-        index = 0
-        while index < len(running) and step.token_budget > 0:
-            request = running[index]
-            index += 1
+        for request in list(self.running):  # a copy: preemption removes victims from self.running
+            budget = step.token_budget
+            if budget <= 0:
+                break
+            if request.status is not _RUNNING:
+                continue  # preempted earlier in this step
             # request.num_tokens, spelled out: this loop runs for every running request every step.
             num_new_tokens = (len(request.prompt_token_ids) + len(request.output_token_ids)
                               - request.num_computed_tokens)
             if threshold is not None and num_new_tokens > threshold:
                 num_new_tokens = threshold
-            if num_new_tokens > step.token_budget:
-                num_new_tokens = step.token_budget
+            if num_new_tokens > budget:
+                num_new_tokens = budget
             if num_new_tokens <= 0:  # nothing to compute (its sampled token has not come back)
                 continue
-            new_block_ids = allocate_slots(request, num_new_tokens)
+            new_block_ids = append_slots(request, num_new_tokens)
             if new_block_ids is None:
                 new_block_ids = self._preempt_until_fits(request, num_new_tokens, step)
                 if new_block_ids is None:
                     break  # the request preempted itself: nothing after it can be served either
-                index = _index_of(running, request) + 1
             if unsent and request.request_id in unsent:
                 step.schedule_new(request, num_new_tokens, self.kv_cache_manager.get_block_ids(request.request_id))
             else:
@@ -187,7 +187,7 @@ class SchedulerBase(ABC):
             self._preempt(victim, step)
             if victim is request:
                 return None
-            new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+            new_block_ids = self.kv_cache_manager.append_slots(request, num_new_tokens)
             if new_block_ids is not None:
                 return new_block_ids
 
@@ -210,7 +210,7 @@ class SchedulerBase(ABC):
         victim.num_computed_tokens = 0
         victim.num_preemptions += 1
         step.num_preemptions += 1
-        self.num_preemptions_step += 1
+        self.counters.num_preemptions += 1
         self.waiting.prepend(victim)
 
     def _start_running(self, request: Request, num_new_tokens: int,
@@ -235,7 +235,7 @@ class SchedulerBase(ABC):
         finished, self.finished_req_ids = self.finished_req_ids, set()
         for data in step.new_reqs:
             self.unsent_req_ids.discard(data.request_id)
-        self.num_prompt_tokens_step += step.num_prompt_tokens
+        self.counters.num_prompt_tokens += step.num_prompt_tokens
         return step.build(finished)
 
     def _expire_queue_timeouts(self, now_s: float) -> None:
@@ -248,12 +248,11 @@ class SchedulerBase(ABC):
         for request in expired:
             self.waiting.remove(request)
             self.pending_outputs.append(self._finish(request, FinishReason.QUEUE_TIMEOUT, now_s))
-        self.num_queue_timeouts_step += len(expired)
+        self.counters.num_queue_timeouts += len(expired)
 
     # ---- applying outputs ----------------------------------------------------------------------
 
-    def _finish(self, request: Request, reason: FinishReason, now_s: float, stop_token: int | None = None,
-                new_token_ids: list[int] | None = None,
+    def _finish(self, request: Request, reason: FinishReason, now_s: float, new_token_ids: list[int] | None = None,
                 new_logprobs: list[TokenLogprobs] | None = None) -> EngineCoreOutput:
         """Mark finished and free everything; the caller removes it from waiting/running."""
         request_id = request.request_id
@@ -262,23 +261,21 @@ class SchedulerBase(ABC):
         self.unsent_req_ids.discard(request_id)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
-        request.stop_reason = stop_token
         request.timings.finished_s = now_s
         self.kv_cache_manager.free(request)
         del self.requests[request_id]
-        del self.max_num_tokens[request_id]
-        return EngineCoreOutput(request_id, new_token_ids or [], new_logprobs or [], reason, stop_token,
+        del self.stop_specs[request_id]
+        return EngineCoreOutput(request_id, new_token_ids or [], new_logprobs or [], reason, request.stop_reason,
                                 request.timings, request.num_prompt_tokens, request.num_cached_tokens,
                                 request.num_preemptions)
 
     def _take_stats(self, scheduler_output: SchedulerOutput, num_generated: int, now_s: float) -> SchedulerStats:
-        prefix = self.kv_cache_manager.take_prefix_cache_stats()
-        stats = SchedulerStats(len(self.running), len(self.waiting), self.kv_cache_manager.usage,
-                               self.num_preemptions_step, prefix.num_queries, prefix.num_hits,
-                               scheduler_output.total_num_scheduled_tokens, self.num_prompt_tokens_step,
-                               num_generated, self.num_queue_timeouts_step, now_s)
-        self.num_preemptions_step = self.num_prompt_tokens_step = self.num_queue_timeouts_step = 0
-        return stats
+        prefix, counters = self.kv_cache_manager.take_prefix_cache_stats(), self.counters
+        self.counters = StepCounters()
+        return SchedulerStats(len(self.running), len(self.waiting), self.kv_cache_manager.usage,
+                              counters.num_preemptions, prefix.num_queries, prefix.num_hits,
+                              scheduler_output.total_num_scheduled_tokens, counters.num_prompt_tokens,
+                              num_generated, counters.num_queue_timeouts, now_s)
 
     def check_invariants(self) -> None:
         """Block-pool invariants, and every unfinished request in exactly one consistent place."""

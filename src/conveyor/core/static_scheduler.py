@@ -33,6 +33,7 @@ class StaticScheduler(SchedulerBase):
             request = self.waiting.peek()
             computed = self.kv_cache_manager.get_computed_blocks(request)
             # Slots for every token it may ever compute: all but the last one sampled.
-            num_reserved_tokens = self.max_num_tokens[request.request_id] - 1 - computed[1]
+            max_num_tokens = request.num_prompt_tokens + self.stop_specs[request.request_id].max_num_output_tokens
+            num_reserved_tokens = max_num_tokens - 1 - computed[1]
             if self._start_running(request, 0, computed, num_reserved_tokens) is None:
                 break

@@ -67,8 +67,8 @@ class StepBuilder:
             return
         self.token_budget += num_tokens
         self.num_prompt_tokens -= self._prompt_tokens_by_req.pop(request_id, 0)
-        self.new_reqs = [data for data in self.new_reqs if data.request_id != request_id]
-        self.cached_reqs = [data for data in self.cached_reqs if data.request_id != request_id]
+        self.new_reqs[:] = [data for data in self.new_reqs if data.request_id != request_id]
+        self.cached_reqs[:] = [data for data in self.cached_reqs if data.request_id != request_id]
 
     def build(self, finished_req_ids: set[str]) -> SchedulerOutput:
         total = sum(self.num_scheduled_tokens.values())
