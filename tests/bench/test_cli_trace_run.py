@@ -47,7 +47,8 @@ def test_bench_run_prints_the_dashboard_row(tmp_path: pathlib.Path, capsys: pyte
                  "--param", "chat.prompt_len_max=16", "--out", str(trace)]) == 0
     with FakeServer() as server:
         rc = main(["bench", "run", "--base-url", server.base_url, "--trace", str(trace), "--rate", "50",
-                   "--out", str(tmp_path / "run"), "--label", "fake@50", "--no-progress", "--goodput", "ttft:5000"])
+                   "--out", str(tmp_path / "run"), "--label", "fake@50", "--no-progress", "--goodput", "ttft:5000",
+                   "--max-send-lag-ms", "1000"])
     out = capsys.readouterr().out
     assert rc == 0
     assert "Offered req/s" in out and "Preemptions" in out and "fake@50" in out
