@@ -12,6 +12,7 @@ import dataclasses
 import enum
 import sys
 import time
+import uuid
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -79,19 +80,19 @@ class _Pending:
 def engine_config_from_kwargs(base: EngineConfig | None = None, **kwargs: object) -> EngineConfig:
     """`EngineConfig` with fields set by name; enum fields accept their string values."""
     config = base or EngineConfig()
+    changes: dict[str, dict[str, object]] = {section: {} for section in _SECTIONS}
+    top: dict[str, object] = {}
     for name, value in kwargs.items():
         if name == "check_invariants":
-            config = dataclasses.replace(config, check_invariants=bool(value))
+            top[name] = bool(value)
             continue
         section = next((s for s, cls in _SECTIONS.items() if name in {f.name for f in dataclasses.fields(cls)}), None)
         if section is None:
             raise TypeError(f"LLM got an unknown engine argument {name!r}")
-        current = getattr(config, section)
-        old = getattr(current, name)
-        if isinstance(old, enum.Enum) and isinstance(value, str):
-            value = type(old)(value)
-        config = dataclasses.replace(config, **{section: dataclasses.replace(current, **{name: value})})
-    return config
+        old = getattr(getattr(config, section), name)
+        changes[section][name] = type(old)(value) if isinstance(old, enum.Enum) and isinstance(value, str) else value
+    sections = {s: dataclasses.replace(getattr(config, s), **c) for s, c in changes.items() if c}
+    return dataclasses.replace(config, **sections, **top)
 
 
 class LLM:
@@ -104,13 +105,15 @@ class LLM:
         self.config = engine_config_from_kwargs(engine_config, **kwargs)
         self.engine = LLMEngine.from_config(self.config)
         self.last_run = RunSummary()
+        self._id_prefix = uuid.uuid4().hex[:8]  # unique across LLMs sharing a runner
         self._next_id = 0
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> LLM:
         """Wrap an already built engine (tests with fakes)."""
         llm = cls.__new__(cls)
-        llm.config, llm.engine, llm.last_run, llm._next_id = engine.config, engine, RunSummary(), 0
+        llm.config, llm.engine, llm.last_run = engine.config, engine, RunSummary()
+        llm._id_prefix, llm._next_id = uuid.uuid4().hex[:8], 0
         return llm
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
@@ -126,7 +129,7 @@ class LLM:
 
     def _new_id(self) -> str:
         self._next_id += 1
-        return str(self._next_id - 1)
+        return f"{self._id_prefix}-{self._next_id - 1}"
 
     def _run(self, pending: list[_Pending], show_progress: bool) -> None:
         by_id = {p.prepared.request_id: p for p in pending}
