@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import re
 import sys
 from dataclasses import fields
 
@@ -43,9 +44,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
+    """The ServerConfig the flags describe; a ConfigError names the flag (`--shutdown-grace`), not the field."""
     given = {field: getattr(args, dest) for dest, field in _SERVER_FLAGS.items()
              if getattr(args, dest, None) is not None}
-    return ServerConfig(**given)
+    try:
+        return ServerConfig(**given)
+    except ConfigError as error:
+        message = str(error)
+        for dest, field in _SERVER_FLAGS.items():
+            message = re.sub(rf"\b{field}\b", "--" + dest.replace("_", "-"), message)
+        raise ConfigError(message) from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,46 @@
+"""`conveyor serve` flags: server flags map onto ServerConfig, engine flags are the shared vLLM ones."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from conveyor.cli import build_parser
+from conveyor.config import ConfigError, ServerConfig
+from conveyor.engine.args import engine_config_from_args
+from conveyor.server.cli import server_config_from_args
+
+SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
+
+
+def parse(*argv: str):  # noqa: ANN201
+    return build_parser("serve").parse_args(["serve", *argv])
+
+
+def test_defaults_come_from_server_config() -> None:
+    assert server_config_from_args(parse()) == ServerConfig()
+
+
+def test_server_and_engine_flags() -> None:
+    args = parse("--host", "0.0.0.0", "--port", "0", "--api-key", "k", "--shutdown-grace", "2.5",
+                  "--max-num-seqs", "4", "--max-num-queued-reqs", "3", "--queue-timeout", "1.5")
+    assert server_config_from_args(args) == ServerConfig(host="0.0.0.0", port=0, api_key="k", shutdown_grace_s=2.5)
+    engine = engine_config_from_args(args)
+    assert engine.scheduler.max_num_seqs == 4 and engine.scheduler.max_num_queued_reqs == 3
+    assert engine.scheduler.queue_timeout_s == 1.5
+
+
+def test_bad_server_flag_names_the_field() -> None:
+    with pytest.raises(ConfigError, match="--port must be in"):
+        server_config_from_args(parse("--port", "70000"))
+
+
+def test_bad_flag_exits_2_before_loading_the_engine() -> None:
+    code = ("import sys; from conveyor.cli import main; rc = main(['serve', '--shutdown-grace', '-1']); "
+            "sys.exit(10 + rc if 'torch' not in sys.modules else 99)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": str(SRC)})
+    assert result.returncode == 12, result.stderr
+    assert "--shutdown-grace must be >= 0" in result.stderr
