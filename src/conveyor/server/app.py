@@ -10,11 +10,11 @@ Error contract (body always `{"error": {"message", "type", "param", "code"}}`):
 
 | status | when |
 |---|---|
-| 400 | bad JSON or UTF-8, wrong types, out-of-range or unsupported fields, prompt (+ max_tokens) > max_model_len |
+| 400 | bad JSON or UTF-8, wrong types, bad or unsupported fields, prompt (+ max_tokens) > max_model_len |
 | 401 | `--api-key` set and `Authorization: Bearer <key>` missing or wrong (/v1/* only) |
 | 404 | unknown `model` ("The model `x` does not exist."), unknown route |
 | 413 | body over `ServerConfig.max_request_body_bytes` |
-| 400 | bad JSON or UTF-8, wrong types, bad or unsupported fields, prompt (+ max_tokens) > max_model_len |
+| 503 + Retry-After | waiting queue full (--max-num-queued-reqs); queue timeout (--queue-timeout, `timeout_error`) |
 | 503 | draining after SIGTERM; engine dead (also /health) |
 | 500 | the engine failed while running the request |
 
