@@ -40,8 +40,9 @@ def _fake_runs(template: RunTemplate):
     def run(rate: float, repeat: int, run_dir: pathlib.Path) -> dict:
         e2e = 500.0 / (1 - rate / capacity) if rate < capacity else 60_000.0
         summary = {"label": f"{template.label}@{rate}#{repeat}", "request_rate": rate, "duration": 10.0,
-                   "completed": int(10 * min(rate, capacity)), "request_throughput": min(rate, capacity),
-                   "p95_e2el_ms": e2e, "error_rate": 0.0, "server": {}}
+                   "num_prompts": int(10 * rate), "completed": int(10 * min(rate, capacity)),
+                   "request_throughput": min(rate, capacity), "p95_e2el_ms": e2e, "error_rate": 0.0,
+                   "server": {"num_requests_waiting_max": max(0.0, 10 * (rate - capacity))}}
         run_dir.mkdir(parents=True)
         (run_dir / "summary.json").write_text(json.dumps(summary))
         return summary
@@ -69,7 +70,7 @@ def test_study_runs_every_configuration(tmp_path: pathlib.Path) -> None:
     record = json.loads((tmp_path / "study.json").read_text())
     assert record["configs"]["baseline"]["max_rate_meeting"] == 4.0
     assert record["configs"]["static"]["max_rate_meeting"] == 1.0
-    # seqs2 misses at 1 and 2 req/s; at 4 it completes 1.5 << 4 (runaway): one repeat, then stop.
+    # seqs2 misses at 1 and 2 req/s; at 4, 25 of 40 requests wait at once (runaway): one repeat, stop.
     assert (tmp_path / "seqs2" / "rate-4-rep0").exists() and not (tmp_path / "seqs2" / "rate-4-rep1").exists()
     assert record["configs"]["seqs2"]["max_rate_meeting"] is None
     analysis = analyze(ReportInputs((tmp_path,)))

@@ -25,10 +25,12 @@ class FakeServer:
         load = rate / self.capacity
         e2e = 500.0 / max(1e-3, 1.0 - load) if load < 1 else 50_000.0
         completed_rate = min(rate, self.capacity)
+        backlog = 0.9 * rate * 10 if load >= 2 else 0.0
         summary = {"label": f"fake@{rate}#{repeat}", "request_rate": rate, "completed": int(completed_rate * 10),
-                   "duration": 10.0, "request_throughput": completed_rate if load < 2 else 0.1 * rate,
-                   "p95_e2el_ms": e2e * (1 + self.noise * repeat), "p95_ttft_ms": 100.0,
-                   "error_rate": 0.0, "server": {"queue_time_p95_ms": 1.0}}
+                   "num_prompts": int(rate * 10), "duration": 10.0,
+                   "request_throughput": completed_rate if load < 2 else 0.1 * rate,
+                   "p95_e2el_ms": e2e * (1 + self.noise * repeat), "median_e2el_ms": e2e, "p95_ttft_ms": 100.0,
+                   "error_rate": 0.0, "server": {"queue_time_p95_ms": 1.0, "num_requests_waiting_max": backlog}}
         run_dir.mkdir(parents=True)
         (run_dir / "summary.json").write_text(json.dumps(summary))
         return summary
@@ -64,7 +66,7 @@ def test_runaway_stops_repeats_and_escalation(tmp_path: pathlib.Path) -> None:
     cfg = SweepConfig(slo=SLO(ttft_p95_ms=1000), start_rate=1.0, growth_factor=4.0, bisect_steps=0,
                       num_repeats=3)
     result = run_sweep("runaway", cfg, server, tmp_path, progress=lambda _: None)
-    # 1 req/s passes (ttft only), 4 req/s completes 0.4 req/s: runaway after one repeat, sweep ends.
+    # 1 req/s passes (ttft only), at 4 req/s 36 of 40 requests wait at once: runaway after one repeat.
     assert server.calls == [(1.0, 0), (1.0, 1), (1.0, 2), (4.0, 0)]
     assert result.points[-1].runaway and "runaway" in result.points[-1].failures[0]
 
@@ -81,3 +83,14 @@ def test_spread_over_repeats_and_max_rate_cap(tmp_path: pathlib.Path) -> None:
 def test_bad_settings() -> None:
     with pytest.raises(SweepError, match="--growth-factor"):
         SweepConfig(slo=SLO(), growth_factor=1.0)
+
+
+def test_short_run_drain_is_not_runaway() -> None:
+    from conveyor.bench.sweep import runaway_reason
+    cfg = SweepConfig(slo=SLO())
+    # 8 requests at 1 req/s, 10 s median latency: duration 18 s, 0.44 req/s completed, yet no backlog.
+    short = {"num_prompts": 8, "request_throughput": 0.44, "median_e2el_ms": 10_000.0, "error_rate": 0.0}
+    assert runaway_reason(short, 1.0, cfg) is None
+    long_run = {**short, "num_prompts": 200, "request_throughput": 0.3}
+    assert "completed 0.3 req/s" in (runaway_reason(long_run, 1.0, cfg) or "")
+    assert "error rate" in (runaway_reason({**short, "error_rate": 0.6}, 1.0, cfg) or "")

@@ -5,8 +5,9 @@ The model: offered rates rise geometrically from `start_rate` (chosen below the 
 factor until one passes. The boundary between the last passing and the first failing rate is then
 bisected `bisect_steps` times at the geometric midpoint. Every point is run `num_repeats` times and
 passes only if every repeat passes (the spread is reported). A repeat showing *runaway overload*
-(error rate above `runaway_error_rate`, or completed req/s below `runaway_completion_ratio` × offered)
-fails its point at once: the remaining repeats and any higher rate are skipped, since they would only
+(error rate above `runaway_error_rate`; half the requests waiting at once; or completed req/s below
+`runaway_completion_ratio` × offered over a dispatch window long against the median latency, so that a
+short run's drain is not mistaken for a backlog) fails its point at once: the remaining repeats and any higher rate are skipped, since they would only
 pile up a queue that never drains. The run function is injected, so the search is tested without a
 server; `make_run_fn` wires it to `conveyor.bench.runner.run_benchmark`.
 """
@@ -25,6 +26,10 @@ from conveyor.bench.slo import SLO
 
 RunFn = Callable[[float, int, pathlib.Path], dict[str, Any]]
 """(offered rate, repeat index, run directory) -> summary dict; must write the run directory."""
+
+
+_MIN_PROMPTS_FOR_QUEUE_RULE = 20
+"""Below this many requests a queue holding half of them is a burst, not a backlog."""
 
 
 class SweepError(ValueError):
@@ -104,13 +109,24 @@ class SweepResult:
 
 
 def runaway_reason(summary: dict[str, Any], rate: float, cfg: SweepConfig) -> str | None:
+    """Why this run shows a backlog that would never drain (None: it does not)."""
     error_rate = float(summary.get("error_rate") or 0.0)
     if error_rate >= cfg.runaway_error_rate:
         return f"runaway: error rate {error_rate:.0%} >= {cfg.runaway_error_rate:.0%}"
+    num_prompts = int(summary.get("num_prompts") or 0)
+    waiting_max = float((summary.get("server") or {}).get("num_requests_waiting_max") or 0.0)
+    if num_prompts >= _MIN_PROMPTS_FOR_QUEUE_RULE and waiting_max >= cfg.runaway_completion_ratio * num_prompts:
+        return f"runaway: {waiting_max:.0f} of {num_prompts} requests waiting at once"
     completed_rate = float(summary.get("request_throughput") or 0.0)
-    if math.isfinite(rate) and completed_rate < cfg.runaway_completion_ratio * rate:
-        return f"runaway: completed {completed_rate:.3g} req/s << offered {rate:.3g}"
-    return None
+    if not math.isfinite(rate) or completed_rate >= cfg.runaway_completion_ratio * rate:
+        return None
+    # duration = dispatch window + drain; only when the window dominates a typical latency does a low
+    # completed/offered ratio mean a growing backlog rather than a short run's drain.
+    window_s = float(summary.get("num_prompts") or 0) / rate
+    median_e2e_s = float(summary.get("median_e2el_ms") or 0.0) / 1000.0
+    if window_s < 2.0 * median_e2e_s:
+        return None
+    return f"runaway: completed {completed_rate:.3g} req/s << offered {rate:.3g}"
 
 
 def _spread(summaries: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
