@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pathlib
 
+import numpy as np
 import pytest
 import torch
 from runner_harness import ToyScheduler, make_runner, write_tiny_llama
@@ -67,3 +68,10 @@ def test_kv_cache_sized_by_profiling(model_dir: pathlib.Path) -> None:
         from dataclasses import replace
         runner.cache_config = replace(runner.cache_config, gpu_memory_utilization=1e-4)
         runner.initialize_kv_cache()
+
+
+def test_pinned_staging_usable_outside_inference_mode(model_dir: pathlib.Path) -> None:
+    runner = make_runner(model_dir, device="cuda")
+    run_all(runner, chunk_size=1 << 30)  # buffers first created inside execute's inference mode
+    staged = runner.staging.to_device("input_ids", np.arange(5, dtype=np.int64))
+    assert staged.device.type == "cuda" and staged.tolist() == [0, 1, 2, 3, 4]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conveyor.sampling_params import SamplingParams
-from conveyor.worker.sampler import Sampler, apply_penalties, apply_top_k_top_p
+from conveyor.worker.sampler import Sampler, apply_penalties, top_k_top_p_candidates
 from conveyor.worker.sampling_metadata import SamplingRequest, VocabInfo, build_sampling_batch
 
 VOCAB = VocabInfo(vocab_size=8, eos_token_ids=frozenset({7}))
@@ -68,19 +68,33 @@ def test_top_k_keeps_only_k_best() -> None:
     assert set(tokens) == {6, 7}
 
 
+def kept_tokens(logits: torch.Tensor, top_k: list[int] | None, top_p: list[float] | None) -> list[set[int]]:
+    k = torch.tensor(top_k) if top_k is not None else None
+    p = torch.tensor(top_p) if top_p is not None else None
+    values, ids = top_k_top_p_candidates(logits, k, p, max(top_k) if top_k else logits.shape[1])
+    return [set(ids[row][values[row].isfinite()].tolist()) for row in range(logits.shape[0])]
+
+
 def test_top_p_keeps_smallest_prefix_reaching_p() -> None:
-    probs = torch.tensor([0.4, 0.3, 0.2, 0.1, 0, 0, 0, 0]).clamp_min(1e-12)
+    probs = torch.tensor([0.1, 0.3, 0.2, 0.4, 0, 0, 0, 0]).clamp_min(1e-12)
     logits = torch.log(probs).expand(3, 8)
-    kept = apply_top_k_top_p(logits.clone(), None, torch.tensor([0.65, 0.7, 0.05]))
-    finite = [set(torch.nonzero(row.isfinite()).flatten().tolist()) for row in kept]
-    assert finite == [{0, 1}, {0, 1}, {0}]  # 0.4 + 0.3 reaches 0.7; the best token always stays
+    # 0.4 + 0.3 reaches 0.7; the best token always stays
+    assert kept_tokens(logits, None, [0.65, 0.7, 0.05]) == [{3, 1}, {3, 1}, {3}]
 
 
 def test_top_k_and_top_p_together() -> None:
     probs = torch.tensor([0.4, 0.3, 0.2, 0.1, 0, 0, 0, 0]).clamp_min(1e-12)
-    kept = apply_top_k_top_p(torch.log(probs).unsqueeze(0), torch.tensor([3]), torch.tensor([0.75]))
-    # top-k leaves 0.4/0.3/0.2 (renormalised 0.44/0.33/0.22); 0.44 + 0.33 reaches 0.75.
-    assert torch.nonzero(kept[0].isfinite()).flatten().tolist() == [0, 1]
+    logits = torch.log(probs).expand(2, 8)
+    # row 0: top-k leaves 0.4/0.3/0.2 (renormalised 0.44/0.33/0.22); 0.44 + 0.33 reaches 0.75.
+    assert kept_tokens(logits, [3, 2], [0.75, 1.0]) == [{0, 1}, {0, 1}]
+
+
+def test_seeded_draw_does_not_depend_on_other_rows_top_k() -> None:
+    logits = torch.randn(2, 8)
+    seeded = make_request(temperature=1.0, top_k=6, seed=5)
+    for other in (make_request(temperature=1.0, top_k=2), make_request(temperature=1.0)):
+        alone = sample(logits[:1], [seeded])
+        assert sample(logits, [seeded, other])[0] == alone[0]
 
 
 def test_min_p_drops_unlikely_tokens() -> None:

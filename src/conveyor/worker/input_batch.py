@@ -132,8 +132,9 @@ class HostStaging:
             return host
         buffer = self._pinned.get(name)
         if buffer is None or buffer.dtype != host.dtype or buffer.numel() < host.numel():
-            buffer = torch.empty(max(host.numel(), 2 * (buffer.numel() if buffer is not None else 0)),
-                                 dtype=host.dtype, pin_memory=True)
+            with torch.inference_mode(False):  # a normal tensor: usable in and outside inference mode
+                buffer = torch.empty(max(host.numel(), 2 * (buffer.numel() if buffer is not None else 0)),
+                                     dtype=host.dtype, pin_memory=True)
             self._pinned[name] = buffer
         staged = buffer[: host.numel()].view(host.shape)
         staged.copy_(host)

@@ -7,9 +7,10 @@ The pipeline follows vLLM V1, in this order:
 3. penalties: repetition (HF/vLLM: over prompt + output tokens, positive logits divided, negative
    multiplied), then frequency and presence (OpenAI: over output tokens, subtracted);
 4. greedy rows: argmax, exactly (an all-greedy batch without penalties does nothing but one argmax);
-5. random rows: divide by temperature, min_p, top_k / top_p, then draw by the exponential race
-   (argmax of p / q with q ~ Exp(1), equivalent to a categorical draw) so that each seeded row
-   draws its noise from its own generator and unseeded rows share the runner's generator.
+5. random rows: divide by temperature, min_p, then top_k / top_p over each row's best
+   `max_top_k` candidates (a top-k of 50 instead of a sort of the vocabulary), then draw by the
+   exponential race (argmax of p / q with q ~ Exp(1), equivalent to a categorical draw) so that each
+   seeded row draws its noise from its own generator and unseeded rows share the runner's generator.
 """
 
 from __future__ import annotations
@@ -59,9 +60,11 @@ class Sampler:
         scaled = chosen / random.temperature.unsqueeze(1)  # a new tensor: edits below stay local
         if random.min_p is not None:
             apply_min_p(scaled, random.min_p)
+        candidates = None
         if random.top_k is not None or random.top_p is not None:
-            scaled = apply_top_k_top_p(scaled, random.top_k, random.top_p)
-        drawn = exponential_race(scaled.softmax(dim=-1), random.generators, self.generator)  # [R]
+            scaled, candidates = top_k_top_p_candidates(scaled, random.top_k, random.top_p, random.max_top_k)
+        probs = scaled.softmax(dim=-1)  # [R, K]
+        drawn = exponential_race(probs, candidates, logits.shape[1], random.generators, self.generator)
         if random.rows is None:
             return drawn
         sampled = logits.argmax(dim=-1)
@@ -101,44 +104,48 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> None:
     logits.masked_fill_(probs < threshold, float("-inf"))
 
 
-def apply_top_k_top_p(
-    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
-) -> torch.Tensor:
-    """Keep each row's k best tokens, then the smallest prefix whose probability reaches p."""
-    if top_p is None:
-        assert top_k is not None
-        return _apply_top_k_only(logits, top_k)
-    sorted_logits, order = logits.sort(dim=-1, descending=True)  # [N, V]
-    drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
+def top_k_top_p_candidates(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None, max_top_k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's best max_top_k tokens, descending, with those past the row's k or its top-p set to -inf.
+
+    logits [R, V] -> (values [R, K], token ids [R, K]). With top_k = 50 this is a top-k of 50 instead
+    of a sort of the whole vocabulary; top-p alone needs the full sort (K = V).
+    """
+    values, token_ids = logits.topk(max_top_k, dim=-1)  # [R, K], sorted descending
     if top_k is not None:
-        ranks = torch.arange(logits.shape[1], device=logits.device)
-        drop |= ranks.unsqueeze(0) >= top_k.unsqueeze(1)
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    probs = sorted_logits.softmax(dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs  # mass of strictly better tokens; 0 for the best one
-    drop |= mass_before >= top_p.unsqueeze(1)
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
-
-
-def _apply_top_k_only(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    """top-k without a full sort: threshold at each row's k-th largest value (ties at it are kept)."""
-    max_k = int(top_k.max())
-    top_values = logits.topk(max_k, dim=-1).values  # [N, max_k], descending
-    kth_value = top_values.gather(1, (top_k - 1).unsqueeze(1))  # [N, 1]
-    return logits.masked_fill(logits < kth_value, float("-inf"))
+        ranks = torch.arange(max_top_k, device=logits.device)
+        values = values.masked_fill(ranks.unsqueeze(0) >= top_k.unsqueeze(1), float("-inf"))
+    if top_p is not None:
+        probs = values.softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs  # mass of strictly better tokens; 0 for the best one
+        values = values.masked_fill(mass_before >= top_p.unsqueeze(1), float("-inf"))
+    return values, token_ids
 
 
 def exponential_race(
-    probs: torch.Tensor, generators: dict[int, torch.Generator], shared: torch.Generator
+    probs: torch.Tensor, candidates: torch.Tensor | None, vocab_size: int,
+    generators: dict[int, torch.Generator], shared: torch.Generator,
 ) -> torch.Tensor:
-    """argmax(p / q), q ~ Exp(1): a categorical draw per row. Seeded rows use their own generator."""
+    """argmax(p / q), q ~ Exp(1): a categorical draw per row; returns [R] token ids.
+
+    probs [R, K] over the tokens `candidates` [R, K] (None: K = V, column = token id). A seeded row
+    draws q for the whole vocabulary and reads it by token id, so its draw does not depend on how
+    many candidates this batch kept (another row's top_k can change K).
+    """
     noise = torch.empty_like(probs)
     if len(generators) < probs.shape[0]:
         noise.exponential_(generator=shared)
     for row, generator in generators.items():
-        noise[row].exponential_(generator=generator)
-    return probs.div_(noise).argmax(dim=-1)
+        if candidates is None:
+            noise[row].exponential_(generator=generator)
+            continue
+        vocab_noise = torch.empty(vocab_size, device=probs.device).exponential_(generator=generator)
+        noise[row] = vocab_noise[candidates[row]]
+    chosen = probs.div_(noise).argmax(dim=-1)  # [R]
+    if candidates is None:
+        return chosen
+    return candidates.gather(1, chosen.unsqueeze(1)).squeeze(1)
 
 
 def gather_logprobs(

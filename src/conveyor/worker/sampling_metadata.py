@@ -78,6 +78,8 @@ class RandomSampling:
     """[R] float32, 1.0 where unset (None when no row sets top_p < 1)."""
     min_p: torch.Tensor | None
     """[R] float32 (None when no row sets min_p)."""
+    max_top_k: int
+    """Largest k over the rows (vocab_size when some row sets none): the candidates kept per row."""
     generators: dict[int, torch.Generator]
     """index in 0..R-1 -> the seeded request's generator, positioned for this step."""
 
@@ -146,6 +148,7 @@ def _random_sampling(
         top_k=torch.tensor(top_ks, dtype=torch.int64, device=device) if min(top_ks) < vocab_size else None,
         top_p=_floats([p.top_p for p in params], device) if any(p.top_p < 1.0 for p in params) else None,
         min_p=_floats([p.min_p for p in params], device) if any(p.min_p > 0.0 for p in params) else None,
+        max_top_k=max(top_ks),
         generators=_position_generators(chosen),
     )
 
