@@ -142,6 +142,25 @@ def build_headers(cfg: ClientConfig, req: TraceRequest) -> dict[str, str]:
     return headers
 
 
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A trace request with its HTTP body already encoded (done before the run, off the hot path)."""
+
+    req: TraceRequest
+    """The trace request."""
+    url: str
+    """Full endpoint URL."""
+    body: bytes
+    """JSON payload."""
+    headers: dict[str, str]
+    """Request headers."""
+
+
+def prepare(cfg: ClientConfig, req: TraceRequest) -> PreparedRequest:
+    return PreparedRequest(req=req, url=cfg.base_url.rstrip("/") + cfg.endpoint.path,
+                           body=json.dumps(build_payload(cfg, req)).encode(), headers=build_headers(cfg, req))
+
+
 class _Cancel(Exception):
     """Raised inside the stream reader when the trace's cancel_after_tokens is reached."""
 
@@ -206,17 +225,16 @@ async def _read_stream(resp: aiohttp.ClientResponse, st: _Stream, rec: RequestRe
     # Reading on to the end of the body (not stopping at [DONE]) lets aiohttp reuse the connection.
 
 
-async def _exchange(session: aiohttp.ClientSession, cfg: ClientConfig, req: TraceRequest,
-                    st: _Stream, rec: RequestRecord) -> None:
-    url = cfg.base_url.rstrip("/") + cfg.endpoint.path
-    async with session.post(url, json=build_payload(cfg, req), headers=build_headers(cfg, req)) as resp:
+async def _exchange(session: aiohttp.ClientSession, prepared: PreparedRequest, st: _Stream,
+                    rec: RequestRecord) -> None:
+    async with session.post(prepared.url, data=prepared.body, headers=prepared.headers) as resp:
         rec.http_status = resp.status
         if resp.status != 200:
             rec.error_kind = ErrorKind.from_status(resp.status)
             rec.error_message = (await resp.text(errors="replace"))[:500]
             return
         try:
-            await _read_stream(resp, st, rec, req.cancel_after_tokens)
+            await _read_stream(resp, st, rec, prepared.req.cancel_after_tokens)
         except _Cancel:
             resp.close()  # drop the connection: the server sees the client go away and aborts
             raise
@@ -226,9 +244,10 @@ def _fail(rec: RequestRecord, kind: ErrorKind, message: str) -> None:
     rec.status, rec.error_kind, rec.error_message = RequestStatus.FAILED, kind, message[:500]
 
 
-async def send_request(session: aiohttp.ClientSession, cfg: ClientConfig, req: TraceRequest,
+async def send_request(session: aiohttp.ClientSession, cfg: ClientConfig, prepared: PreparedRequest,
                        rec: RequestRecord, t0: float) -> RequestRecord:
     """Send one request and fill rec; never raises for anything the server or network does."""
+    req = prepared.req
     cancel_s = req.cancel_after_s
     limit_s = cfg.request_timeout_s if cancel_s is None else min(cancel_s, cfg.request_timeout_s)
     st = _Stream(t_send=time.perf_counter())
@@ -236,7 +255,7 @@ async def send_request(session: aiohttp.ClientSession, cfg: ClientConfig, req: T
     rec.send_lag_s = rec.sent_s - rec.scheduled_s
     try:
         async with asyncio.timeout(limit_s):  # cheaper than wait_for: no extra task per request
-            await _exchange(session, cfg, req, st, rec)
+            await _exchange(session, prepared, st, rec)
     except _Cancel:
         rec.status = RequestStatus.CANCELLED
     except asyncio.TimeoutError:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from conveyor.bench.client import ClientConfig, RequestRecord, RequestStatus, send_request
+from conveyor.bench.client import ClientConfig, RequestRecord, RequestStatus, prepare, send_request
 from conveyor.bench.traces import TraceRequest
 
 SPIN_S = 0.001  # the last millisecond before a send is spent yielding, not sleeping (timer granularity)
@@ -78,16 +78,17 @@ async def run_open_loop(session: aiohttp.ClientSession, cfg: ClientConfig, reque
     """Dispatch requests[i] at t0 + offsets_s[i]; return when every request has ended."""
     if len(requests) != len(offsets_s):
         raise ValueError("one send offset per request is required")
+    prepared = [prepare(cfg, r) for r in requests]  # encode every body before the clock starts
     progress = Progress(len(requests), show_progress)
     ticker = asyncio.create_task(progress.run())
     tasks: list[asyncio.Task[RequestRecord]] = []
     t0 = time.perf_counter()
     try:
-        for req, offset in zip(requests, offsets_s):
+        for p, offset in zip(prepared, offsets_s):
             await sleep_until(t0 + offset)
-            rec = RequestRecord(request_id=req.request_id, request_class=req.request_class, scheduled_s=offset)
+            rec = RequestRecord(request_id=p.req.request_id, request_class=p.req.request_class, scheduled_s=offset)
             progress.records.append(rec)
-            tasks.append(asyncio.create_task(send_request(session, cfg, req, rec, t0)))
+            tasks.append(asyncio.create_task(send_request(session, cfg, p, rec, t0)))
             progress.sent += 1
         records = list(await asyncio.gather(*tasks))
     finally:
