@@ -77,7 +77,7 @@ class Driver:
     history: list[StepResult] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.runner = FakeModelRunner(self.scheduler.block_size)
+        self.runner = FakeModelRunner(self.scheduler.block_size, check_kv=True)
 
     def step(self, sampled: dict[str, list[int]] | None = None) -> StepResult:
         """One step; `sampled` overrides the fake runner's tokens for the listed requests."""

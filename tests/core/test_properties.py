@@ -1,11 +1,12 @@
 """Property tests: random workloads on tiny KV pools and budgets, invariants checked after every step.
 
 Each example draws a configuration (policy, batching, chunking, prefix caching, pool, budget) and a
-workload (arrival step, prompt drawn from a few shared prefixes, length, priority, salt, abort step),
+workload (arrival step, prompt built from a few shared segments, length, priority, salt, abort step),
 then drives schedule -> fake runner -> update until everything has finished. Checked after every step:
 pool and request-state invariants (free + used = total, ref >= 0, nothing free and referenced, each
 request in exactly one place, running <= max_num_seqs), scheduled tokens <= budget, prefix hits never
-covering the last known token; at the end: every accepted request finished exactly once, its streamed
+covering the last known token, and (the fake runner simulating KV contents) every context position a
+request reads holds its own tokens' KV; at the end: every accepted request finished exactly once, its streamed
 tokens are exactly the tokens the runner produced for its positions (nothing lost or repeated across
 chunking, prefix hits and preemption), and all blocks are free.
 """
@@ -32,8 +33,7 @@ MAX_STEPS = 3000
 @dataclass(frozen=True)
 class Arrival:
     step: int
-    family: int
-    num_shared: int
+    segments: tuple[int, ...]
     num_own: int
     max_tokens: int | None
     priority: int
@@ -60,14 +60,16 @@ def configs(draw: st.DrawFn) -> tuple[SchedulerConfig, CacheConfig, int]:
 
 
 arrivals = st.lists(st.builds(
-    Arrival, step=st.integers(0, 30), family=st.integers(0, 1), num_shared=st.sampled_from([0, 4, 8, 9, 16, 20]),
+    Arrival, step=st.integers(0, 30), segments=st.lists(st.integers(0, 2), max_size=5).map(tuple),
     num_own=st.one_of(st.just(0), st.integers(0, 12)), max_tokens=st.one_of(st.none(), st.integers(1, 16)),
     priority=st.integers(-2, 2), salt=st.sampled_from([None, None, "t1"]),
     abort_step=st.one_of(st.none(), st.none(), st.integers(0, 40))), max_size=14)
 
 
 def _prompt(index: int, arrival: Arrival) -> list[int]:
-    shared = [10_000 * (arrival.family + 1) + k for k in range(arrival.num_shared)]
+    """Segments of 4 tokens from a 3-letter alphabet (shared prefixes, and equal blocks behind different
+    prefixes, which only the hash chain tells apart), then tokens of its own."""
+    shared = [10_000 + 10 * segment + k for segment in arrival.segments for k in range(4)]
     own = [500 + index * 50 + k for k in range(arrival.num_own)]
     return (shared + own) or [7]
 
@@ -142,7 +144,7 @@ def test_random_workloads_keep_every_invariant_and_finish(
         config: tuple[SchedulerConfig, CacheConfig, int], workload: list[Arrival]) -> None:
     scheduler_config, cache_config, num_blocks = config
     scheduler = make_scheduler(scheduler_config, cache_config, num_blocks, clock=lambda: 0.0)
-    run = Run(scheduler, FakeModelRunner(cache_config.block_size), {}, {}, {})
+    run = Run(scheduler, FakeModelRunner(cache_config.block_size, check_kv=True), {}, {}, {})
     by_step: dict[int, list[int]] = {}
     for index, arrival in enumerate(workload):
         by_step.setdefault(arrival.step, []).append(index)

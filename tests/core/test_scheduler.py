@@ -203,3 +203,26 @@ def test_stats_split_prompt_and_generation_tokens() -> None:
     second = driver.step().stats
     assert (second.num_prompt_tokens, second.num_generation_tokens) == (0, 1)
     assert second.num_running_reqs == 1 and 0 < second.kv_cache_usage <= 1
+
+
+def test_blocks_indexed_for_an_unscheduled_victim_are_not_served_as_hits() -> None:
+    """Priority: V (low priority, admitted first) is scheduled, taking two blocks it would fill this
+    step, then preempted within the same step for A. Those blocks never get their KV, so a later
+    request with V's prompt must not hit them (the fake runner checks the KV it reads)."""
+    scheduler = make_scheduler(num_blocks=9, block_size=4, policy="priority", long_prefill_token_threshold=8)
+    driver = Driver(scheduler)
+    v_prompt = [900 + k for k in range(24)]
+    scheduler.add_request(make_request("V", prompt=v_prompt, max_tokens=4, priority=5))
+    scheduler.add_request(make_request("B", prompt=[700 + k for k in range(4)], max_tokens=3, priority=0))
+    driver.step()  # V [0, 8), B prefill
+    scheduler.add_request(make_request("A", prompt=[800 + k for k in range(4)], max_tokens=8, priority=0,
+                                       arrival_s=1.0))
+    driver.step()  # V [8, 16), B decode, A prefill
+    result = driver.step()  # V [16, 24) takes the last 2 blocks; A needs one: V is preempted
+    assert result.scheduler_output.preempted_req_ids == {"V"} and "B" in result.finished
+    scheduler.add_request(make_request("W", prompt=v_prompt[:20] + [1], max_tokens=2, priority=0,
+                                       arrival_s=2.0))
+    new = driver.step().scheduler_output.scheduled_new_reqs
+    assert new[0].request_id == "W"  # ahead of V (priority), which resumes behind it
+    assert new[0].num_computed_tokens == 16  # blocks 0-3 hold V's computed KV; block 4 never did
+    driver.run_until_done()

@@ -147,6 +147,11 @@ class BlockPool:
             block.block_hash = block_hash
             self.cached_blocks[block_hash] = block
 
+    def uncache_block(self, block: KVCacheBlock) -> None:
+        """Forget a used block's hash (its content will not be what the hash promises)."""
+        if block.block_hash is not None:
+            self._evict(block)
+
     def _evict(self, block: KVCacheBlock) -> None:
         assert block.block_hash is not None
         del self.cached_blocks[block.block_hash]

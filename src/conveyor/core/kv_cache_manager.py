@@ -4,10 +4,12 @@ Model: a running request holds `req_to_blocks[id]`, enough blocks for the tokens
 those scheduled this step (and, for the static policy, a reservation for its whole life). Blocks are
 only ever appended while the request runs and all released together on finish or preemption, tail
 first, so the tail blocks (the least likely to be shared) are the first evicted. With prefix caching on,
-every block that becomes full of scheduled tokens is indexed under its chained hash right after
-allocation (the hash is computed then, once per block: `Request.block_hashes` grows lazily here);
-a later request (or the same one after preemption) can then reuse it. A prefix hit never
-covers a request's last known token: the model must compute at least that one to sample the next.
+the blocks full of computed or scheduled tokens are indexed under their chained hashes whenever the
+request allocates (admission, each new block) and when it frees; a block that fills during decode is
+thus indexed when the next one is taken, which keeps the per-step path free of hashing. The hash is
+computed then, once per block (`Request.block_hashes` grows lazily here). A later request, or the same
+one after preemption, can then reuse the indexed blocks. A prefix hit never covers a request's last
+known token: the model must compute at least that one to sample the next.
 """
 
 from __future__ import annotations
@@ -95,8 +97,7 @@ class KVCacheManager:
     def append_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
         """`allocate_slots` for a running request (no new hits, no lookahead): the per-step hot path.
 
-        Most steps need neither a new block nor a newly full block to index; `fast_num_tokens` says up
-        to which token count that holds, so the common case is one comparison.
+        Most steps need no new block: `fast_num_tokens` (the slots held) makes that one comparison.
         """
         if request.num_computed_tokens + num_new_tokens <= self.fast_num_tokens[request.request_id]:
             return []
@@ -115,12 +116,9 @@ class KVCacheManager:
         req_blocks.extend(new_computed_blocks)
         new_blocks = pool.get_new_blocks(max(num_new_blocks, 0))
         req_blocks.extend(new_blocks)
-        capacity = len(req_blocks) * self.block_size
         if self.enable_prefix_caching:
             self._cache_full_blocks(request, req_blocks, num_tokens_after)
-            # Beyond this, the next block fills and must be indexed (by the slow path).
-            capacity = min(capacity, (self.num_cached_blocks[request.request_id] + 1) * self.block_size - 1)
-        self.fast_num_tokens[request.request_id] = capacity
+        self.fast_num_tokens[request.request_id] = len(req_blocks) * self.block_size
         return [block.block_id for block in new_blocks]
 
     def _cache_full_blocks(self, request: Request, req_blocks: list[KVCacheBlock], num_tokens: int) -> None:
@@ -137,11 +135,25 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         """Release all of the request's blocks, tail first (tails are evicted before shared heads)."""
-        blocks = self.req_to_blocks.pop(request.request_id, None)
+        blocks = self.req_to_blocks.get(request.request_id)
+        if blocks and self.enable_prefix_caching:
+            self._settle_cached_blocks(request, blocks)
+        self.req_to_blocks.pop(request.request_id, None)
         self.num_cached_blocks.pop(request.request_id, None)
         self.fast_num_tokens.pop(request.request_id, None)
         if blocks:
             self.block_pool.free_blocks(reversed(blocks))
+
+    def _settle_cached_blocks(self, request: Request, blocks: list[KVCacheBlock]) -> None:
+        """Before freeing: index the blocks its computed tokens filled since the last allocation, and
+        un-index blocks indexed for tokens that will now never be computed (a preemption victim
+        unscheduled in the step that allocated them). No one else can hold those: hits are only taken
+        by admissions, which never happen in a step that preempted."""
+        num_computed_blocks = request.num_computed_tokens // self.block_size
+        self._cache_full_blocks(request, blocks, request.num_computed_tokens)
+        for block in blocks[num_computed_blocks:self.num_cached_blocks[request.request_id]]:
+            if block.block_hash is not None and block.ref_cnt == 1:
+                self.block_pool.uncache_block(block)
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [block.block_id for block in self.req_to_blocks.get(request_id, ())]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from conveyor.config import CacheConfig, SchedulerConfig, SchedulingPolicy
 from conveyor.core.errors import AdmissionError, QueueFullError
 from conveyor.core.kv_cache_manager import KVCacheBlock, KVCacheManager
-from conveyor.core.fast_outputs import token_output
+from conveyor.core.fast_outputs import cached_request_data, token_output
 from conveyor.core.invariants import check_scheduler_invariants
 from conveyor.core.lifecycle import KVCapacity, StopSpec, append_tokens, check_admission, make_stop_spec
 from conveyor.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput, TokenLogprobs
@@ -91,23 +91,41 @@ class SchedulerBase(ABC):
         now_s = self.clock()
         outputs, self.pending_outputs = self.pending_outputs, []
         requests, stop_specs, logprobs = self.requests, self.stop_specs, model_runner_output.logprobs
+        num_unfinished = len(requests)
         num_generated = 0
-        any_finished = False
         for request_id, token_ids in model_runner_output.sampled_token_ids.items():
             request = requests.get(request_id)
             if not token_ids or request is None or request.status is not _RUNNING:
                 continue  # partial prefill chunk, or finished (aborted) since it was scheduled
-            new_token_ids, reason, stop_token = append_tokens(request, token_ids, now_s, stop_specs[request_id])
-            num_generated += len(new_token_ids)
-            if reason is None:
-                outputs.append(token_output(request_id, new_token_ids, logprobs.get(request_id, []) if logprobs else []))
+            new_logprobs = logprobs.get(request_id, []) if logprobs else []
+            spec = stop_specs[request_id]
+            output_token_ids = request.output_token_ids
+            timings = request.timings
+            if (len(token_ids) == 1 and token_ids[0] not in spec.stop_token_ids and timings.first_token_s is not None
+                    and len(output_token_ids) + 1 < spec.max_num_output_tokens):
+                # The common case, kept to the bare minimum: one more token that cannot stop the request.
+                output_token_ids.append(token_ids[0])
+                timings.token_times_s.append(now_s)
+                timings.last_token_s = now_s
+                outputs.append(token_output(request_id, token_ids, new_logprobs))
+                num_generated += 1
             else:
-                any_finished = True
-                request.stop_reason = stop_token
-                outputs.append(self._finish(request, reason, now_s, new_token_ids, logprobs.get(request_id, [])))
-        if any_finished:
+                num_generated += self._apply_tokens(request, token_ids, now_s, new_logprobs, outputs)
+        if len(requests) != num_unfinished:  # some finished: they leave the running list
             self.running = [request for request in self.running if request.status is _RUNNING]
         return outputs, self._take_stats(scheduler_output, num_generated, now_s)
+
+    def _apply_tokens(self, request: Request, token_ids: list[int], now_s: float,
+                      new_logprobs: list[TokenLogprobs], outputs: list[EngineCoreOutput]) -> int:
+        """The general case of update_from_output: append, check stops, finish; returns tokens kept."""
+        new_token_ids, reason, stop_token = append_tokens(request, token_ids, now_s,
+                                                          self.stop_specs[request.request_id])
+        if reason is None:
+            outputs.append(token_output(request.request_id, new_token_ids, new_logprobs))
+        else:
+            request.stop_reason = stop_token
+            outputs.append(self._finish(request, reason, now_s, new_token_ids, new_logprobs))
+        return len(new_token_ids)
 
     def finish_requests(self, request_ids: Iterable[str], reason: FinishReason) -> list[EngineCoreOutput]:
         """End requests from outside (abort, stop string); unknown or finished ids are ignored."""
@@ -151,34 +169,55 @@ class SchedulerBase(ABC):
 
     def _schedule_running(self, step: StepBuilder) -> None:
         """Give each running request, in admission order, what it needs within the budget."""
-        threshold = self.long_prefill_token_threshold
         unsent = self.unsent_req_ids
-        append_slots = self.kv_cache_manager.append_slots
-        schedule_cached = step.schedule_cached
+        fast_num_tokens = self.kv_cache_manager.fast_num_tokens
+        add_cached = step.cached_reqs.append
+        num_scheduled_tokens = step.num_scheduled_tokens
+        budget = step.token_budget
         for request in list(self.running):  # a copy: preemption removes victims from self.running
-            budget = step.token_budget
             if budget <= 0:
                 break
             if request.status is not _RUNNING:
                 continue  # preempted earlier in this step
-            # request.num_tokens, spelled out: this loop runs for every running request every step.
-            num_new_tokens = (len(request.prompt_token_ids) + len(request.output_token_ids)
-                              - request.num_computed_tokens)
-            if threshold is not None and num_new_tokens > threshold:
-                num_new_tokens = threshold
-            if num_new_tokens > budget:
-                num_new_tokens = budget
-            if num_new_tokens <= 0:  # nothing to compute (its sampled token has not come back)
+            request_id = request.request_id
+            num_computed = request.num_computed_tokens
+            num_prompt = len(request.prompt_token_ids)
+            if (num_prompt + len(request.output_token_ids) - num_computed == 1
+                    and num_prompt <= num_computed < fast_num_tokens[request_id]
+                    and not (unsent and request_id in unsent)):
+                # A decode whose slot is already held (no block to take, none to index): the common
+                # case, kept to the bare minimum; it is exactly what schedule_one_running would do.
+                add_cached(cached_request_data(request_id, [], num_computed))
+                num_scheduled_tokens[request_id] = 1
+                request.num_computed_tokens = num_computed + 1
+                budget -= 1
                 continue
-            new_block_ids = append_slots(request, num_new_tokens)
+            step.token_budget = budget
+            if not self._schedule_one_running(request, step):
+                break
+            budget = step.token_budget
+        step.token_budget = budget
+
+    def _schedule_one_running(self, request: Request, step: StepBuilder) -> bool:
+        """The general case: a prefill chunk, a decode needing a block, or a first send; False if the
+        request had to preempt itself (then nothing after it is served this step)."""
+        num_new_tokens = request.num_tokens - request.num_computed_tokens
+        threshold = self.long_prefill_token_threshold
+        if threshold is not None and num_new_tokens > threshold:
+            num_new_tokens = threshold
+        num_new_tokens = min(num_new_tokens, step.token_budget)
+        if num_new_tokens <= 0:  # nothing to compute (its sampled token has not come back)
+            return True
+        new_block_ids = self.kv_cache_manager.append_slots(request, num_new_tokens)
+        if new_block_ids is None:
+            new_block_ids = self._preempt_until_fits(request, num_new_tokens, step)
             if new_block_ids is None:
-                new_block_ids = self._preempt_until_fits(request, num_new_tokens, step)
-                if new_block_ids is None:
-                    break  # the request preempted itself: nothing after it can be served either
-            if unsent and request.request_id in unsent:
-                step.schedule_new(request, num_new_tokens, self.kv_cache_manager.get_block_ids(request.request_id))
-            else:
-                schedule_cached(request, num_new_tokens, new_block_ids)
+                return False
+        if request.request_id in self.unsent_req_ids:
+            step.schedule_new(request, num_new_tokens, self.kv_cache_manager.get_block_ids(request.request_id))
+        else:
+            step.schedule_cached(request, num_new_tokens, new_block_ids)
+        return True
 
     def _preempt_until_fits(self, request: Request, num_new_tokens: int, step: StepBuilder) -> list[int] | None:
         """Preempt victims until the request's slots fit; None if the request itself was the victim."""

@@ -4,8 +4,7 @@ Scheduling a request advances its `num_computed_tokens` at once (vLLM V1: progre
 schedule time, so the next step starts from it even before the model has run) and records what the
 worker needs: a `NewRequestData` for a request it does not hold, a `CachedRequestData` otherwise. An
 entry can be withdrawn (`unschedule`) when a request scheduled earlier in the step becomes a preemption
-victim (possible under the priority policy); preemption resets its progress anyway, so only the budget
-and the counters are given back.
+victim (possible under the priority policy): its progress, the budget and the counters are given back.
 """
 
 from __future__ import annotations
@@ -66,6 +65,7 @@ class StepBuilder:
         if num_tokens is None:
             return
         self.token_budget += num_tokens
+        request.num_computed_tokens -= num_tokens  # back to what is really computed (freeing relies on it)
         self.num_prompt_tokens -= self._prompt_tokens_by_req.pop(request_id, 0)
         self.new_reqs[:] = [data for data in self.new_reqs if data.request_id != request_id]
         self.cached_reqs[:] = [data for data in self.cached_reqs if data.request_id != request_id]
