@@ -22,16 +22,16 @@ import asyncio, sys
 from fake_engine import FakeEngine, FakeEngineConfig
 from conveyor.config import ServerConfig
 from conveyor.server.cli import serve
-engine = FakeEngine(FakeEngineConfig(token_delay_s=0.02))
+engine = FakeEngine(FakeEngineConfig(token_delay_s=float(sys.argv[3])))
 asyncio.run(serve(engine, ServerConfig(port=int(sys.argv[1]), shutdown_grace_s=float(sys.argv[2]))))
-print("engine shut down:", engine.shut_down)
+print("engine shut down:", engine.shut_down, "aborted:", len(engine.state.aborted))
 """
 
 
-def start(grace_s: float) -> tuple[subprocess.Popen, str]:
+def start(grace_s: float, token_delay_s: float) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{HERE}"}
-    proc = subprocess.Popen([sys.executable, "-c", SERVER_CODE, str(port), str(grace_s)], env=env,
+    proc = subprocess.Popen([sys.executable, "-c", SERVER_CODE, str(port), str(grace_s), str(token_delay_s)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 20
@@ -47,7 +47,7 @@ def start(grace_s: float) -> tuple[subprocess.Popen, str]:
 
 
 def test_sigterm_drains_in_flight_refuses_new_and_exits_0() -> None:
-    proc, url = start(grace_s=10)
+    proc, url = start(grace_s=10, token_delay_s=0.02)
     try:
         with httpx.Client(base_url=url, timeout=10) as client:
             with client.stream("POST", "/v1/completions",
@@ -64,13 +64,13 @@ def test_sigterm_drains_in_flight_refuses_new_and_exits_0() -> None:
                 assert rest[-1] == "data: [DONE]" and len(rest) == 40  # 39 more tokens + [DONE]
         output, _ = proc.communicate(timeout=15)
         assert proc.returncode == 0, output
-        assert "engine shut down: True" in output
+        assert "engine shut down: True aborted: 0" in output
     finally:
         proc.kill()
 
 
 def test_grace_expiry_cuts_streams_and_still_exits_0() -> None:
-    proc, url = start(grace_s=0.3)
+    proc, url = start(grace_s=0.3, token_delay_s=0.1)  # the stream would need 12 s
     try:
         with httpx.Client(base_url=url, timeout=10) as client:
             with client.stream("POST", "/v1/completions",
@@ -87,6 +87,6 @@ def test_grace_expiry_cuts_streams_and_still_exits_0() -> None:
         output, _ = proc.communicate(timeout=15)
         assert proc.returncode == 0, output
         assert time.monotonic() - started < 1.5 + 2.0  # grace + uvicorn's own shutdown timeout
-        assert "grace period over" in output
+        assert "grace period over" in output and "aborted: 1" in output
     finally:
         proc.kill()
