@@ -140,19 +140,29 @@ def study_record(spec: StudySpec) -> dict[str, Any]:
     }
 
 
-def run_configuration(spec: StudySpec, variant: Variant, base_url: str, config_dir: pathlib.Path,
-                      run_fn_factory: RunFnFactory = make_run_fn,
-                      progress: Callable[[str], None] = print) -> SweepResult:
-    """Sweep (or run the fixed rates of) one configuration whose server is up at `base_url`."""
-    template = RunTemplate(base_url, spec.trace_path, variant.name, spec.slo, dict(spec.run_options))
-    sweeper = Sweeper(variant.name, spec.sweep, run_fn_factory(template), config_dir, progress)
-    if not spec.rates:
-        return sweeper.run()
-    config_dir.mkdir(parents=True, exist_ok=True)
-    for rate in spec.rates:
-        if sweeper.run_point(rate).runaway:
-            break  # higher fixed rates would only pile up a queue that never drains
-    return sweeper.write()
+@dataclass(frozen=True)
+class ConfigurationRunner:
+    """Runs the rates of one configuration whose server is already up."""
+
+    spec: StudySpec
+    """The study."""
+    run_fn_factory: RunFnFactory = make_run_fn
+    """Turns a run template into a run function (the real runner, or a fake in tests)."""
+    progress: Callable[[str], None] = print
+    """Where progress lines go."""
+
+    def run(self, variant: Variant, base_url: str, config_dir: pathlib.Path) -> SweepResult:
+        """Sweep (or run the fixed rates of) `variant`, served at `base_url`, into `config_dir`."""
+        spec = self.spec
+        template = RunTemplate(base_url, spec.trace_path, variant.name, spec.slo, dict(spec.run_options))
+        sweeper = Sweeper(variant.name, spec.sweep, self.run_fn_factory(template), config_dir, self.progress)
+        if not spec.rates:
+            return sweeper.run()
+        config_dir.mkdir(parents=True, exist_ok=True)
+        for rate in spec.rates:
+            if sweeper.run_point(rate).runaway:
+                break  # higher fixed rates would only pile up a queue that never drains
+        return sweeper.write()
 
 
 def server_spec(spec: StudySpec, variant: Variant) -> ServerSpec:
@@ -170,7 +180,7 @@ def run_study(spec: StudySpec, out_dir: pathlib.Path, launcher: Launcher = launc
                  f"({variant.changed or 'baseline'})")
         config_dir = out_dir / variant.name
         with launcher(server_spec(spec, variant), config_dir) as base_url:
-            result = run_configuration(spec, variant, base_url, config_dir, run_fn_factory, progress)
+            result = ConfigurationRunner(spec, run_fn_factory, progress).run(variant, base_url, config_dir)
         record["configs"][variant.name]["max_rate_meeting"] = result.max_rate_meeting
         (out_dir / STUDY_FILE).write_text(json.dumps(record, indent=2))
     return out_dir

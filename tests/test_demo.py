@@ -1,0 +1,52 @@
+"""`conveyor demo --quick` end to end: real `conveyor serve` subprocesses, real runs, the full report."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conveyor.bench.plan import kv_capacity, load_shape
+from conveyor.bench.report_html import SECTION_IDS
+
+SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
+SERVER_EXTRAS = ("torch", "fastapi", "uvicorn", "gguf", "tokenizers", "prometheus_client")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_demo_quick_writes_every_section(tmp_path: pathlib.Path) -> None:
+    missing = [m for m in SERVER_EXTRAS if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"conveyor serve cannot start without {missing} (pip install conveyor[engine,server])")
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    result = subprocess.run([sys.executable, "-m", "conveyor", "demo", "--quick", "--out", str(tmp_path)],
+                            capture_output=True, text=True, env=env, timeout=880)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "Recommendation" in result.stdout and "Checklist:" in result.stdout and "Diagnosis:" in result.stdout
+    assert "[demo] calibrating" in result.stderr  # progress is shown throughout
+    page = (tmp_path / "report" / "report.html").read_text()
+    for section in SECTION_IDS:
+        assert f'id="{section}"' in page
+    for name in ("throughput", "latency", "timeseries", "per_class"):
+        assert (tmp_path / "report" / "plots" / f"{name}.png").stat().st_size > 10_000
+    for config in ("continuous", "static"):
+        config_dir = tmp_path / "study" / config
+        assert (config_dir / "server.log").is_file() and (config_dir / "command.txt").is_file()
+        assert "conveyor serve" in (config_dir / "command.txt").read_text()
+        assert list(config_dir.glob("rate-*/summary.json"))
+    _plan_matches_serve(tmp_path / "study" / "continuous" / "server.log")
+
+
+def _plan_matches_serve(server_log: pathlib.Path) -> None:
+    """`conveyor plan --kv-cache-memory` predicts the block count `conveyor serve` logged (within 5%)."""
+    match = re.search(r"KV cache: (\d+) blocks", server_log.read_text())
+    assert match, "conveyor serve no longer logs its KV capacity"
+    shape = load_shape(pathlib.Path(__file__).parent / "bench" / "fixtures" / "models" / "smollm2-135m")
+    planned = kv_capacity(shape, 256 * 2**20, 16, "float32").num_blocks  # the demo's --kv-cache-memory 256MiB
+    assert abs(planned - int(match.group(1))) <= 0.05 * planned
