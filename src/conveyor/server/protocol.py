@@ -133,18 +133,18 @@ class CompletionRequest(SamplingRequest):
         prompt = self.prompt
         if isinstance(prompt, str):
             return prompt
+        if prompt and not _is_token_ids(prompt):  # a list of prompts: only a batch of one is served
+            if len(prompt) != 1:
+                raise bad_request(f"prompt: a batch of {len(prompt)} prompts is not supported; "
+                                  "send one request per prompt", "prompt")
+            prompt = prompt[0]
+            if isinstance(prompt, str):
+                return prompt
         if not prompt:
             raise bad_request("prompt: must not be empty", "prompt")
-        if _is_token_ids(prompt):
-            if any(token_id < 0 for token_id in prompt):  # type: ignore[operator]
-                raise bad_request("prompt: token ids must be >= 0", "prompt")
-            return prompt  # type: ignore[return-value]
-        if len(prompt) != 1:
-            raise bad_request(
-                f"prompt: a batch of {len(prompt)} prompts is not supported; send one request per prompt",
-                "prompt")
-        inner = prompt[0]
-        return inner if isinstance(inner, str) else CompletionRequest(prompt=inner).single_prompt()
+        if any(token_id < 0 for token_id in prompt):  # type: ignore[operator]
+            raise bad_request("prompt: token ids must be >= 0", "prompt")
+        return prompt  # type: ignore[return-value]
 
 
 class TextPart(BaseModel):
