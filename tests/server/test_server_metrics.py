@@ -14,6 +14,7 @@ EXPECTED_TYPES = {
     "vllm:num_requests_running": "gauge",
     "vllm:num_requests_waiting": "gauge",
     "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:gpu_cache_usage_perc": "gauge",
     "vllm:num_preemptions": "counter",
     "vllm:prefix_cache_queries": "counter",
     "vllm:prefix_cache_hits": "counter",
@@ -26,6 +27,8 @@ EXPECTED_TYPES = {
     "vllm:request_queue_time_seconds": "histogram",
     "vllm:request_prefill_time_seconds": "histogram",
     "vllm:request_decode_time_seconds": "histogram",
+    "vllm:request_inference_time_seconds": "histogram",
+    "vllm:time_per_output_token_seconds": "histogram",
     "vllm:iteration_tokens_total": "histogram",
     "vllm:request_prompt_tokens": "histogram",
     "vllm:request_generation_tokens": "histogram",
@@ -107,6 +110,8 @@ def test_intervals_follow_vllm_definitions() -> None:
     assert sample(text, "vllm:time_to_first_token_seconds_sum") == 1.0
     assert sample(text, "vllm:e2e_request_latency_seconds_sum") == 3.25
     assert sample(text, "vllm:inter_token_latency_seconds_sum") == 2.0
+    assert sample(text, "vllm:time_per_output_token_seconds_count") == 2
+    assert sample(text, "vllm:request_inference_time_seconds_sum") == 2.5
     assert sample(text, "vllm:iteration_tokens_total_sum") == 40
     assert sample(text, "vllm:num_requests_waiting") == 2 and sample(text, "vllm:kv_cache_usage_perc") == 0.5
     assert sample(text, "vllm:num_preemptions_total") == 1 and sample(text, "vllm:prefix_cache_hits_total") == 8

@@ -9,7 +9,9 @@ after every step (prometheus_client's metrics are thread-safe):
 - per-request intervals are observed when the request finishes, with vLLM's definitions:
   queue = first_scheduled - arrival, prefill = first_token - first_scheduled,
   decode = last_token - first_token, TTFT = first_token - arrival, ITL = gaps between consecutive
-  token times, E2E = finished - arrival;
+  token times, E2E = finished - arrival, inference = last_token - first_scheduled;
+- the deprecated `vllm:gpu_cache_usage_perc` and `vllm:time_per_output_token_seconds` (= ITL, as vLLM V1
+  observes it) are kept because vLLM's example Grafana dashboard still plots them;
 - `vllm:prompt_tokens_total` counts a request's whole prompt (cache hits included, recomputation
   after preemption not) once it has produced a token, as vLLM does; we add it when it finishes.
 
@@ -84,6 +86,9 @@ class ServerMetrics:
         self.running = self._gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
         self.waiting = self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
         self.kv_usage = self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        # Deprecated vLLM names that vLLM's example Grafana dashboard still plots: same values.
+        self.gpu_cache_usage = self._gauge("vllm:gpu_cache_usage_perc",
+                                           "GPU KV-cache usage. DEPRECATED: Use vllm:kv_cache_usage_perc instead.")
         self.preemptions = self._counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
         self.prefix_queries = self._counter("vllm:prefix_cache_queries",
                                             "Prefix cache queries, in terms of number of queried tokens.")
@@ -103,6 +108,10 @@ class ServerMetrics:
                       TTFT_BUCKETS_S)
         self.itl = h("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
                      ITL_BUCKETS_S)
+        self.tpot = h("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds. "
+                      "DEPRECATED: Use vllm:inter_token_latency_seconds instead.", ITL_BUCKETS_S)
+        self.inference_time = h("vllm:request_inference_time_seconds",
+                                "Histogram of time spent in RUNNING phase for request.", latency)
         self.e2e = h("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", latency)
         self.queue_time = h("vllm:request_queue_time_seconds",
                             "Histogram of time spent in WAITING phase for request.", latency)
@@ -136,6 +145,7 @@ class ServerMetrics:
         self.running.set(stats.num_running_reqs)
         self.waiting.set(stats.num_waiting_reqs)
         self.kv_usage.set(stats.kv_cache_usage)
+        self.gpu_cache_usage.set(stats.kv_cache_usage)
         self.preemptions.inc(stats.num_preemptions)
         self.prefix_queries.inc(stats.prefix_cache_queries)
         self.prefix_hits.inc(stats.prefix_cache_hits)
@@ -163,8 +173,11 @@ class ServerMetrics:
             self.prefill_time.observe(t.first_token_s - t.first_scheduled_s)
         if t.last_token_s is not None:
             self.decode_time.observe(t.last_token_s - t.first_token_s)
+            if t.first_scheduled_s is not None:
+                self.inference_time.observe(t.last_token_s - t.first_scheduled_s)
         for earlier, later in zip(t.token_times_s, t.token_times_s[1:]):
             self.itl.observe(later - earlier)
+            self.tpot.observe(later - earlier)
 
     def count_rejection(self, reason: RejectReason) -> None:
         self.rejected[reason].inc()
