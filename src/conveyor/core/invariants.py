@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 from conveyor.request import RequestStatus
 
 if TYPE_CHECKING:
-    from conveyor.core.scheduler_base import SchedulerBase
+    from conveyor.core.scheduler_state import SchedulerState
 
 
-def check_scheduler_invariants(scheduler: SchedulerBase) -> None:
+def check_scheduler_invariants(scheduler: SchedulerState) -> None:
     """Block-pool invariants, and every unfinished request in exactly one consistent place."""
     manager = scheduler.kv_cache_manager
     manager.check_invariants()

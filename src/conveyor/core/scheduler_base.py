@@ -1,85 +1,31 @@
-"""What both batching policies share: request bookkeeping, the running-request pass, preemption,
-applying the model's output (append, stop, free), aborts, queue timeouts, stats and invariants.
+"""The step logic both batching policies share: the running-request pass with preemption, starting
+waiting requests, building the SchedulerOutput, and applying the model's output (append, stop, free).
 
-Model: every accepted request is in exactly one place: the waiting queue (status WAITING, or PREEMPTED
-after losing its blocks), the running list (RUNNING, in admission order, holding blocks), or gone
-(FINISHED: blocks freed, id reported once in the next `SchedulerOutput.finished_req_ids` if the worker
-held it). A policy only decides which waiting requests start running (`schedule`); everything else is
-here. Finished requests' outputs carry their timings; queue-timeout outputs are produced during
-`schedule` and handed out by the next `update_from_output`.
+A policy only decides which waiting requests start running (`schedule`). The two per-request loops
+(`_schedule_running`, `update_from_output`) run for every running request at every step, so each keeps
+its common case (a decode whose slot is held; one token that cannot stop) to a few lines inline and
+hands everything else to a general helper.
 """
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
-from conveyor.config import CacheConfig, SchedulerConfig, SchedulingPolicy
-from conveyor.core.errors import AdmissionError, QueueFullError
-from conveyor.core.kv_cache_manager import KVCacheBlock, KVCacheManager
+from conveyor.config import SchedulingPolicy
 from conveyor.core.fast_outputs import cached_request_data, token_output
-from conveyor.core.invariants import check_scheduler_invariants
-from conveyor.core.lifecycle import KVCapacity, StopSpec, append_tokens, check_admission, make_stop_spec
+from conveyor.core.kv_cache_manager import KVCacheBlock
+from conveyor.core.lifecycle import append_tokens
 from conveyor.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput, TokenLogprobs
-from conveyor.core.request_queue import make_request_queue
+from conveyor.core.scheduler_state import StepCounters, SchedulerState, index_of
 from conveyor.core.stats import SchedulerStats
 from conveyor.core.step import StepBuilder
-from conveyor.request import FinishReason, Request, RequestStatus
+from conveyor.request import Request, RequestStatus
 
 _RUNNING = RequestStatus.RUNNING
 
 
-@dataclass
-class StepCounters:
-    """What happened since the last `update_from_output`, for its SchedulerStats."""
-
-    num_preemptions: int = 0
-    num_prompt_tokens: int = 0
-    num_queue_timeouts: int = 0
-
-
-class SchedulerBase(ABC):
+class SchedulerBase(SchedulerState, ABC):
     """The scheduler interface the engine drives; subclasses implement `schedule()`."""
-
-    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.scheduler_config = scheduler_config
-        self.cache_config = cache_config
-        self.clock = clock
-        self.block_size = cache_config.block_size
-        self.enable_prefix_caching = cache_config.enable_prefix_caching
-        self.kv_cache_manager = KVCacheManager(num_blocks, cache_config.block_size,
-                                               cache_config.enable_prefix_caching)
-        self.capacity = KVCapacity(num_blocks, cache_config.block_size)
-        self.waiting = make_request_queue(scheduler_config.policy)
-        self.running: list[Request] = []  # admission order
-        self.requests: dict[str, Request] = {}  # every unfinished request
-        self.stop_specs: dict[str, StopSpec] = {}  # request id -> its stop conditions
-        self.unsent_req_ids: set[str] = set()  # running, but the worker does not hold their state yet
-        self.finished_req_ids: set[str] = set()  # for the next SchedulerOutput
-        self.pending_outputs: list[EngineCoreOutput] = []  # queue timeouts, for update_from_output
-        self.counters = StepCounters()  # since the last update_from_output
-        chunked = scheduler_config.enable_chunked_prefill
-        # The threshold is a chunked-prefill knob: with chunking off a prompt is never split.
-        self.long_prefill_token_threshold = scheduler_config.long_prefill_token_threshold if chunked else None
-
-    # ---- the interface -------------------------------------------------------------------------
-
-    def add_request(self, request: Request) -> None:
-        """Accept a request into the waiting queue, or raise AdmissionError / QueueFullError."""
-        if request.request_id in self.requests:
-            raise AdmissionError("request_id", f"{request.request_id!r} is already in use")
-        max_num_tokens = check_admission(request, self.scheduler_config, self.capacity)
-        max_queued = self.scheduler_config.max_num_queued_reqs
-        if max_queued is not None and len(self.waiting) >= max_queued:
-            raise QueueFullError(f"{len(self.waiting)} requests are already waiting "
-                                 f"(max_num_queued_reqs={max_queued}); retry later")
-        request.status = RequestStatus.WAITING
-        self.requests[request.request_id] = request
-        self.stop_specs[request.request_id] = make_stop_spec(request, max_num_tokens)
-        self.waiting.add(request)
 
     @abstractmethod
     def schedule(self) -> SchedulerOutput:
@@ -126,46 +72,6 @@ class SchedulerBase(ABC):
             request.stop_reason = stop_token
             outputs.append(self._finish(request, reason, now_s, new_token_ids, new_logprobs))
         return len(new_token_ids)
-
-    def finish_requests(self, request_ids: Iterable[str], reason: FinishReason) -> list[EngineCoreOutput]:
-        """End requests from outside (abort, stop string); unknown or finished ids are ignored."""
-        now = self.clock()
-        outputs = []
-        for request_id in request_ids:
-            request = self.requests.get(request_id)
-            if request is None:
-                continue
-            if request.status is _RUNNING:
-                del self.running[_index_of(self.running, request)]
-            else:
-                self.waiting.remove(request)
-            outputs.append(self._finish(request, reason, now))
-        return outputs
-
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
-
-    @property
-    def num_unfinished_requests(self) -> int:
-        return len(self.requests)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.waiting)
-
-    @property
-    def num_running(self) -> int:
-        return len(self.running)
-
-    @property
-    def kv_cache_usage(self) -> float:
-        return self.kv_cache_manager.usage
-
-    def reset_prefix_cache(self) -> bool:
-        """Drop all cached prefixes; only possible while no request holds blocks."""
-        return self.kv_cache_manager.block_pool.reset_prefix_cache()
-
-    # ---- shared scheduling helpers -------------------------------------------------------------
 
     def _schedule_running(self, step: StepBuilder) -> None:
         """Give each running request, in admission order, what it needs within the budget."""
@@ -238,7 +144,7 @@ class SchedulerBase(ABC):
 
     def _preempt(self, victim: Request, step: StepBuilder) -> None:
         """Recompute-preemption: free the blocks (their hashes stay cached), requeue at the front."""
-        del self.running[_index_of(self.running, victim)]
+        del self.running[index_of(self.running, victim)]
         step.unschedule(victim)
         self.kv_cache_manager.free(victim)
         if victim.request_id in self.unsent_req_ids:
@@ -277,37 +183,6 @@ class SchedulerBase(ABC):
         self.counters.num_prompt_tokens += step.num_prompt_tokens
         return step.build(finished)
 
-    def _expire_queue_timeouts(self, now_s: float) -> None:
-        """End waiting requests never scheduled within queue_timeout_s (emitted by the next update)."""
-        timeout_s = self.scheduler_config.queue_timeout_s
-        if timeout_s is None or not self.waiting:
-            return
-        expired = [request for request in self.waiting
-                   if request.timings.first_scheduled_s is None and now_s - request.arrival_s > timeout_s]
-        for request in expired:
-            self.waiting.remove(request)
-            self.pending_outputs.append(self._finish(request, FinishReason.QUEUE_TIMEOUT, now_s))
-        self.counters.num_queue_timeouts += len(expired)
-
-    # ---- applying outputs ----------------------------------------------------------------------
-
-    def _finish(self, request: Request, reason: FinishReason, now_s: float, new_token_ids: list[int] | None = None,
-                new_logprobs: list[TokenLogprobs] | None = None) -> EngineCoreOutput:
-        """Mark finished and free everything; the caller removes it from waiting/running."""
-        request_id = request.request_id
-        if request.status is _RUNNING and request_id not in self.unsent_req_ids:
-            self.finished_req_ids.add(request_id)
-        self.unsent_req_ids.discard(request_id)
-        request.status = RequestStatus.FINISHED
-        request.finish_reason = reason
-        request.timings.finished_s = now_s
-        self.kv_cache_manager.free(request)
-        del self.requests[request_id]
-        del self.stop_specs[request_id]
-        return EngineCoreOutput(request_id, new_token_ids or [], new_logprobs or [], reason, request.stop_reason,
-                                request.timings, request.num_prompt_tokens, request.num_cached_tokens,
-                                request.num_preemptions)
-
     def _take_stats(self, scheduler_output: SchedulerOutput, num_generated: int, now_s: float) -> SchedulerStats:
         prefix, counters = self.kv_cache_manager.take_prefix_cache_stats(), self.counters
         self.counters = StepCounters()
@@ -315,15 +190,3 @@ class SchedulerBase(ABC):
                               counters.num_preemptions, prefix.num_queries, prefix.num_hits,
                               scheduler_output.total_num_scheduled_tokens, counters.num_prompt_tokens,
                               num_generated, counters.num_queue_timeouts, now_s)
-
-    def check_invariants(self) -> None:
-        """Block-pool invariants, and every unfinished request in exactly one consistent place."""
-        check_scheduler_invariants(self)
-
-
-def _index_of(requests: list[Request], request: Request) -> int:
-    """Position by identity (Request's dataclass __eq__ would compare every field)."""
-    for index, candidate in enumerate(requests):
-        if candidate is request:
-            return index
-    raise ValueError(f"request {request.request_id} is not in the list")

@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{workload.num_requests} requests at {workload.request_rate}/s, {workload.long_fraction:.0%} long "
           f"({workload.long_prompt_tokens}+{workload.long_output_tokens} tokens) vs short "
           f"({workload.short_prompt_tokens}+{workload.short_output_tokens}); step = "
-          f"{config.step_time.step_time_base_s * 1e3:g} ms + {config.step_time.step_time_per_token_s * 1e6:g} us/token; "
+          f"{config.step_time.step_time_base_s * 1e3:g} ms + "
+          f"{config.step_time.step_time_per_token_s * 1e6:g} us/token; "
           f"max_num_seqs={config.scheduler.max_num_seqs}")
     print(format_table(results))
     if args.output_json:
