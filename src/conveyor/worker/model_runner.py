@@ -18,6 +18,7 @@ from conveyor.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerCon
 from conveyor.core.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 from conveyor.model.loader import load_model, resolve_dtype
 from conveyor.sampling_params import SamplingParams
+from conveyor.worker.cuda_graphs import CudaGraphRunner, GraphGeometry
 from conveyor.worker.input_batch import HostStaging, prepare_host_batch
 from conveyor.worker.kv_cache import (
     KVCacheSpec,
@@ -28,7 +29,7 @@ from conveyor.worker.kv_cache import (
     profile_gpu_memory,
     resolve_num_blocks,
 )
-from conveyor.worker.request_state import RequestState, apply_scheduler_output
+from conveyor.worker.request_state import BlockTable, RequestState, apply_scheduler_output
 from conveyor.worker.sampler import Sampler
 from conveyor.worker.sampling_metadata import SamplingRequest, VocabInfo, build_sampling_batch
 
@@ -62,6 +63,9 @@ class ModelRunner:
         self.staging = HostStaging(self.device)
         self.sampler = Sampler(self._new_generator().manual_seed(model_config.seed))
         self.vocab = VocabInfo(self.vocab_size, frozenset(self.eos_token_ids))
+        self.enforce_eager = device_config.enforce_eager
+        self.cuda_graphs: CudaGraphRunner | None = None
+        """Decode graphs, captured after the KV cache exists (CUDA without --enforce-eager)."""
 
     @property
     def vocab_size(self) -> int:
@@ -100,7 +104,22 @@ class ModelRunner:
             max_model_len=min(self.scheduler_config.max_model_len, self.max_position_embeddings),
         )
         check_fits_max_model_len(capacity)
+        self.cuda_graphs = self._capture_cuda_graphs(capacity.max_model_len)
         return capacity
+
+    def _capture_cuda_graphs(self, max_model_len: int) -> CudaGraphRunner | None:
+        if self.device.type != "cuda" or self.enforce_eager or self.attention_backend != "triton":
+            return None
+        geometry = GraphGeometry(
+            max_batch_size=self.scheduler_config.max_num_seqs, block_size=self.block_size,
+            max_blocks_per_seq=-(-max_model_len // self.block_size), max_model_len=max_model_len,
+        )
+        runner = CudaGraphRunner(
+            lambda ids, positions, metadata: self.model(ids, positions, self.kv_caches, metadata),
+            geometry, self.device,
+        )
+        runner.capture()
+        return runner
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -111,12 +130,16 @@ class ModelRunner:
         if not self.kv_caches:
             raise RuntimeError("initialize_kv_cache() must run before execute()")
         host = prepare_host_batch(batch, scheduler_output.num_scheduled_tokens, self.block_size)
-        inputs = self.staging.device_batch(host, self.block_size)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attention)  # [T, H]
+        # A graph-eligible decode step (every row samples) replays a captured graph: rows = hidden.
+        rows = self.cuda_graphs.run(host) if self.cuda_graphs is not None else None
+        if rows is None:
+            inputs = self.staging.device_batch(host, self.block_size)
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attention)  # [T, H]
+            rows = hidden[inputs.logits_indices]
         sampled: dict[str, list[int]] = {s.request_id: [] for s in batch}
         if not host.sampling_rows:
             return ModelRunnerOutput(sampled_token_ids=sampled)
-        logits = self.model.compute_logits(hidden[inputs.logits_indices]).float()  # [S, V]
+        logits = self.model.compute_logits(rows).float()  # [S, V]
         sampling = [batch[row] for row in host.sampling_rows]
         return self._sample(sampling, logits, sampled)
 
@@ -155,7 +178,7 @@ class ModelRunner:
         for index, length in enumerate(seq_lens):
             blocks = list(range(next_block, next_block + -(-length // spec.block_size)))
             next_block += len(blocks)
-            states.append(RequestState(f"profile-{index}", [0] * length, length, blocks,
+            states.append(RequestState(f"profile-{index}", [0] * length, length, BlockTable(blocks),
                                        SamplingParams(temperature=1.0, top_p=0.9), 0))
         host = prepare_host_batch(states, {s.request_id: len(s.token_ids) for s in states}, spec.block_size)
         inputs = self.staging.device_batch(host, spec.block_size)
