@@ -41,9 +41,9 @@ class DemoConfig:
 
     out_dir: pathlib.Path = pathlib.Path("conveyor-demo")
     """Where the trace, runs and report go."""
-    num_requests: int = 16
+    num_requests: int = 12
     """Requests per run."""
-    rate_factors: tuple[float, ...] = (0.3, 0.6, 1.2)
+    rate_factors: tuple[float, ...] = (0.4, 0.8, 1.6)
     """Offered rates as multiples of the measured capacity C."""
     num_repeats: int = 1
     """Runs per rate."""

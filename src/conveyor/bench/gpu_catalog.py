@@ -1,7 +1,7 @@
 """GPU catalog for the memory plan: the rental options the guide lists, with the memory each reports.
 
-Memory is what the device reports as total (nvidia-smi "MiB" × 2^20) where that is known, because that
-is what an engine can budget from; the marketed figure is kept beside it. Prices are never built in:
+Memory is the total the driver reports (nvidia-smi "MiB" × 2^20; for the H200, the total CUDA reports,
+measured here), because that is what an engine budgets from; the marketed figure is kept beside it. Prices are never built in:
 they vary by provider, region and commitment, so the user supplies them (`--price H100=2.5` or a file).
 """
 
@@ -38,7 +38,8 @@ class GPU:
 CATALOG: tuple[GPU, ...] = (
     GPU("A100-80GB", "NVIDIA A100 80GB SXM (HBM2e)", 81920 * _MIB, 80.0),
     GPU("H100", "NVIDIA H100 80GB SXM (HBM3)", 81559 * _MIB, 80.0),
-    GPU("H200", "NVIDIA H200 141GB SXM (HBM3e)", 143771 * _MIB, 141.0),
+    # Measured here: CUDA reports 150109880320 bytes total on an H200 (nvidia-smi: 143771 MiB, 0.4% more).
+    GPU("H200", "NVIDIA H200 141GB SXM (HBM3e)", 150_109_880_320, 141.0),
     # HGX/DGX B200 ship 180 GB per GPU (the first announcement said 192 GB); the driver reports 183359 MiB.
     GPU("B200", "NVIDIA B200 180GB SXM (HBM3e)", 183359 * _MIB, 180.0),
     # B300 (Blackwell Ultra): 288 GB HBM3e marketed; the reported total is not confirmed here.
