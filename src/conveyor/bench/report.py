@@ -130,12 +130,26 @@ def config_rows(analysis: Analysis) -> list[list[str]]:
         cost = config.cost_per_accepted
         changed = (configs.get(config.name) or {}).get("changed") or "-"
         rows.append([config.name, str(changed), _fmt(config.max_rate_meeting),
-                     "-" if cost is None else f"${cost:.3g}",
+                     "-" if cost is None else f"${cost:.3g}", _spread_cell(config),
                      "recommended" if config.name == analysis.recommendation.recommended else ""])
     return rows
 
 
-CONFIG_COLUMNS = ("Config", "Changes", "Max req/s meeting objective", "Cost per accepted response", "")
+def _spread_cell(config: ConfigEval) -> str:
+    """Range over repeats at the operating point (else the first point): n repeats, p95 E2E and req/s."""
+    evaluated = config.operating_point or (config.points[0] if config.points else None)
+    if evaluated is None or len(evaluated.point.runs) < 2:
+        return "1 run"
+    parts = [f"{len(evaluated.point.runs)} runs"]
+    for metric, name in (("p95_e2el_ms", "E2E"), ("request_throughput", "req/s")):
+        spread = evaluated.point.spread(metric)
+        if spread is not None:
+            parts.append(f"{name} ±{spread.relative / 2:.0%}")
+    return ", ".join(parts)
+
+
+CONFIG_COLUMNS = ("Config", "Changes", "Max req/s meeting objective", "Cost per accepted response",
+                  "Spread over repeats", "")
 
 
 def format_table(columns: tuple[str, ...] | list[str], rows: list[list[str]]) -> str:
