@@ -48,6 +48,7 @@ def test_geometric_then_bisection(tmp_path: pathlib.Path) -> None:
     assert all(len(p.run_dirs) == 2 for p in result.points)
     saved = json.loads((tmp_path / "sweep.json").read_text())
     assert saved["max_rate_meeting"] == pytest.approx(2.828, abs=1e-3)
+    assert saved["fixed"]["server_version"] == ["unknown"]
     # the run dirs are picked up as one configuration named after the sweep directory
     points = group_points(discover_runs([tmp_path]))
     assert list(points) == [tmp_path.name] and len(points[tmp_path.name]) == 5

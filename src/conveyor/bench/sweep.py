@@ -97,7 +97,7 @@ class SweepResult:
     points: list[SweepPoint]
     """In the order they were run."""
     fixed: dict[str, list[str]]
-    """trace, model, server version seen across runs (one value each when the sweep was clean)."""
+    """trace path and version, model, server version seen across runs (one value each when clean)."""
 
     @property
     def max_rate_meeting(self) -> float | None:
@@ -141,6 +141,14 @@ def _spread(summaries: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return out
 
 
+def _server_version(run_dir: pathlib.Path) -> str:
+    """The server's GET /version as recorded in the run's server.json ("unknown" if absent)."""
+    path = run_dir / "server.json"
+    if not path.is_file():
+        return "unknown"
+    return json.dumps(json.loads(path.read_text()).get("version"), sort_keys=True)
+
+
 class Sweeper:
     """Runs the search, writing each run under `out_dir/rate-<r>-rep<k>/` and `sweep.json` after each point."""
 
@@ -149,12 +157,14 @@ class Sweeper:
         self.name, self.cfg, self.run_fn, self.out_dir, self.progress = name, cfg, run_fn, out_dir, progress
         self.points: list[SweepPoint] = []
         self.summaries: list[dict[str, Any]] = []
+        self.server_versions: set[str] = set()
 
     def run_point(self, rate: float) -> SweepPoint:
         summaries, failures, dirs, runaway = [], [], [], False
         for repeat in range(self.cfg.num_repeats):
             run_dir = self.out_dir / f"rate-{rate:.4g}-rep{repeat}"
             summary = self.run_fn(rate, repeat, run_dir)
+            self.server_versions.add(_server_version(run_dir))
             summaries.append(summary)
             dirs.append(run_dir.name)
             verdict = self.cfg.slo.evaluate(summary)
@@ -214,6 +224,7 @@ class Sweeper:
     def write(self) -> SweepResult:
         fixed = {key: sorted({str(s.get(key)) for s in self.summaries})
                  for key in ("trace_path", "trace_version", "model")}
+        fixed["server_version"] = sorted(self.server_versions)
         result = SweepResult(self.name, self.cfg.slo.to_dict(), list(self.points), fixed)
         data = asdict(result) | {"max_rate_meeting": result.max_rate_meeting, "sweep": asdict(self.cfg)}
         (self.out_dir / SWEEP_FILE).write_text(json.dumps(data, indent=2, default=str))
