@@ -14,6 +14,7 @@ CASES = [
     ("bad-json", COMP, b'{"prompt": "x",', 400, "not valid JSON", None),
     ("invalid-utf8", COMP, b'{"prompt": "\xff\xfe"}', 400, "not valid UTF-8", None),
     ("not-an-object", COMP, b'["prompt"]', 400, "must be a JSON object", None),
+    ("deeply-nested", COMP, b'{"prompt": ' + b"[" * 100000 + b"]" * 100000 + b"}", 400, "not valid JSON", None),
     ("nan", COMP, b'{"prompt": "x", "temperature": NaN}', 400, "NaN", None),
     ("missing-prompt", COMP, {"max_tokens": 3}, 400, "prompt", "prompt"),
     ("prompt-wrong-type", COMP, {"prompt": 5}, 400, "prompt", "prompt"),

@@ -28,6 +28,7 @@ import hmac
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from fastapi import Depends, FastAPI
@@ -98,7 +99,7 @@ async def read_json_object(request: Request, limit_bytes: int) -> dict[str, obje
         raise bad_request(f"request body is not valid UTF-8 (invalid byte at offset {error.start})") from None
     try:
         value = json.loads(text, parse_constant=_reject_constant)
-    except (json.JSONDecodeError, ValueError) as error:
+    except (ValueError, RecursionError) as error:  # JSONDecodeError is a ValueError; RecursionError: nesting
         raise bad_request(f"request body is not valid JSON: {error}") from None
     if not isinstance(value, dict):
         raise bad_request(f"request body must be a JSON object, not {type(value).__name__}")
@@ -117,7 +118,8 @@ async def parse_body(request: Request, model: type[BodyT], limit_bytes: int) -> 
         raise from_validation_error(error) from None
 
 
-def _api_key_dependency(api_key: str | None):  # noqa: ANN202 (a FastAPI dependency)
+def _api_key_dependency(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
+    """A FastAPI dependency: 401 unless the bearer token matches (constant-time comparison)."""
     expected = f"Bearer {api_key}".encode()
 
     async def check_api_key(request: Request) -> None:
