@@ -65,52 +65,54 @@ def prepare_host_batch(
     batch: Sequence[RequestState], num_scheduled_tokens: dict[str, int], block_size: int
 ) -> HostBatch:
     """numpy inputs for `batch` (states in batch order, num_computed_tokens = start of this step)."""
-    query_lens = np.array([num_scheduled_tokens[s.request_id] for s in batch], dtype=np.int64)
-    starts = np.array([s.num_computed_tokens for s in batch], dtype=np.int64)
+    num_reqs = len(batch)
+    # One pass over the states: [B, 4] = (query_len, start, known tokens, blocks) per request.
+    per_request = np.array([(num_scheduled_tokens[s.request_id], s.num_computed_tokens, len(s.token_ids),
+                             s.block_table.num_blocks) for s in batch], dtype=np.int64).reshape(num_reqs, 4)
+    query_lens, starts, num_known, num_blocks = per_request.T
     seq_lens = starts + query_lens
-    _check_ranges(batch, query_lens, seq_lens, block_size)
-    cu_query = np.zeros(len(batch) + 1, dtype=np.int64)
+    _check_ranges(batch, per_request, block_size)
+    cu_query = np.zeros(num_reqs + 1, dtype=np.int64)
     np.cumsum(query_lens, out=cu_query[1:])
-    request_of_token = np.repeat(np.arange(len(batch)), query_lens)  # [T]
+    request_of_token = np.repeat(np.arange(num_reqs), query_lens)  # [T]
     positions = np.arange(cu_query[-1]) - cu_query[request_of_token] + starts[request_of_token]
-    block_tables = _block_tables(batch)
+    block_tables = _block_tables(batch, num_blocks)
     slots = block_tables[request_of_token, positions // block_size].astype(np.int64) * block_size
     slots += positions % block_size
     input_ids = np.fromiter(
         (t for s, a, b in zip(batch, starts.tolist(), seq_lens.tolist()) for t in s.token_ids[a:b]),
         dtype=np.int64, count=int(cu_query[-1]),
     )
-    sampling_rows = [i for i, s in enumerate(batch) if int(seq_lens[i]) == len(s.token_ids)]
+    samples = seq_lens == num_known  # [B] the range reaches the end of the known tokens
     return HostBatch(
         input_ids=input_ids, positions=positions, slot_mapping=slots,
         query_start_loc=cu_query.astype(np.int32), seq_lens=seq_lens.astype(np.int32),
-        block_tables=block_tables, logits_indices=cu_query[1:][sampling_rows] - 1,
-        sampling_rows=sampling_rows,
+        block_tables=block_tables, logits_indices=cu_query[1:][samples] - 1,
+        sampling_rows=np.flatnonzero(samples).tolist(),
     )
 
 
-def _check_ranges(
-    batch: Sequence[RequestState], query_lens: np.ndarray, seq_lens: np.ndarray, block_size: int
-) -> None:
+def _check_ranges(batch: Sequence[RequestState], per_request: np.ndarray, block_size: int) -> None:
     """The scheduler must never ask for tokens the worker does not know or slots it did not give."""
-    for state, query_len, seq_len in zip(batch, query_lens.tolist(), seq_lens.tolist()):
-        if query_len < 1 or seq_len > len(state.token_ids):
-            raise ValueError(
-                f"request {state.request_id!r}: scheduled {query_len} tokens from position "
-                f"{state.num_computed_tokens}, but it has {len(state.token_ids)} known tokens"
-            )
-        if len(state.block_ids) * block_size < seq_len:
-            raise ValueError(
-                f"request {state.request_id!r}: {len(state.block_ids)} blocks of {block_size} "
-                f"cannot hold {seq_len} tokens"
-            )
+    query_lens, starts, num_known, num_blocks = per_request.T
+    seq_lens = starts + query_lens
+    bad = (query_lens < 1) | (seq_lens > num_known) | (num_blocks * block_size < seq_lens)
+    if not bad.any():
+        return
+    row = int(np.flatnonzero(bad)[0])
+    raise ValueError(
+        f"request {batch[row].request_id!r}: scheduled {query_lens[row]} tokens from position "
+        f"{starts[row]}; it has {num_known[row]} known tokens and {num_blocks[row]} blocks of {block_size}"
+    )
 
 
-def _block_tables(batch: Sequence[RequestState]) -> np.ndarray:
-    max_num_blocks = max(len(s.block_ids) for s in batch)
-    table = np.zeros((len(batch), max_num_blocks), dtype=np.int32)
-    for row, state in enumerate(batch):
-        table[row, : len(state.block_ids)] = state.block_ids
+def _block_tables(batch: Sequence[RequestState], num_blocks: np.ndarray) -> np.ndarray:
+    """[B, max_num_blocks] int32, right-padded with 0, filled by one scatter of all requests' ids."""
+    table = np.zeros((len(batch), int(num_blocks.max())), dtype=np.int32)
+    all_ids = np.concatenate([s.block_table.ids for s in batch])  # [sum(num_blocks)]
+    rows = np.repeat(np.arange(len(batch)), num_blocks)
+    first_of_row = np.repeat(np.cumsum(num_blocks) - num_blocks, num_blocks)
+    table[rows, np.arange(all_ids.shape[0]) - first_of_row] = all_ids
     return table
 
 

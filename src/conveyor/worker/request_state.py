@@ -12,10 +12,32 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from conveyor.core.outputs import NewRequestData, SchedulerOutput
 from conveyor.sampling_params import SamplingParams
+
+
+class BlockTable:
+    """A request's block ids in a growable int32 numpy buffer: the step's table copies rows from it."""
+
+    def __init__(self, block_ids: list[int]) -> None:
+        self._buffer = np.zeros(max(8, 2 * len(block_ids)), dtype=np.int32)
+        self._buffer[: len(block_ids)] = block_ids
+        self.num_blocks = len(block_ids)
+        self.ids = self._buffer[: self.num_blocks]
+        """[num_blocks] int32 view of the ids (kept as an attribute: cheaper than slicing per step)."""
+
+    def extend(self, block_ids: list[int]) -> None:
+        end = self.num_blocks + len(block_ids)
+        if end > self._buffer.shape[0]:
+            grown = np.zeros(2 * end, dtype=np.int32)
+            grown[: self.num_blocks] = self._buffer[: self.num_blocks]
+            self._buffer = grown
+        self._buffer[self.num_blocks : end] = block_ids
+        self.num_blocks = end
+        self.ids = self._buffer[:end]
 
 
 @dataclass
@@ -27,8 +49,8 @@ class RequestState:
     """Prompt + output tokens known so far (the worker appends what it samples)."""
     num_prompt_tokens: int
     """How many of token_ids are prompt."""
-    block_ids: list[int]
-    """The request's block table: physical block of each block_size-token span, in order."""
+    block_table: BlockTable
+    """Physical block of each block_size-token span of the request, in order."""
     sampling_params: SamplingParams
     num_computed_tokens: int
     """Tokens whose KV is in the cache before the current step (as the scheduler last said)."""
@@ -45,7 +67,7 @@ def state_from_new(new: NewRequestData, generator: torch.Generator | None) -> Re
         request_id=new.request_id,
         token_ids=list(new.prompt_token_ids) + list(new.output_token_ids),
         num_prompt_tokens=len(new.prompt_token_ids),
-        block_ids=list(new.block_ids),
+        block_table=BlockTable(new.block_ids),
         sampling_params=new.sampling_params,
         num_computed_tokens=new.num_computed_tokens,
         generator=generator,
@@ -68,7 +90,8 @@ def apply_scheduler_output(
                 f"scheduler sent cached request {cached.request_id!r} that the worker does not hold "
                 "(a preempted or new request must arrive as NewRequestData)"
             )
-        state.block_ids.extend(cached.new_block_ids)
+        if cached.new_block_ids:
+            state.block_table.extend(cached.new_block_ids)
         state.num_computed_tokens = cached.num_computed_tokens
         batch.append(state)
     for new in scheduler_output.scheduled_new_reqs:
