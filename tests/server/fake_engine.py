@@ -199,5 +199,7 @@ class FakeEngine:
         timings.finished_s = time.monotonic()
         self.state.running.discard(rid)  # gauges are the state after the step
         self.state.finished[rid] = reason
-        stats = FinishedRequestStats(reason, timings, len(prompt), num_output, 0, 0)
+        stats = FinishedRequestStats(finish_reason=reason, timings=timings, num_prompt_tokens=len(prompt),
+                                     num_generation_tokens=num_output, num_cached_tokens=0, num_preemptions=0,
+                                     request_id=rid)
         self._emit([stats], **counts)
