@@ -17,7 +17,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conveyor.kernels.rms_norm import rms_norm
+from conveyor.kernels.rotary import rotary_
+from conveyor.kernels.silu_and_mul import silu_and_mul
+from conveyor.kernels.triton_compat import HAS_TRITON
 from conveyor.model.registry import RopeScaling
+
+
+def use_fused_kernels(x: torch.Tensor) -> bool:
+    """On CUDA with Triton, norms / rope / SwiGLU run as one kernel each (same rounding steps as eager)."""
+    return HAS_TRITON and x.is_cuda
 
 
 class RMSNorm(nn.Module):
@@ -29,6 +38,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if use_fused_kernels(x) and x.stride(-1) == 1:
+            return rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -93,6 +104,17 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotate_half(x) * sin
 
 
+def apply_rotary_qk(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`apply_rotary` on q [T, H, d] and k [T, kvh, d]; on CUDA one in-place kernel for both."""
+    head_dim = q.shape[-1]
+    if use_fused_kernels(q) and q.dtype == k.dtype == cos.dtype and head_dim & (head_dim - 1) == 0:
+        rotary_(q, k, cos, sin)
+        return q, k
+    return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+
 class GatedMLP(nn.Module):
     """down(silu(gate(x)) * up(x)) with gate and up fused into one [2*I, H] weight."""
 
@@ -104,5 +126,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # [T, 2I]
+        if use_fused_kernels(gate_up):
+            return self.down_proj(silu_and_mul(gate_up))
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)

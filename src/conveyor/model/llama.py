@@ -19,7 +19,7 @@ from torch import nn
 
 from conveyor.model.attention import Attention, AttentionBackend
 from conveyor.model.attention_metadata import AttentionMetadata
-from conveyor.model.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
+from conveyor.model.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary_qk
 from conveyor.model.registry import ModelArchConfig
 
 # HF projection name -> (fused parameter name, shard index within it).
@@ -67,7 +67,7 @@ class LlamaAttention(nn.Module):
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = self.normalize_qk(q, k)
         cos, sin = rope
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = apply_rotary_qk(q, k, cos, sin)
         out = self.attn(q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v, kv_cache, metadata)
         return self.o_proj(out)
 
