@@ -1,11 +1,15 @@
 """CPU time of one scheduler step: `schedule()` + `update_from_output()`, without any model.
 
 Populations: N running decodes (every request one token per step), and a mixed one (decodes plus a
-stream of chunked prefills filling the rest of the token budget, requests finishing and arriving).
-The worker's part (here the fake runner) is outside the timed region. Times are the median over many
-steps of the thread's CPU time (robust on a shared machine), with wall time beside it.
+stream of 1024-token prompts chunked into the rest of the budget, requests finishing and arriving).
+The worker's part (here the fake runner) is outside the timed region. Times are the thread's CPU
+time, median (and minimum) over many steps, which is robust on a shared machine. Interleaved with
+every step, the benchmark also times the *contract floor*: building only what the core<->worker
+contract forces per request and step (one CachedRequestData, one EngineCoreOutput, one dict entry),
+so `x floor` compares the scheduler with the least any implementation of the contract pays under the
+same load at the same moment.
 
-    PYTHONPATH=src python benchmarks/scheduler_step.py --num-steps 400
+    PYTHONPATH=src python benchmarks/scheduler_step.py --num-steps 500
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ import platform
 import random
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from conveyor.config import CacheConfig, SchedulerConfig
@@ -27,6 +30,7 @@ from conveyor.request import Request
 from conveyor.sampling_params import SamplingParams
 
 GOAL_MS = {256: 0.5, 1024: 2.0}
+BLOCK_SIZE = 16
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,11 @@ class Population:
 @dataclass(frozen=True)
 class Timing:
     cpu_ms: float
+    """Median CPU time of schedule() + update_from_output()."""
+    cpu_min_ms: float
     wall_ms: float
+    floor_ms: float
+    """Median CPU time of the contract floor for the same number of scheduled requests."""
     tokens_per_step: float
 
 
@@ -64,25 +72,41 @@ def _request(index: int, prompt_len: int, max_tokens: int) -> Request:
 
 def _make(population: Population, num_steps: int) -> Scheduler:
     num_seqs = population.num_decodes + (64 if population.mixed else 0)
+    max_model_len = max(population.prompt_len * 2, population.long_prompt_len) + num_steps * 2 + 64
     config = SchedulerConfig(max_num_seqs=num_seqs, max_num_batched_tokens=population.max_num_batched_tokens,
-                             max_model_len=max(population.prompt_len * 2, population.long_prompt_len)
-                             + num_steps * 2 + 64)
-    max_len_blocks = config.max_model_len // 16 + 1
-    return Scheduler(config, CacheConfig(block_size=16), num_seqs * max_len_blocks)
+                             max_model_len=max_model_len)
+    return Scheduler(config, CacheConfig(block_size=BLOCK_SIZE), num_seqs * (max_model_len // BLOCK_SIZE + 1))
+
+
+def _fill(scheduler: Scheduler, runner: FakeModelRunner, population: Population, num_steps: int,
+          rng: random.Random) -> int:
+    """Admit the decoding population and run until every prompt is prefilled; returns the next id."""
+    for index in range(population.num_decodes):  # varied lengths: blocks fill on different steps
+        prompt_len = rng.randint(population.prompt_len // 2, population.prompt_len * 3 // 2)
+        scheduler.add_request(_request(index, prompt_len, num_steps * 2))
+    while scheduler.num_waiting:
+        output = scheduler.schedule()
+        scheduler.update_from_output(output, runner.execute(output))
+    return population.num_decodes
+
+
+def _contract_floor_ns(request_ids: list[str]) -> int:
+    start = time.thread_time_ns()
+    cached, scheduled, outputs = [], {}, []
+    for request_id in request_ids:
+        cached.append(cached_request_data(request_id, [], 100))
+        scheduled[request_id] = 1
+    for request_id in request_ids:
+        outputs.append(token_output(request_id, [5], []))
+    return time.thread_time_ns() - start
 
 
 def measure(population: Population, num_steps: int, seed: int) -> Timing:
     rng = random.Random(seed)
     scheduler = _make(population, num_steps)
-    runner = FakeModelRunner(16)
-    next_id = 0
-    for _ in range(population.num_decodes):  # varied lengths: blocks fill (and get hashed) on different steps
-        prompt_len = rng.randint(population.prompt_len // 2, population.prompt_len * 3 // 2)
-        scheduler.add_request(_request(next_id, prompt_len, num_steps * 2))
-        next_id += 1
-    while scheduler.num_waiting:  # warm up: every prompt prefilled, all decoding
-        scheduler.update_from_output(output := scheduler.schedule(), runner.execute(output))
-    cpu_ns, wall_ns, tokens = [], [], []
+    runner = FakeModelRunner(BLOCK_SIZE)
+    next_id = _fill(scheduler, runner, population, num_steps, rng)
+    cpu_ns, wall_ns, floor_ns, tokens = [], [], [], []
     for _ in range(num_steps):
         if population.mixed and scheduler.num_waiting < 2:
             scheduler.add_request(_request(next_id, population.long_prompt_len, rng.randint(1, 64)))
@@ -94,31 +118,15 @@ def measure(population: Population, num_steps: int, seed: int) -> Timing:
         cpu2, wall2 = time.thread_time_ns(), time.perf_counter_ns()
         scheduler.update_from_output(output, runner_output)
         cpu3, wall3 = time.thread_time_ns(), time.perf_counter_ns()
-        if population.mixed:  # keep the decode population steady as requests finish
-            while scheduler.num_running + scheduler.num_waiting < population.num_decodes + 2:
-                scheduler.add_request(_request(next_id, 16, rng.randint(1, 64)))
-                next_id += 1
+        floor_ns.append(_contract_floor_ns(list(output.num_scheduled_tokens)))
+        while population.mixed and scheduler.num_running + scheduler.num_waiting < population.num_decodes + 2:
+            scheduler.add_request(_request(next_id, 16, rng.randint(1, 64)))  # keep the population steady
+            next_id += 1
         cpu_ns.append(cpu1 - cpu0 + cpu3 - cpu2)
         wall_ns.append(wall1 - wall0 + wall3 - wall2)
         tokens.append(output.total_num_scheduled_tokens)
-    return Timing(statistics.median(cpu_ns) / 1e6, statistics.median(wall_ns) / 1e6, statistics.mean(tokens))
-
-
-def contract_floor_ms(num_requests: int, num_steps: int) -> float:
-    """Median CPU time of only what the core<->worker contract forces per request and step: one
-    CachedRequestData, one EngineCoreOutput (both via the fast constructors), one dict entry."""
-    request_ids = [f"req-{i}" for i in range(num_requests)]
-    samples = []
-    for _ in range(num_steps):
-        start = time.thread_time_ns()
-        cached, scheduled, outputs = [], {}, []
-        for request_id in request_ids:
-            cached.append(cached_request_data(request_id, [], 100))
-            scheduled[request_id] = 1
-        for request_id in request_ids:
-            outputs.append(token_output(request_id, [5], []))
-        samples.append(time.thread_time_ns() - start)
-    return statistics.median(samples) / 1e6
+    return Timing(statistics.median(cpu_ns) / 1e6, min(cpu_ns) / 1e6, statistics.median(wall_ns) / 1e6,
+                  statistics.median(floor_ns) / 1e6, statistics.mean(tokens))
 
 
 def loop_ns_per_iteration() -> float:
@@ -142,26 +150,22 @@ def _cpu_model() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-steps", type=int, default=400, help="timed steps per population")
+    parser.add_argument("--num-steps", type=int, default=500, help="timed steps per population")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024], help="running decodes")
     args = parser.parse_args(argv)
     populations = [Population(f"{n} decodes", n, 128, max(2048, n)) for n in args.sizes]
     populations.append(Population("256 decodes + 1024-token prefills", 256, 128, 2048, long_prompt_len=1024))
     print(f"CPU: {_cpu_model()} ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}); "
-          f"Python {platform.python_version()}; median of {args.num_steps} steps; "
+          f"Python {platform.python_version()}; {args.num_steps} steps per row; "
           f"calibration loop {loop_ns_per_iteration():.0f} ns/iteration")
-    print(f"{'population':<32} {'tokens/step':>11} {'cpu ms':>8} {'wall ms':>8} {'goal ms':>8}")
-    run: Callable[[Population], Timing] = lambda p: measure(p, args.num_steps, args.seed)  # noqa: E731
+    print(f"{'population':<34} {'tok/step':>8} {'cpu ms':>7} {'min ms':>7} {'wall ms':>8} {'floor ms':>8} "
+          f"{'x floor':>7} {'goal ms':>7}")
     for population in populations:
-        timing = run(population)
-        goal = GOAL_MS.get(population.num_decodes) if not population.mixed else None
-        goal_text = f"{goal:.1f}" if goal is not None else "-"
-        print(f"{population.name:<32} {timing.tokens_per_step:>11.0f} {timing.cpu_ms:>8.3f} "
-              f"{timing.wall_ms:>8.3f} {goal_text:>8}")
-    for size in args.sizes:
-        floor_ms = contract_floor_ms(size, args.num_steps)
-        print(f"{'contract floor, ' + str(size) + ' requests':<32} {'':>11} {floor_ms:>8.3f} {'':>8} {'':>8}")
+        t = measure(population, args.num_steps, args.seed)
+        goal = "-" if population.mixed else f"{GOAL_MS.get(population.num_decodes, float('nan')):.1f}"
+        print(f"{population.name:<34} {t.tokens_per_step:>8.0f} {t.cpu_ms:>7.3f} {t.cpu_min_ms:>7.3f} "
+              f"{t.wall_ms:>8.3f} {t.floor_ms:>8.3f} {t.cpu_ms / t.floor_ms:>7.1f} {goal:>7}")
     return 0
 
 
