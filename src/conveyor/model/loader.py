@@ -116,8 +116,8 @@ def load_model(
 def _open_source(path: pathlib.Path, fmt: LoadFormat):
     """(arch config, weights(config) -> iterator of HF-named tensors) for a resolved source."""
     if fmt == LoadFormat.GGUF:
-        reader = read_gguf(path)
-        return arch_config_from_gguf(reader), lambda config: iter_gguf_weights(reader, config)
+        gguf = read_gguf(path)
+        return arch_config_from_gguf(gguf), lambda config: iter_gguf_weights(gguf, config)
     config_path = path / "config.json" if path.is_dir() else path
     if config_path.name != "config.json" or not config_path.is_file():
         raise ModelNotFoundError(f"no config.json at {str(path)!r} (needed for load format {fmt.value})")

@@ -1,0 +1,74 @@
+"""Greedy parity with Hugging Face transformers on the embedded SmolLM2 GGUF (float32, eager).
+
+transformers dequantizes and un-permutes the GGUF with its own code, so this checks our loader,
+layers and paged attention (chunked prefill with cached prefixes mixed with decodes) together.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conveyor.config import ModelConfig
+from conveyor.engine.tokenizer import Tokenizer
+from conveyor.model.loader import embedded_gguf_path, load_model
+from tests.model.paged import greedy_generate
+
+transformers = pytest.importorskip("transformers")
+
+NUM_NEW_TOKENS = 32
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    ",
+    [{"role": "user", "content": "Write a haiku about continuous batching."}],
+    [{"role": "user", "content": "List three prime numbers."}],
+]
+
+
+@pytest.fixture(scope="module")
+def prompt_ids() -> list[list[int]]:
+    tokenizer = Tokenizer.from_gguf(embedded_gguf_path())
+    texts = [p if isinstance(p, str) else tokenizer.apply_chat_template(p) for p in PROMPTS]
+    return [tokenizer.encode(t) for t in texts]
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    path = embedded_gguf_path()
+    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    config._attn_implementation = "eager"
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    assert set(missing) <= {"lm_head.weight"} and not unexpected  # lm_head is tied to the embedding
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def our_model():
+    return load_model(ModelConfig(), "cpu", torch.float32).module
+
+
+@pytest.mark.slow
+def test_greedy_tokens_and_logits_match_transformers(hf_model, our_model, prompt_ids) -> None:
+    ours, our_logits = greedy_generate(our_model, prompt_ids, NUM_NEW_TOKENS, chunk_size=7)
+    for ids, tokens, logits in zip(prompt_ids, ours, our_logits):
+        with torch.no_grad():
+            # An explicit mask: otherwise generate() masks every prompt token equal to pad_token_id.
+            out = hf_model.generate(
+                torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=NUM_NEW_TOKENS, do_sample=False,
+                output_logits=True, return_dict_in_generate=True, pad_token_id=2, eos_token_id=None,
+            )
+        assert tokens == out.sequences[0, len(ids):].tolist()
+        reference = torch.cat(out.logits)  # [new tokens, vocab]
+        assert (reference - logits).abs().max().item() < 2e-3
+
+
+@pytest.mark.slow
+def test_model_shape_attributes(our_model) -> None:
+    assert (our_model.num_layers, our_model.num_kv_heads, our_model.head_dim) == (30, 3, 64)
+    assert our_model.dtype == torch.float32
