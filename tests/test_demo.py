@@ -50,3 +50,30 @@ def _plan_matches_serve(server_log: pathlib.Path) -> None:
     shape = load_shape(pathlib.Path(__file__).parent / "bench" / "fixtures" / "models" / "smollm2-135m")
     planned = kv_capacity(shape, 256 * 2**20, 16, "float32").num_blocks  # the demo's --kv-cache-memory 256MiB
     assert abs(planned - int(match.group(1))) <= 0.05 * planned
+
+
+def test_demo_study_and_calibration_arithmetic(tmp_path: pathlib.Path) -> None:
+    """Without a server: the configurations, the objective and the rates the calibration yields."""
+    import argparse
+
+    from conveyor import demo
+
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    cfg = demo.config_from_args(parser.parse_args(["--out", str(tmp_path), "--quick"]))
+    assert cfg.rate_factors == (0.4, 1.5) and not cfg.budget_variant
+    full = demo.config_from_args(parser.parse_args(["--out", str(tmp_path)]))
+    trace = demo.write_demo_trace(full)
+    spec = demo.demo_spec(full, trace)
+    assert [(v.name, v.changed) for v in spec.variants] == [
+        ("continuous", None), ("static", "batching"), ("budget64", "max_num_batched_tokens")]
+    assert "-m conveyor serve --port {port}" in spec.command and spec.command.endswith("{args}")
+    lone = {"median_ttft_ms": 500.0, "median_tpot_ms": 100.0}
+    burst = {"request_throughput": 2.0}
+    tuned = demo.calibrated(spec, full, lone, burst)
+    longest_output = max(r["output_len"] for r in map(__import__("json").loads,
+                                                        trace.read_text().splitlines()[1:]))
+    assert tuned.slo.ttft_p95_ms == 1500 and tuned.slo.e2e_p95_ms == round(3 * (500 + longest_output * 100))
+    assert tuned.rates == (0.8, 1.6, 3.2) and tuned.sweep.slo == tuned.slo and tuned.main_rate == 0.8
+    lone_trace = demo.write_lone_trace(trace)
+    assert len(lone_trace.read_text().splitlines()) == 2  # header + the longest prompt
