@@ -226,3 +226,17 @@ def test_blocks_indexed_for_an_unscheduled_victim_are_not_served_as_hits() -> No
     assert new[0].request_id == "W"  # ahead of V (priority), which resumes behind it
     assert new[0].num_computed_tokens == 16  # blocks 0-3 hold V's computed KV; block 4 never did
     driver.run_until_done()
+
+
+def test_blocks_filled_during_decode_are_cached_for_the_next_turn() -> None:
+    """A chat's next turn (prompt = previous prompt + answer + more) reuses the answer's blocks too."""
+    scheduler = make_scheduler(block_size=4, max_model_len=64)
+    driver = Driver(scheduler)
+    first = make_request("turn1", num_prompt_tokens=6, max_tokens=9, ignore_eos=True)
+    scheduler.add_request(first)
+    driver.run_until_done()
+    history = first.prompt_token_ids + first.output_token_ids  # 15 tokens: 3 full blocks computed
+    scheduler.add_request(make_request("turn2", prompt=history + [7, 8, 9], max_tokens=2))
+    new = driver.step().scheduler_output.scheduled_new_reqs[0]
+    assert new.num_computed_tokens == 12
+    driver.run_until_done()

@@ -176,3 +176,19 @@ def test_duplicate_request_id_is_rejected() -> None:
     with pytest.raises(AdmissionError) as info:
         scheduler.add_request(make_request("a"))
     assert info.value.field == "request_id"
+
+
+def test_stop_token_ids_apply_even_under_ignore_eos() -> None:
+    scheduler = make_scheduler()
+    driver = Driver(scheduler)
+    scheduler.add_request(make_request("a", ignore_eos=True, stop_token_ids=(EOS,), max_tokens=5))
+    output = driver.step({"a": [EOS]}).finished["a"]
+    assert (output.finish_reason, output.stop_reason) == (FinishReason.STOP, EOS)
+
+
+def test_eos_that_is_also_a_stop_id_reports_no_stop_reason() -> None:
+    scheduler = make_scheduler()
+    driver = Driver(scheduler)
+    scheduler.add_request(make_request("a", stop_token_ids=(EOS, 9)))
+    output = driver.step({"a": [EOS]}).finished["a"]
+    assert (output.finish_reason, output.stop_reason) == (FinishReason.STOP, None)

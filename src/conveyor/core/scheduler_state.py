@@ -60,8 +60,6 @@ class SchedulerState:
         # The threshold is a chunked-prefill knob: with chunking off a prompt is never split.
         self.long_prefill_token_threshold = scheduler_config.long_prefill_token_threshold if chunked else None
 
-    # ---- the interface -------------------------------------------------------------------------
-
     def add_request(self, request: Request) -> None:
         """Accept a request into the waiting queue, or raise AdmissionError / QueueFullError."""
         if request.request_id in self.requests:
@@ -114,8 +112,6 @@ class SchedulerState:
         """Drop all cached prefixes; only possible while no request holds blocks."""
         return self.kv_cache_manager.block_pool.reset_prefix_cache()
 
-    # ---- shared scheduling helpers -------------------------------------------------------------
-
     def _expire_queue_timeouts(self, now_s: float) -> None:
         """End waiting requests never scheduled within queue_timeout_s (emitted by the next update)."""
         timeout_s = self.scheduler_config.queue_timeout_s
@@ -127,8 +123,6 @@ class SchedulerState:
             self.waiting.remove(request)
             self.pending_outputs.append(self._finish(request, FinishReason.QUEUE_TIMEOUT, now_s))
         self.counters.num_queue_timeouts += len(expired)
-
-    # ---- applying outputs ----------------------------------------------------------------------
 
     def _finish(self, request: Request, reason: FinishReason, now_s: float, new_token_ids: list[int] | None = None,
                 new_logprobs: list[TokenLogprobs] | None = None) -> EngineCoreOutput:
