@@ -35,3 +35,22 @@ def test_priority_order_by_priority_then_arrival() -> None:
     queue.remove(early)
     assert [queue.pop(), queue.pop()] == [late_urgent, later]
     assert not queue
+
+
+def test_unordered_holds_the_same_requests() -> None:
+    for policy in SchedulingPolicy:
+        queue = make_request_queue(policy)
+        requests = [make_request(f"r{i}", priority=-i) for i in range(4)]
+        for request in requests:
+            queue.add(request)
+        assert {id(r) for r in queue.unordered()} == {id(r) for r in requests}
+
+
+def test_remove_all_keeps_order_of_the_rest() -> None:
+    for policy in SchedulingPolicy:
+        queue = make_request_queue(policy)
+        requests = [make_request(f"r{i}", arrival_s=float(i)) for i in range(5)]
+        for request in requests:
+            queue.add(request)
+        queue.remove_all([requests[1], requests[3]])
+        assert [r.request_id for r in queue] == ["r0", "r2", "r4"]

@@ -41,11 +41,19 @@ class RequestQueue(ABC):
         """Remove a request from anywhere in the queue (abort, timeout); O(n)."""
 
     @abstractmethod
+    def remove_all(self, requests: list[Request]) -> None:
+        """Remove several requests at once in O(n) (a burst of queue timeouts under overload)."""
+
+    @abstractmethod
     def __len__(self) -> int: ...
 
     @abstractmethod
     def __iter__(self) -> Iterator[Request]:
         """The requests in service order."""
+
+    @abstractmethod
+    def unordered(self) -> Iterator[Request]:
+        """The requests in no particular order (cheap: no sort), for scans such as queue timeouts."""
 
     def __bool__(self) -> bool:
         return len(self) > 0
@@ -74,10 +82,17 @@ class FCFSRequestQueue(RequestQueue):
                 return
         raise ValueError(f"request {request.request_id} is not waiting")
 
+    def remove_all(self, requests: list[Request]) -> None:
+        doomed = {id(request) for request in requests}
+        self._requests = deque(request for request in self._requests if id(request) not in doomed)
+
     def __len__(self) -> int:
         return len(self._requests)
 
     def __iter__(self) -> Iterator[Request]:
+        return iter(self._requests)
+
+    def unordered(self) -> Iterator[Request]:
         return iter(self._requests)
 
 
@@ -108,11 +123,19 @@ class PriorityRequestQueue(RequestQueue):
                 return
         raise ValueError(f"request {request.request_id} is not waiting")
 
+    def remove_all(self, requests: list[Request]) -> None:
+        doomed = {id(request) for request in requests}
+        self._heap = [entry for entry in self._heap if id(entry[3]) not in doomed]
+        heapq.heapify(self._heap)
+
     def __len__(self) -> int:
         return len(self._heap)
 
     def __iter__(self) -> Iterator[Request]:
         return (entry[3] for entry in sorted(self._heap, key=lambda entry: entry[:3]))
+
+    def unordered(self) -> Iterator[Request]:
+        return (entry[3] for entry in self._heap)
 
 
 def make_request_queue(policy: SchedulingPolicy) -> RequestQueue:

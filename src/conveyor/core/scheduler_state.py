@@ -116,11 +116,11 @@ class SchedulerState:
         """End waiting requests never scheduled within queue_timeout_s (emitted by the next update)."""
         timeout_s = self.scheduler_config.queue_timeout_s
         if timeout_s is None or not self.waiting:
-            return
-        expired = [request for request in self.waiting
+            return  # (an O(waiting) scan per step, only when a timeout is configured)
+        expired = [request for request in self.waiting.unordered()
                    if request.timings.first_scheduled_s is None and now_s - request.arrival_s > timeout_s]
+        self.waiting.remove_all(expired)
         for request in expired:
-            self.waiting.remove(request)
             self.pending_outputs.append(self._finish(request, FinishReason.QUEUE_TIMEOUT, now_s))
         self.counters.num_queue_timeouts += len(expired)
 
