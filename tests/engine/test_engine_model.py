@@ -1,0 +1,165 @@
+"""The engine on the real embedded SmolLM2 (CPU): greedy outputs do not depend on how requests are
+batched, chunked, cached or preempted, and match Hugging Face transformers token for token.
+
+One ModelRunner is loaded per module and shared: each variant gets its own scheduler (the policy
+under test) over the runner's KV cache, so the only thing that changes between runs is scheduling.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conveyor.config import CacheConfig, DeviceConfig, EngineConfig, ModelConfig, SchedulerConfig
+from conveyor.engine.engine_core import EngineCore, ModelLimits
+from conveyor.engine.llm import LLM, CompletionResult, engine_config_from_kwargs
+from conveyor.engine.llm_engine import LLMEngine
+from conveyor.engine.model_setup import tokenizer_path
+from conveyor.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+BASE = EngineConfig(
+    scheduler=SchedulerConfig(max_model_len=512, max_num_seqs=16, max_num_batched_tokens=64),
+    cache=CacheConfig(block_size=16, kv_cache_memory_bytes=64 * 2**20),
+    device=DeviceConfig(num_threads=1),  # the CPU is shared: more threads than free cores spin and crawl
+    check_invariants=True,
+)
+PREFIX = "You are a careful assistant. Answer in one short sentence, then stop. Question: "
+QUESTIONS = [
+    "What is the capital of France?", "Why is the sky blue?", "Name a prime number.", "What is 2+2?",
+    "Who wrote Hamlet?", "What do bees make?", "How many legs does a spider have?", "What is water made of?",
+    "Translate 'merci' to English.", "What color is grass?", "What is the largest planet?",
+    "Which animal barks?", "What is ice?", "Spell 'cat' backwards.", "What comes after Monday?",
+    "Is the Moon a star?",
+]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def shared():
+    from conveyor.engine.tokenizer import Tokenizer
+    from conveyor.worker.model_runner import ModelRunner
+
+    runner = ModelRunner(BASE.model, BASE.cache, BASE.scheduler, BASE.device)
+    capacity = runner.initialize_kv_cache()
+    tokenizer = Tokenizer.from_path(tokenizer_path(ModelConfig()))
+    return runner, capacity.num_blocks, tokenizer
+
+
+def make_llm(shared, **overrides: object) -> LLM:
+    from conveyor.core.scheduler import make_scheduler
+
+    runner, num_blocks, tokenizer = shared
+    config = engine_config_from_kwargs(BASE, **overrides)
+    blocks = config.cache.num_blocks_override or num_blocks
+    scheduler = make_scheduler(config.scheduler, config.cache, blocks, time.monotonic)
+    limits = ModelLimits(blocks, config.scheduler.max_model_len, tuple(runner.eos_token_ids), runner.vocab_size)
+    return LLM.from_engine(LLMEngine(EngineCore(config, runner, scheduler, limits), tokenizer))
+
+
+def token_ids(results: list[CompletionResult]) -> list[list[int]]:
+    return [r.output_token_ids for r in results]
+
+
+def prompts(tokenizer) -> list[list[int]]:
+    """Shared-prefix prompts padded to 12 past a block boundary, so 8 decode steps cross into a new
+    block (what forces preemption in a small pool)."""
+    filler = tokenizer.encode(" ok")
+    result = []
+    for question in QUESTIONS:
+        ids = tokenizer.encode(PREFIX + question)
+        while len(ids) % 16 != 12:
+            ids += filler
+        result.append(ids)
+    return result
+
+
+@pytest.fixture(scope="module")
+def reference(shared) -> list[list[int]]:
+    """Continuous batching, chunked prefill (64-token budget), prefix caching, batch of 16."""
+    llm = make_llm(shared)
+    results = llm.generate(prompts(shared[2]), GREEDY)
+    assert all(len(r.output_token_ids) == 8 for r in results)
+    assert sum(r.num_cached_tokens for r in results) > 0, "shared prefixes should hit the prefix cache"
+    return token_ids(results)
+
+
+@pytest.mark.parametrize("overrides", [
+    {"enable_chunked_prefill": False, "max_num_batched_tokens": 512},
+    {"enable_prefix_caching": False},
+    {"max_num_seqs": 1},
+    {"batching": "static"},
+], ids=["no-chunked-prefill", "no-prefix-caching", "batch-of-1", "static"])
+def test_greedy_outputs_do_not_depend_on_scheduling(shared, reference, overrides) -> None:
+    llm = make_llm(shared, **overrides)
+    assert token_ids(llm.generate(prompts(shared[2]), GREEDY)) == reference
+
+
+def test_greedy_outputs_survive_preemption(shared, reference) -> None:
+    llm = make_llm(shared, num_blocks_override=10, enable_prefix_caching=False)
+    results = llm.generate(prompts(shared[2]), GREEDY)
+    assert llm.last_run.num_preemptions > 0
+    assert token_ids(results) == reference
+
+
+def load_transformers_model():
+    """The same GGUF in transformers (dequantized by its own code; no accelerate needed)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    path = tokenizer_path(ModelConfig())
+    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    model.load_state_dict(tensors, strict=False)  # lm_head is tied to the embedding
+    return model.eval()
+
+
+def test_matches_transformers_greedy(shared) -> None:
+    pytest.importorskip("transformers")
+    import torch
+
+    model = load_transformers_model()
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
+               "The three primary colors are"]
+    ours = make_llm(shared).generate(prompts, SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True))
+    for prompt, result in zip(prompts, ours):
+        input_ids = torch.tensor([result.prompt_token_ids])
+        with torch.inference_mode():
+            generated = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=32,
+                                       do_sample=False, pad_token_id=2, eos_token_id=None)
+        assert result.output_token_ids == generated[0, input_ids.shape[1]:].tolist(), prompt
+
+
+def test_async_engine_streams_and_aclose_frees_blocks(shared) -> None:
+    import asyncio
+
+    from conveyor.engine.async_engine import AsyncEngine, build_engine_info
+    from conveyor.engine.types import GenerateRequest
+
+    llm = make_llm(shared)
+    engine = AsyncEngine(llm.engine, build_engine_info(llm.engine))
+    usage: list[float] = []
+    engine.add_stats_listener(lambda stats, finished: usage.append(stats.kv_cache_usage))
+
+    async def consume(request_id: str, question: str) -> list:
+        params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        return [out async for out in engine.generate(GenerateRequest(request_id, PREFIX + question, params))]
+
+    async def main() -> None:
+        results = await asyncio.gather(*(consume(f"c{i}", q) for i, q in enumerate(QUESTIONS[:4])))
+        assert all(outs[-1].num_output_tokens == 6 for outs in results)
+        stream = engine.generate(GenerateRequest("gone", PREFIX, SamplingParams(max_tokens=400)))
+        await stream.__anext__()
+        await stream.aclose()  # the client went away
+        for _ in range(200):
+            if engine.num_unfinished_requests() == 0 and usage and usage[-1] == 0.0:
+                break
+            await asyncio.sleep(0.02)
+        assert usage[-1] == 0.0
+        await engine.shutdown()
+
+    asyncio.run(main())
