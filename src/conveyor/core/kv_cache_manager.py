@@ -41,7 +41,9 @@ class KVCacheManager:
         self.block_pool = BlockPool(num_blocks)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}  # leading blocks of the table already indexed
-        self.fast_num_tokens: dict[str, int] = {}  # token count reachable with no allocation or indexing
+        # Slots held per request: up to this many tokens need no allocation. Read directly by the
+        # scheduler's decode fast lane (scheduler_base._schedule_running), hence public.
+        self.fast_num_tokens: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
 
     @property
@@ -122,7 +124,7 @@ class KVCacheManager:
         return [block.block_id for block in new_blocks]
 
     def _cache_full_blocks(self, request: Request, req_blocks: list[KVCacheBlock], num_tokens: int) -> None:
-        """Index the blocks that the first `num_tokens` tokens fill (their hashes are known)."""
+        """Index the blocks that the first `num_tokens` tokens fill, hashing those not hashed yet."""
         request_id = request.request_id
         start = self.num_cached_blocks[request_id]
         end = num_tokens // self.block_size
