@@ -133,13 +133,12 @@ def profile_gpu_memory(device: torch.device, run_forward: Callable[[], None]) ->
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     free_before, total_bytes = torch.cuda.mem_get_info(device)
+    # Measured together: whatever the device reports as used beyond torch's reservation belongs to
+    # others (CUDA context, cuBLAS workspaces outside the allocator, other processes).
+    non_torch_bytes = max(0, total_bytes - free_before - torch.cuda.memory_reserved(device))
     run_forward()
     torch.cuda.synchronize(device)
     peak_torch_bytes = torch.cuda.max_memory_allocated(device)
-    reserved_bytes = torch.cuda.memory_reserved(device)
-    used_bytes = total_bytes - free_before
-    # Whatever the device reports as used beyond torch's reservation belongs to others (context, ...).
-    non_torch_bytes = max(0, used_bytes - reserved_bytes)
     return GpuMemoryProfile(total_bytes, peak_torch_bytes, non_torch_bytes)
 
 

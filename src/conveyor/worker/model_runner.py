@@ -31,8 +31,7 @@ from conveyor.worker.kv_cache import (
 )
 from conveyor.worker.request_state import BlockTable, RequestState, apply_scheduler_output
 from conveyor.worker.sampler import Sampler
-from conveyor.worker.sampling_metadata import SamplingRequest, VocabInfo, build_sampling_batch
-
+from conveyor.worker.sampling_metadata import SamplingBatch, SamplingRequest, VocabInfo, build_sampling_batch
 
 
 def attention_backend_for(device: torch.device, dtype: torch.dtype) -> str:
@@ -130,6 +129,10 @@ class ModelRunner:
         if not self.kv_caches:
             raise RuntimeError("initialize_kv_cache() must run before execute()")
         host = prepare_host_batch(batch, scheduler_output.num_scheduled_tokens, self.block_size)
+        sampling = [batch[row] for row in host.sampling_rows]
+        # Sampler inputs are built before the forward is launched: their small host-to-device copies
+        # (pageable memory, which synchronizes the stream) would otherwise wait for the whole forward.
+        sampling_batch = self._sampling_batch(sampling) if sampling else None
         # A graph-eligible decode step (every row samples) replays a captured graph: rows = hidden.
         rows = self.cuda_graphs.run(host) if self.cuda_graphs is not None else None
         if rows is None:
@@ -137,17 +140,19 @@ class ModelRunner:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attention)  # [T, H]
             rows = hidden[inputs.logits_indices]
         sampled: dict[str, list[int]] = {s.request_id: [] for s in batch}
-        if not host.sampling_rows:
+        if sampling_batch is None:
             return ModelRunnerOutput(sampled_token_ids=sampled)
         logits = self.model.compute_logits(rows).float()  # [S, V]
-        sampling = [batch[row] for row in host.sampling_rows]
-        return self._sample(sampling, logits, sampled)
+        return self._sample(sampling, logits, sampling_batch, sampled)
 
-    def _sample(self, sampling: list[RequestState], logits: torch.Tensor,
-                sampled: dict[str, list[int]]) -> ModelRunnerOutput:
+    def _sampling_batch(self, sampling: list[RequestState]) -> SamplingBatch:
         requests = [SamplingRequest(s.sampling_params, s.token_ids, s.num_prompt_tokens, s.generator)
                     for s in sampling]
-        result = self.sampler(logits, build_sampling_batch(requests, self.vocab, self.device))
+        return build_sampling_batch(requests, self.vocab, self.device)
+
+    def _sample(self, sampling: list[RequestState], logits: torch.Tensor, sampling_batch: SamplingBatch,
+                sampled: dict[str, list[int]]) -> ModelRunnerOutput:
+        result = self.sampler(logits, sampling_batch)
         logprobs: dict[str, list[TokenLogprobs]] = {}
         for state, token_id, token_logprobs in zip(sampling, result.sampled_token_ids, result.logprobs):
             state.token_ids.append(token_id)
