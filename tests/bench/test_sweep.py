@@ -95,3 +95,23 @@ def test_short_run_drain_is_not_runaway() -> None:
     long_run = {**short, "num_prompts": 200, "request_throughput": 0.3}
     assert "completed 0.3 req/s" in (runaway_reason(long_run, 1.0, cfg) or "")
     assert "error rate" in (runaway_reason({**short, "error_rate": 0.6}, 1.0, cfg) or "")
+
+
+def test_cli_sweep_end_to_end_with_fake_runs(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from conveyor.bench import cli_sweep
+
+    monkeypatch.setattr(cli_sweep, "make_run_fn", lambda template: FakeServer(capacity=6.0))
+    parser = argparse.ArgumentParser()
+    cli_sweep.add_arguments(parser)
+    args = parser.parse_args(["--base-url", "http://127.0.0.1:1", "--trace", "t.jsonl", "--slo", "e2e_p95_ms=1000",
+                              "--out", str(tmp_path / "sw"), "--repeats", "1", "--bisect-steps", "1"])
+    assert cli_sweep.run(args) == 0
+    out = capsys.readouterr().out
+    assert "Highest rate meeting the objective: 2.828" in out and "Recommendation" in out
+    assert (tmp_path / "sw" / "report" / "report.html").is_file()
+    both = parser.parse_args(["--base-url", "http://x:1", "--server-command", "x {port}", "--trace", "t",
+                              "--slo", "error_rate=0", "--out", str(tmp_path / "b")])
+    assert cli_sweep.run(both) == 2

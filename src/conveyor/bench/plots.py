@@ -55,7 +55,7 @@ def plot_throughput(points: dict[str, list[Point]], path: pathlib.Path) -> pathl
         ax.plot([0, top], [0, top], ls=":", color="grey", label="completed = offered")
     ax.set(xlabel="offered rate (req/s)", ylabel="completed (req/s)", title="Completed vs offered load")
     ax.grid(alpha=0.3)
-    ax.legend()
+    _legend(ax)
     return _save(fig, path)
 
 
@@ -77,7 +77,7 @@ def plot_latency(points: dict[str, list[Point]], slo: SLO, path: pathlib.Path) -
         ax.set(xlabel="offered rate (req/s)", ylabel="ms", title=title)
         _log_axis_if_positive(ax)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        _legend(ax)
     fig.suptitle("p95 latency vs offered load (median of repeats, bars: min..max)")
     return _save(fig, path)
 
@@ -119,7 +119,7 @@ def plot_timeseries(configs: list[ConfigEval], path: pathlib.Path) -> pathlib.Pa
     ax_wait.set(xlabel="time since first sample (s)", ylabel="waiting requests")
     for ax in (ax_kv, ax_wait):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        _legend(ax)
     return _save(fig, path)
 
 
@@ -138,8 +138,16 @@ def plot_per_class(configs: list[ConfigEval], path: pathlib.Path) -> pathlib.Pat
         ax.set_xticks(np.arange(len(classes)) + width * (len(runs) - 1) / 2, classes)
         ax.set(ylabel="ms", title=f"{metric} per request class (operating point)")
         ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=8)
+        _legend(ax)
     return _save(fig, path)
+
+
+def _legend(ax: plt.Axes) -> None:
+    """A legend when something was drawn, else say that there was nothing to draw."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no data recorded", ha="center", va="center", transform=ax.transAxes, color="grey")
 
 
 def _save(fig: plt.Figure, path: pathlib.Path) -> pathlib.Path:
