@@ -1,5 +1,5 @@
-"""Fused RMSNorm / rotary / SiLU-and-mul: references equal the eager layers (CPU); kernels equal the
-references bit for bit or within one bf16 rounding (GPU)."""
+"""Fused RMSNorm / rotary / SiLU-and-mul: references equal the eager layers (CPU); kernels are within
+one bf16 rounding of the references (GPU)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,8 @@ def test_rotary_kernel_matches_eager(heads: tuple[int, int]) -> None:
     q_ref, k_ref = rotary_ref(q, cos, sin), rotary_ref(k, cos, sin)
     v_before = qkv[:, (heads[0] + heads[1]) * head_dim :].clone()
     rotary_(q, k, cos, sin)
-    assert torch.equal(q, q_ref) and torch.equal(k, k_ref)
+    for out, ref in ((q, q_ref), (k, k_ref)):  # FMA contraction: at most one bf16 ulp apart
+        assert torch.allclose(out.float(), ref.float(), rtol=1.6e-2, atol=1e-2)
     assert torch.equal(qkv[:, (heads[0] + heads[1]) * head_dim :], v_before)
 
 

@@ -2,8 +2,8 @@
 
 The model: one program per row (a token, or a token's head for Qwen3's q/k norms) loads the row,
 computes the mean square in float32, scales, rounds to the input dtype, then multiplies by the weight
-and rounds again -- exactly the rounding sequence of the eager torch RMSNorm (and transformers), so
-the fused path changes speed, not tokens. Eager torch needs eight launches for the same thing.
+and rounds again -- the rounding sequence of the eager torch RMSNorm (and transformers); only the
+float32 summation order differs, so an element may rarely move by one bf16 ulp. Eager torch needs eight launches for the same thing.
 """
 
 import torch
@@ -36,7 +36,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     num_heads, stride_h = (x.shape[1], x.stride(1)) if x.dim() == 3 else (1, 0)
     if x.shape[0] > 0:
         _rms_norm_kernel[(x.shape[0], num_heads)](
-            x, weight, out, x.stride(0), stride_h, x.shape[-1], eps,
+            x, weight, out, x.stride(0), stride_h, x.shape[-1], x.shape[-1], eps,
             BLOCK=triton.next_power_of_2(x.shape[-1]), num_warps=4 if x.shape[-1] <= 2048 else 8,
         )
     return out

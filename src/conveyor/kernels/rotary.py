@@ -2,8 +2,8 @@
 
 The model: one program per token rotates all its query and key heads: for each head row x = (x1, x2)
 over the two halves, out = x * cos + rotate_half(x) * sin with rotate_half(x) = (-x2, x1), cos/sin
-[T, d] given per token. Each product and the sum are rounded to the input dtype in the same order as
-the eager torch expression, so the fused path yields the same bits. Eager torch needs ten launches
+[T, d] given per token. Products and sum follow the eager torch expression's rounding steps, but
+the compiler may contract them into an FMA, so an element can differ from eager by one bf16 ulp. Eager torch needs ten launches
 per layer (five for q, five for k).
 """
 
