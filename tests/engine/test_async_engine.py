@@ -170,3 +170,24 @@ def test_model_name_derivation() -> None:
     assert model_name_of(EngineConfig(model=ModelConfig(model="/m/Foo.Q4.gguf"))) == "Foo.Q4"
     assert model_name_of(EngineConfig(model=ModelConfig(model="/models/Llama-3/"))) == "Llama-3"
     assert model_name_of(EngineConfig(model=ModelConfig(served_model_name="x"))) == "x"
+
+
+def test_request_of_a_closed_event_loop_is_aborted() -> None:
+    scheduler = FakeScheduler()
+    engine = make_async(scheduler=scheduler, runner=FakeRunner(delay_s=0.001))
+
+    async def start_and_leave() -> None:
+        stream = engine.generate(req("a", max_tokens=2000))
+        await stream.__anext__()  # then the loop closes with the stream still open
+
+    asyncio.run(start_and_leave())
+
+    async def wait_until_free() -> None:
+        for _ in range(200):
+            if not scheduler.has_unfinished_requests():
+                break
+            await asyncio.sleep(0.01)
+        assert not scheduler.has_unfinished_requests()
+        await engine.shutdown()
+
+    asyncio.run(wait_until_free())

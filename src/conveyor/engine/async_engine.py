@@ -151,8 +151,13 @@ class AsyncEngine:
             for item in outputs:
                 request_id, payload = (item.request_id, item) if isinstance(item, RequestOutput) else item
                 stream = self._streams.get(request_id)
-                if stream is not None and not stream.loop.is_closed():
+                if stream is None:
+                    continue  # the consumer already left (its abort is queued)
+                try:
                     stream.loop.call_soon_threadsafe(stream.outputs.put_nowait, payload)
+                except RuntimeError:  # its event loop has closed: nobody is listening, free the request
+                    self._streams.pop(request_id, None)
+                    self._commands.put(Command(CommandKind.ABORT, request_ids=[request_id]))
 
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
