@@ -105,3 +105,12 @@ def test_backend_factory() -> None:
     assert get_attention_backend("torch").name == "torch"
     with pytest.raises(ValueError, match="unknown attention backend 'flash'"):
         get_attention_backend("flash")
+
+
+def test_decodes_split_into_length_groups_still_match(monkeypatch: pytest.MonkeyPatch) -> None:
+    from conveyor.model import attention
+
+    monkeypatch.setattr(attention, "DECODE_GROUP_BYTES", 2 * 2 * 16 * 4 * 40)  # ~40 tokens of K+V per group
+    specs = [(1, 5), (1, 37), (1, 12), (4, 9), (1, 30), (1, 2), (1, 19)]
+    out, reference = run_mixed_batch(specs, num_heads=4, num_kv_heads=2, head_dim=16, block_size=4)
+    torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-4)
