@@ -165,3 +165,17 @@ def test_unknown_cached_request_and_bad_ranges_raise(runner: ModelRunner) -> Non
     bad = SchedulerOutput(good.scheduled_new_reqs, [], {"a": 40}, 40)
     with pytest.raises(ValueError, match="known tokens"):
         runner.execute(bad)
+
+
+def test_logprobs_are_the_raw_model_distribution(runner: ModelRunner) -> None:
+    calls = record_logits(runner)
+    scheduler = ToyScheduler()
+    params = SamplingParams(temperature=0.7, seed=3, logprobs=4, repetition_penalty=1.5, max_tokens=1)
+    scheduler.add("a", PROMPTS["a"], params)
+    output = runner.execute(scheduler.schedule())
+    entry = output.logprobs["a"][0]
+    raw = torch.log_softmax(calls[0][0], dim=-1)
+    assert entry.token_id == output.sampled_token_ids["a"][0]
+    assert entry.logprob == pytest.approx(raw[entry.token_id].item(), abs=1e-5)
+    assert entry.top_token_ids == raw.topk(4).indices.tolist()
+    assert entry.rank == int((raw >= raw[entry.token_id]).sum())
