@@ -119,3 +119,10 @@ def test_unpermute_inverts_llama_cpp_rope_permutation() -> None:
     # llama.cpp's converter: reshape(heads, 2, d/2, ...).swapaxes(1, 2)
     permuted = weight.reshape(num_heads, 2, head_dim // 2, 5).transpose(1, 2).reshape(weight.shape)
     assert torch.equal(unpermute_rope_rows(permuted, num_heads), weight)
+
+
+def test_dummy_weights_in_the_embedded_gguf_shape() -> None:
+    model_config = ModelConfig(load_format=LoadFormat.DUMMY, num_hidden_layers_override=1)
+    loaded = load_model(model_config, "cpu", torch.float32)
+    assert loaded.load_format == LoadFormat.DUMMY and loaded.arch_config.hidden_size == 576
+    assert loaded.module.num_layers == 1 and loaded.eos_token_ids == (2,)

@@ -31,7 +31,8 @@ class AttentionMetadata:
     block_tables: torch.Tensor
     """[num_seqs, max_num_blocks] int32: physical block ids per sequence, right-padded with 0."""
     slot_mapping: torch.Tensor
-    """[num_tokens] int64: cache slot receiving each query token's K/V (all valid, no padding)."""
+    """[num_tokens] int64: cache slot receiving each query token's K/V. A negative slot marks a
+    CUDA-graph padding token (the triton backend skips it); the torch backend needs all slots valid."""
     max_query_len: int
     """Longest query (chunk) length in the batch."""
     max_seq_len: int

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import pathlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -70,9 +70,10 @@ def embedded_gguf_path() -> pathlib.Path:
 def resolve_model_source(model_config: ModelConfig) -> tuple[pathlib.Path, LoadFormat]:
     """(path, concrete format) for a ModelConfig; a missing path raises ModelNotFoundError."""
     if model_config.model is None:
-        if model_config.load_format not in (LoadFormat.AUTO, LoadFormat.GGUF):
-            raise ValueError(f"load_format {model_config.load_format.value} needs --model PATH")
-        return embedded_gguf_path(), LoadFormat.GGUF
+        if model_config.load_format == LoadFormat.SAFETENSORS:
+            raise ValueError("load_format safetensors needs --model DIRECTORY")
+        fmt = LoadFormat.DUMMY if model_config.load_format == LoadFormat.DUMMY else LoadFormat.GGUF
+        return embedded_gguf_path(), fmt
     path = pathlib.Path(model_config.model).expanduser()
     if not path.exists():
         raise ModelNotFoundError(f"model path {str(path)!r} does not exist (--model); nothing is downloaded")
@@ -113,9 +114,16 @@ def load_model(
     )
 
 
-def _open_source(path: pathlib.Path, fmt: LoadFormat):
+WeightSource = Callable[[ModelArchConfig], Iterator[tuple[str, torch.Tensor]]]
+
+
+def _open_source(path: pathlib.Path, fmt: LoadFormat) -> tuple[ModelArchConfig, WeightSource]:
     """(arch config, weights(config) -> iterator of HF-named tensors) for a resolved source."""
-    if fmt == LoadFormat.GGUF:
+    if fmt == LoadFormat.SAFETENSORS and path.suffix == ".gguf":
+        raise ValueError(f"{str(path)!r} is a GGUF file; use --load-format gguf or auto")
+    if fmt == LoadFormat.GGUF and path.suffix != ".gguf":
+        raise ValueError(f"load format gguf needs a .gguf file, got {str(path)!r}")
+    if path.suffix == ".gguf":  # dummy weights may take their shape from a GGUF too
         gguf = read_gguf(path)
         return arch_config_from_gguf(gguf), lambda config: iter_gguf_weights(gguf, config)
     config_path = path / "config.json" if path.is_dir() else path
