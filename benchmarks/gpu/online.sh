@@ -11,7 +11,7 @@ port=$((20000 + RANDOM % 20000))
 mkdir -p "$out"
 python3 benchmarks/gpu/online_trace.py --num-requests 1000 --out "$out/trace.jsonl"
 python3 -m conveyor serve --model "$model" --load-format dummy --tokenizer "$tokenizer" --device "${DEVICE:-cuda}" \
-  ${SERVE_EXTRA:-} --max-model-len 4096 --max-num-seqs 256 --max-num-batched-tokens 8192 --no-enable-prefix-caching \
+  ${SERVE_EXTRA:-} --max-model-len 4096 --max-num-seqs 256 --max-num-batched-tokens ${MAX_BATCHED:-2048} --no-enable-prefix-caching \
   --port "$port" > "$out/server.log" 2>&1 &
 server=$!
 for _ in $(seq 1 240); do
