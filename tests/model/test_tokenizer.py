@@ -42,7 +42,7 @@ def hf_tokenizer():
 
 @pytest.mark.parametrize("text", TEXTS)
 def test_round_trip(tokenizer: Tokenizer, text: str) -> None:
-    assert tokenizer.decode(tokenizer.encode(text)) == text
+    assert tokenizer.decode(tokenizer.encode(text), skip_special_tokens=False) == text
 
 
 @pytest.mark.slow
@@ -65,7 +65,8 @@ def test_special_tokens_and_sizes(tokenizer: Tokenizer) -> None:
     assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.vocab_size) == (1, 2, 49152)
     assert tokenizer.encode("<|im_end|>") == [2]  # control tokens stay whole
     assert {0, 1, 2} <= set(tokenizer.all_special_ids)
-    assert tokenizer.decode([28, 2], skip_special_tokens=True) == ","
+    assert tokenizer.decode([28, 2]) == ","  # special tokens skipped by default, as in vLLM
+    assert tokenizer.decode([28, 2], skip_special_tokens=False) == ",<|im_end|>"
     assert tokenizer.encode("hi", add_special_tokens=True) == tokenizer.encode("hi", add_special_tokens=False)
 
 

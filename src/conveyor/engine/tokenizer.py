@@ -210,8 +210,9 @@ class Tokenizer:
             return [self.bos_token_id, *ids]
         return ids
 
-    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Text of token_ids; special tokens are dropped unless skip_special_tokens is False (vLLM's default)."""
+        return self.backend.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
     def id_to_token(self, token_id: int) -> str | None:
         return self.backend.id_to_token(token_id)
