@@ -33,6 +33,8 @@ from conveyor.worker.sampling_metadata import SamplingRequest, build_sampling_ba
 
 RANDOM = SamplingParams(temperature=0.8, top_p=0.95, top_k=50, max_tokens=None)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=None)
+HEADROOM_TOKENS = 256
+"""Decode steps a request may take after its prompt (blocks are allocated for them up front)."""
 
 
 def median_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
@@ -53,7 +55,8 @@ class DecodeDriver:
 
     def __init__(self, runner: ModelRunner, batch_size: int, context: int) -> None:
         self.runner, self.ids = runner, [f"r{i}" for i in range(batch_size)]
-        blocks_each = -(-(context + 4096) // runner.block_size)
+        # No more blocks than max_model_len needs: a longer table would disqualify the CUDA graphs.
+        blocks_each = -(-(context + HEADROOM_TOKENS) // runner.block_size)
         self.blocks = {rid: list(range(i * blocks_each, (i + 1) * blocks_each)) for i, rid in enumerate(self.ids)}
         prompt = [(7 * j) % 1000 + 10 for j in range(context)]
         new = [NewRequestData(rid, prompt, [], GREEDY, self.blocks[rid], 0) for rid in self.ids]
@@ -101,17 +104,19 @@ def main() -> int:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--context", type=int, default=128)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     args = parser.parse_args()
     max_batch = max(args.batch_sizes)
     runner = ModelRunner(
         ModelConfig(model=args.model, load_format=LoadFormat(args.load_format)),
-        CacheConfig(num_blocks_override=max_batch * (-(-(args.context + 4096) // 16))),
+        CacheConfig(num_blocks_override=max_batch * (-(-(args.context + HEADROOM_TOKENS) // 16))),
         SchedulerConfig(max_num_seqs=max_batch, max_num_batched_tokens=max(2048, max_batch * args.context),
-                        max_model_len=4096),
-        DeviceConfig(device=args.device, num_threads=args.num_threads),
+                        max_model_len=args.context + HEADROOM_TOKENS),
+        DeviceConfig(device=args.device, num_threads=args.num_threads, enforce_eager=args.enforce_eager),
     )
     runner.initialize_kv_cache()
     info = {"device": args.device, "dtype": str(runner.dtype), "backend": runner.attention_backend,
+            "cuda_graphs": getattr(runner, "cuda_graphs", None) is not None,
             "torch": torch.__version__, "layers": runner.arch_config.num_hidden_layers}
     for batch_size in args.batch_sizes:
         runner.states.clear()
