@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from conveyor.config import CacheConfig
+from conveyor.model.attention import kv_cache_shape
 
 DEFAULT_CPU_KV_CACHE_MEMORY_BYTES = 1 << 30
 """KV budget on CPU when `--kv-cache-memory` is not given: 1 GiB."""
@@ -51,9 +52,9 @@ class KVCacheSpec:
     def bytes_per_block(self) -> int:
         return self.bytes_per_token * self.block_size
 
-    def layer_shape(self, num_blocks: int) -> tuple[int, int, int, int, int]:
-        """Shape of one layer's cache tensor."""
-        return (2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+    def layer_shape(self, num_blocks: int) -> tuple[int, ...]:
+        """Shape of one layer's cache tensor, as the model's attention reads it."""
+        return kv_cache_shape(num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
 
 
 @dataclass(frozen=True)
