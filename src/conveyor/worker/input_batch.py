@@ -66,10 +66,12 @@ def prepare_host_batch(
 ) -> HostBatch:
     """numpy inputs for `batch` (states in batch order, num_computed_tokens = start of this step)."""
     num_reqs = len(batch)
-    # One pass over the states: [B, 4] = (query_len, start, known tokens, blocks) per request.
-    per_request = np.array([(num_scheduled_tokens[s.request_id], s.num_computed_tokens, len(s.token_ids),
-                             s.block_table.num_blocks) for s in batch], dtype=np.int64).reshape(num_reqs, 4)
-    query_lens, starts, num_known, num_blocks = per_request.T
+    # [4, B]: (query_len, start, known tokens, blocks) per request; plain lists convert fastest.
+    per_request = np.array([
+        [num_scheduled_tokens[s.request_id] for s in batch], [s.num_computed_tokens for s in batch],
+        [len(s.token_ids) for s in batch], [s.block_table.num_blocks for s in batch],
+    ], dtype=np.int64).reshape(4, num_reqs)
+    query_lens, starts, num_known, num_blocks = per_request
     seq_lens = starts + query_lens
     _check_ranges(batch, per_request, block_size)
     cu_query = np.zeros(num_reqs + 1, dtype=np.int64)
@@ -79,10 +81,7 @@ def prepare_host_batch(
     block_tables = _block_tables(batch, num_blocks)
     slots = block_tables[request_of_token, positions // block_size].astype(np.int64) * block_size
     slots += positions % block_size
-    input_ids = np.fromiter(
-        (t for s, a, b in zip(batch, starts.tolist(), seq_lens.tolist()) for t in s.token_ids[a:b]),
-        dtype=np.int64, count=int(cu_query[-1]),
-    )
+    input_ids = _gather_input_ids(batch, starts.tolist(), seq_lens.tolist(), int(cu_query[-1]))
     samples = seq_lens == num_known  # [B] the range reaches the end of the known tokens
     return HostBatch(
         input_ids=input_ids, positions=positions, slot_mapping=slots,
@@ -92,9 +91,18 @@ def prepare_host_batch(
     )
 
 
+def _gather_input_ids(batch: Sequence[RequestState], starts: list[int], ends: list[int],
+                      num_tokens: int) -> np.ndarray:
+    """[T] int64: tokens [start, end) of each request, concatenated in batch order."""
+    if num_tokens == len(batch):  # pure decode: one token each, the common case at large batch
+        return np.array([s.token_ids[a] for s, a in zip(batch, starts)], dtype=np.int64)
+    return np.fromiter((t for s, a, b in zip(batch, starts, ends) for t in s.token_ids[a:b]),
+                       dtype=np.int64, count=num_tokens)
+
+
 def _check_ranges(batch: Sequence[RequestState], per_request: np.ndarray, block_size: int) -> None:
     """The scheduler must never ask for tokens the worker does not know or slots it did not give."""
-    query_lens, starts, num_known, num_blocks = per_request.T
+    query_lens, starts, num_known, num_blocks = per_request
     seq_lens = starts + query_lens
     bad = (query_lens < 1) | (seq_lens > num_known) | (num_blocks * block_size < seq_lens)
     if not bad.any():
