@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import math
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -84,6 +85,42 @@ def write_kv_torch(
 DECODE_GROUP_BYTES = 1024 * 1024
 
 
+@dataclass(frozen=True)
+class _DecodeGroup:
+    """One-token sequences attended together over a padded gather of their blocks."""
+
+    token_ids: torch.Tensor
+    """[n] int64: their rows in query / out."""
+    block_ids: torch.Tensor
+    """[n, num_blocks] int64: block tables cut to the group's longest sequence."""
+    mask: torch.Tensor | None
+    """[n, 1, 1, L] bool: key j of row i is real (None when no row is padded)."""
+
+
+@dataclass(frozen=True)
+class _PrefillChunk:
+    """A sequence with several query tokens (a prefill chunk, maybe after a cached prefix)."""
+
+    tokens: slice
+    """Its rows in query / out."""
+    block_ids: torch.Tensor
+    """[num_blocks] int64: the blocks holding its seq_len tokens."""
+    seq_len: int
+    """Context length including the chunk."""
+    mask: torch.Tensor | None
+    """[q, L] bool causal mask shifted by the cached context (None: no context, plain causal)."""
+
+
+@dataclass(frozen=True)
+class TorchAttentionPlan:
+    """What the torch backend derives from one step's metadata, once, for every layer."""
+
+    decode_groups: list[_DecodeGroup]
+    """Decodes, in length-sorted groups."""
+    prefill_chunks: list[_PrefillChunk]
+    """Multi-token queries, one by one."""
+
+
 def paged_attention_torch(
     query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
 ) -> torch.Tensor:
@@ -94,30 +131,64 @@ def paged_attention_torch(
     chunks) run one by one with a causal mask shifted by their cached context.
     GQA: query head h reads KV head h // (H // kvh).
     """
+    plan = metadata.backend_plan
+    if not isinstance(plan, TorchAttentionPlan):  # first layer of the step: plan once
+        token_bytes = 2 * kv_cache[0, 0, 0].numel() * kv_cache.element_size()
+        plan = metadata.backend_plan = plan_torch_attention(metadata, token_bytes)
     out = torch.empty_like(query)
-    starts = [0]
-    for length in metadata.query_lens_cpu:
-        starts.append(starts[-1] + length)
-    decodes = [i for i, q in enumerate(metadata.query_lens_cpu) if q == 1]
-    for group in _decode_groups(decodes, metadata, kv_cache):
-        token_ids = torch.tensor([starts[i] for i in group], device=query.device)
-        out[token_ids] = _decode_attention(query[token_ids], kv_cache, metadata, group, scale)
-    for i, query_len in enumerate(metadata.query_lens_cpu):
-        if query_len > 1:
-            chunk = slice(starts[i], starts[i + 1])
-            out[chunk] = _prefill_attention(query[chunk], kv_cache, metadata, i, scale)
+    for group in plan.decode_groups:
+        out[group.token_ids] = _decode_attention(query[group.token_ids], kv_cache, group, scale)
+    for chunk in plan.prefill_chunks:
+        out[chunk.tokens] = _prefill_attention(query[chunk.tokens], kv_cache, chunk, scale)
     return out
 
 
-def _decode_groups(seqs: list[int], metadata: AttentionMetadata, kv_cache: torch.Tensor) -> list[list[int]]:
+def plan_torch_attention(metadata: AttentionMetadata, kv_token_bytes: int) -> TorchAttentionPlan:
+    """Group the decodes (see DECODE_GROUP_BYTES) and prepare every index tensor and mask."""
+    device = metadata.block_tables.device
+    starts = [0]
+    for length in metadata.query_lens_cpu:
+        starts.append(starts[-1] + length)
+    groups = []
+    decodes = [i for i, q in enumerate(metadata.query_lens_cpu) if q == 1]
+    for seqs in _decode_groups(decodes, metadata.seq_lens_cpu, kv_token_bytes):
+        lens = [metadata.seq_lens_cpu[i] for i in seqs]
+        num_blocks = math.ceil(lens[0] / metadata.block_size)  # lens[0] is the group's longest
+        rows = torch.tensor(seqs, device=device)
+        mask = None
+        if min(lens) < num_blocks * metadata.block_size:
+            key_pos = torch.arange(num_blocks * metadata.block_size, device=device)
+            mask = (key_pos[None, :] < torch.tensor(lens, device=device)[:, None])[:, None, None, :]
+        token_ids = torch.tensor([starts[i] for i in seqs], device=device)
+        groups.append(_DecodeGroup(token_ids, metadata.block_tables[rows, :num_blocks].long(), mask))
+    chunks = [
+        _prefill_chunk(metadata, i, slice(starts[i], starts[i + 1]))
+        for i, q in enumerate(metadata.query_lens_cpu) if q > 1
+    ]
+    return TorchAttentionPlan(decode_groups=groups, prefill_chunks=chunks)
+
+
+def _prefill_chunk(metadata: AttentionMetadata, seq: int, tokens: slice) -> _PrefillChunk:
+    device = metadata.block_tables.device
+    seq_len = metadata.seq_lens_cpu[seq]
+    num_context = seq_len - metadata.query_lens_cpu[seq]
+    block_ids = metadata.block_tables[seq, : math.ceil(seq_len / metadata.block_size)].long()
+    mask = None
+    if num_context > 0:
+        # Query i sits at position num_context + i and sees keys 0 .. num_context + i.
+        key_pos = torch.arange(seq_len, device=device)
+        query_pos = torch.arange(num_context, seq_len, device=device)
+        mask = key_pos[None, :] <= query_pos[:, None]  # [q, L]
+    return _PrefillChunk(tokens=tokens, block_ids=block_ids, seq_len=seq_len, mask=mask)
+
+
+def _decode_groups(seqs: list[int], seq_lens: list[int], kv_token_bytes: int) -> list[list[int]]:
     """Split decode sequences, longest first, into groups whose padded K+V gather fits the budget."""
-    token_bytes = 2 * kv_cache[0, 0, 0].numel() * kv_cache.element_size()
-    ordered = sorted(seqs, key=lambda i: -metadata.seq_lens_cpu[i])
     groups: list[list[int]] = []
-    for i in ordered:
+    for i in sorted(seqs, key=lambda i: -seq_lens[i]):
         if groups:
-            padded_len = metadata.seq_lens_cpu[groups[-1][0]]  # the group's first is its longest
-            if (len(groups[-1]) + 1) * padded_len * token_bytes <= DECODE_GROUP_BYTES:
+            padded_len = seq_lens[groups[-1][0]]  # the group's first is its longest
+            if (len(groups[-1]) + 1) * padded_len * kv_token_bytes <= DECODE_GROUP_BYTES:
                 groups[-1].append(i)
                 continue
         groups.append([i])
@@ -134,47 +205,31 @@ def _gather_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> tuple[tor
 
 
 def _decode_attention(
-    query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, seqs: list[int], scale: float
+    query: torch.Tensor, kv_cache: torch.Tensor, group: _DecodeGroup, scale: float
 ) -> torch.Tensor:
     """query [n, H, d] of n one-token sequences -> [n, H, d]."""
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[-2]
-    lens = [metadata.seq_lens_cpu[i] for i in seqs]
-    num_blocks = math.ceil(max(lens) / metadata.block_size)
-    rows = torch.tensor(seqs, device=query.device)
-    k, v = _gather_blocks(kv_cache, metadata.block_tables[rows, :num_blocks].long())  # [n, L, kvh, d]
+    k, v = _gather_blocks(kv_cache, group.block_ids)  # [n, L, kvh, d]
     k, v = k.transpose(1, 2).to(query.dtype), v.transpose(1, 2).to(query.dtype)  # [n, kvh, L, d]
     # The query heads sharing one KV head act as that head's "query length": no KV repeat needed.
     q = query.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [n, kvh, g, d]
-    if min(lens) == k.shape[2]:  # no padding in this group
-        out = F.scaled_dot_product_attention(q, k, v, scale=scale)
-    else:
-        lens_t = torch.tensor(lens, device=query.device)
-        mask = torch.arange(k.shape[2], device=query.device)[None, :] < lens_t[:, None]  # [n, L]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :], scale=scale)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask, scale=scale)
     return out.reshape(num_seqs, num_heads, head_dim)
 
 
 def _prefill_attention(
-    query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, seq: int, scale: float
+    query: torch.Tensor, kv_cache: torch.Tensor, chunk: _PrefillChunk, scale: float
 ) -> torch.Tensor:
-    """query [q, H, d] of sequence `seq` (its last q positions) -> [q, H, d]."""
-    query_len = query.shape[0]
-    seq_len = metadata.seq_lens_cpu[seq]
-    num_context = seq_len - query_len
-    num_blocks = math.ceil(seq_len / metadata.block_size)
-    k, v = _gather_blocks(kv_cache, metadata.block_tables[seq, :num_blocks].long())  # [L', kvh, d]
-    k = k[:seq_len].transpose(0, 1).to(query.dtype)  # [kvh, L, d]
-    v = v[:seq_len].transpose(0, 1).to(query.dtype)
+    """query [q, H, d] of one sequence (its last q positions) -> [q, H, d]."""
+    k, v = _gather_blocks(kv_cache, chunk.block_ids)  # [L', kvh, d]
+    k = k[: chunk.seq_len].transpose(0, 1).to(query.dtype)  # [kvh, L, d]
+    v = v[: chunk.seq_len].transpose(0, 1).to(query.dtype)
     q = query.transpose(0, 1)  # [H, q, d]
-    if num_context == 0:
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
-    else:
-        # Query i sits at position num_context + i and sees keys 0 .. num_context + i.
-        key_pos = torch.arange(seq_len, device=query.device)
-        query_pos = torch.arange(num_context, seq_len, device=query.device)
-        mask = key_pos[None, :] <= query_pos[:, None]  # [q, L]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    causal = chunk.mask is None
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=chunk.mask, is_causal=causal, scale=scale, enable_gqa=True
+    )
     return out.transpose(0, 1)
 
 

@@ -10,7 +10,8 @@ A decode is simply a sequence with query length 1. Sequences may appear in any o
 Every token's K/V is written to `slot_mapping[t] = block_id * block_size + offset` before attention
 runs, so a query attends to cached context and to its own chunk through the same block table.
 All tensors live on the model's device; the `*_cpu` lists mirror them for host-side loops (the
-torch backend) and must agree with them.
+torch backend) and must agree with them. One object describes one step: build a new one per step
+(a backend may cache per-step derived data in `backend_plan`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class AttentionMetadata:
     """Host copy of `seq_lens` (len num_seqs)."""
     block_size: int
     """Tokens per KV block (the cache's second dimension)."""
+    backend_plan: object | None = None
+    """What an attention backend derives from these fields once per step and reuses in every
+    layer (index tensors, masks); set by the backend on first use, left None by whoever builds this."""
 
     @property
     def num_seqs(self) -> int:
