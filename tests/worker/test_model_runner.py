@@ -179,3 +179,13 @@ def test_logprobs_are_the_raw_model_distribution(runner: ModelRunner) -> None:
     assert entry.logprob == pytest.approx(raw[entry.token_id].item(), abs=1e-5)
     assert entry.top_token_ids == raw.topk(4).indices.tolist()
     assert entry.rank == int((raw >= raw[entry.token_id]).sum())
+
+
+def test_profile_run_leaves_cache_and_states_alone(runner: ModelRunner) -> None:
+    scheduler = ToyScheduler()
+    scheduler.add("a", PROMPTS["a"], GREEDY)
+    scheduler.step(runner)
+    before = [cache.clone() for cache in runner.kv_caches]
+    runner.profile_run()  # max_num_batched_tokens on scratch KV (CUDA sizing calls it)
+    assert list(runner.states) == ["a"]
+    assert all(torch.equal(a, b) for a, b in zip(before, runner.kv_caches))
