@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from conveyor.model.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary, rope_inv_freq
-from conveyor.model.registry import RopeScaling
+from conveyor.model.registry import RopeScaling, RopeType
 
 transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig  # noqa: E402
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
 
-LLAMA3 = RopeScaling(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+LLAMA3 = RopeScaling(rope_type=RopeType.LLAMA3, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                      original_max_position_embeddings=8192)
 
 
@@ -67,4 +67,4 @@ def test_gated_mlp_is_down_of_silu_gate_times_up() -> None:
 
 def test_unknown_rope_type_is_rejected() -> None:
     with pytest.raises(ValueError, match="rope_type 'yarn' is not supported"):
-        RopeScaling(rope_type="yarn")
+        RopeScaling.parse("yarn")

@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from conveyor.model.registry import ModelArchConfig, RopeScaling, get_model_class
+from conveyor.model.registry import ModelArchConfig, RopeScaling, RopeType, get_model_class
 
 BENCH_MODELS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "models"
 
@@ -20,7 +20,7 @@ def test_llama31_config() -> None:
     config = ModelArchConfig.from_hf_config(load("llama-3.1-8b"))
     assert (config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads) == (32, 32, 8)
     assert config.head_dim == 128 and config.rope_theta == 500000.0 and not config.tie_word_embeddings
-    assert config.rope_scaling == RopeScaling("llama3", 8.0, 1.0, 4.0, 8192)
+    assert config.rope_scaling == RopeScaling(RopeType.LLAMA3, 8.0, 1.0, 4.0, 8192)
     assert config.eos_token_ids == (128001,) and config.torch_dtype == "bfloat16"
     assert get_model_class(config.architecture).__name__ == "LlamaForCausalLM"
 
@@ -28,7 +28,7 @@ def test_llama31_config() -> None:
 def test_qwen3_config() -> None:
     config = ModelArchConfig.from_hf_config(load("qwen3-0.6b"))
     assert config.head_dim == 128 and config.hidden_size == 1024  # head_dim != hidden / heads
-    assert config.tie_word_embeddings and config.rope_scaling.rope_type == "default"
+    assert config.tie_word_embeddings and config.rope_scaling.rope_type == RopeType.DEFAULT
     assert get_model_class(config.architecture).__name__ == "Qwen3ForCausalLM"
 
 

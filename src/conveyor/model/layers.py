@@ -21,7 +21,7 @@ from conveyor.kernels.rms_norm import rms_norm
 from conveyor.kernels.rotary import rotary_
 from conveyor.kernels.silu_and_mul import silu_and_mul
 from conveyor.kernels.triton_compat import HAS_TRITON
-from conveyor.model.registry import RopeScaling
+from conveyor.model.registry import RopeScaling, RopeType
 
 
 def use_fused_kernels(x: torch.Tensor) -> bool:
@@ -51,9 +51,9 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Te
     """[head_dim // 2] float32 inverse frequencies, scaled as `scaling` says (HF semantics)."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
     inv_freq = 1.0 / (theta**exponents)
-    if scaling.rope_type == "linear":
+    if scaling.rope_type == RopeType.LINEAR:
         return inv_freq / scaling.factor
-    if scaling.rope_type == "llama3":
+    if scaling.rope_type == RopeType.LLAMA3:
         return _llama3_scale(inv_freq, scaling)
     return inv_freq
 

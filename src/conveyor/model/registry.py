@@ -8,6 +8,7 @@ Architectures map to "module:Class" and are imported on demand (the model files 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import importlib
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,15 @@ MODEL_ARCHITECTURES: dict[str, str] = {
 }
 """HF `architectures[0]` -> "module:Class" (a constant)."""
 
-ROPE_TYPES = ("default", "linear", "llama3")
+
+
+class RopeType(enum.Enum):
+    """Rope frequency schemes we implement (HF `rope_type` names)."""
+
+    DEFAULT = "default"
+    LINEAR = "linear"
+    LLAMA3 = "llama3"
+
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -29,8 +38,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 class RopeScaling:
     """Rope frequency scaling as HF's `rope_scaling` / `rope_parameters` describe it."""
 
-    rope_type: str = "default"
-    """One of ROPE_TYPES ("default" means no scaling)."""
+    rope_type: RopeType = RopeType.DEFAULT
+    """The scheme (DEFAULT means no scaling)."""
     factor: float = 1.0
     """Context extension factor (linear, llama3)."""
     low_freq_factor: float = 1.0
@@ -40,9 +49,13 @@ class RopeScaling:
     original_max_position_embeddings: int = 8192
     """llama3: the context length the model was pretrained with."""
 
-    def __post_init__(self) -> None:
-        if self.rope_type not in ROPE_TYPES:
-            raise ValueError(f"rope_scaling.rope_type {self.rope_type!r} is not supported; use one of {ROPE_TYPES}")
+    @classmethod
+    def parse(cls, rope_type: str, **params: float) -> RopeScaling:
+        """From HF's string name; an unsupported scheme raises with the supported ones."""
+        names = [t.value for t in RopeType]
+        if rope_type not in names:
+            raise ValueError(f"rope_scaling.rope_type {rope_type!r} is not supported; use one of {names}")
+        return cls(RopeType(rope_type), **params)
 
 
 @dataclass(frozen=True)
@@ -138,7 +151,7 @@ def _rope_of(config: dict[str, Any]) -> tuple[float, RopeScaling]:
     rope_type = params.get("rope_type") or params.get("type") or "default"
     fields = {f.name for f in dataclasses.fields(RopeScaling)} - {"rope_type"}
     kwargs = {k: v for k, v in params.items() if k in fields and v is not None}
-    return theta, RopeScaling(rope_type=rope_type, **kwargs)
+    return theta, RopeScaling.parse(rope_type, **kwargs)
 
 
 def get_model_class(architecture: str) -> type:
