@@ -99,7 +99,7 @@ def profile_steps(core, args: argparse.Namespace) -> dict:
     return {"profile_step_ms": [round(s * 1e3, 2) for s in step_s]}
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="directory holding config.json")
     parser.add_argument("--device", default="cuda")
@@ -117,8 +117,11 @@ def main() -> int:
     parser.add_argument("--profile-after-steps", type=int, default=40)
     parser.add_argument("--profile-out", default=None)
     parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def main() -> int:
+    args = parse_args()
     t_load = time.perf_counter()
     core = build_engine_core(engine_config(args))
     load_s = time.perf_counter() - t_load
