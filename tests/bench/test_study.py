@@ -90,3 +90,13 @@ def test_flags_override_file(tmp_path: pathlib.Path) -> None:
     assert spec.variants[1].args == {"max_num_seqs": 4, "enable_chunked_prefill": False}
     assert spec.rates == (1.0, 2.0) and spec.sweep.num_repeats == 1
     assert spec.run_options == {"num_requests": 20} and spec.slo.ttft_p95_ms == 100
+
+
+def test_study_flags_survive_the_top_level_dispatcher(tmp_path: pathlib.Path) -> None:
+    """`--command` must not clobber conveyor's own `command` attribute (the chosen subcommand)."""
+    from conveyor.cli import build_parser
+
+    argv = ["bench", "study", "--command", "x --port {port}", "--trace", "t.jsonl", "--out", str(tmp_path)]
+    args = build_parser("bench").parse_args(argv)
+    assert args.command == "bench" and args.bench_command == "study"
+    assert cli_study.study_mapping(args)["command"] == "x --port {port}"

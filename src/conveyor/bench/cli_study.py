@@ -63,7 +63,8 @@ def parse_variant(text: str) -> dict[str, Any]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("study_file", nargs="?", type=pathlib.Path, help="JSON or TOML study file")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("conveyor-study"))
-    parser.add_argument("--command", help="server command template with {port} {host} {args}")
+    # dest differs from the flag: `command` is the top-level dispatcher's subcommand attribute.
+    parser.add_argument("--command", dest="server_command", help="server command template with {port} {host} {args}")
     parser.add_argument("--trace", help="trace file")
     parser.add_argument("--slo", help="objective (KEY=VALUE,... or a JSON/TOML file)")
     parser.add_argument("--baseline", help="baseline engine flags, e.g. max_num_seqs=8,enable_chunked_prefill=true")
@@ -87,7 +88,9 @@ def _load_file(path: pathlib.Path | None) -> dict[str, Any]:
 def study_mapping(args: argparse.Namespace) -> dict[str, Any]:
     """The study file's mapping with every given flag applied over it."""
     data = _load_file(args.study_file)
-    for key in ("command", "trace", "main_rate", "price_per_gpu_hour", "num_gpus"):
+    if args.server_command is not None:
+        data["command"] = args.server_command
+    for key in ("trace", "main_rate", "price_per_gpu_hour", "num_gpus"):
         if getattr(args, key) is not None:
             data[key] = getattr(args, key)
     if args.slo:
