@@ -20,6 +20,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -100,11 +101,16 @@ def _http_json(url: str, body: dict[str, Any] | None = None, timeout_s: float = 
             return response.status, text
 
 
+def _to_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
 class ServerProcess:
     """A running server; use as a context manager so it is always stopped."""
 
-    def __init__(self, spec: ServerSpec, out_dir: Path, progress: Callable[[str], None] = print) -> None:
-        self.spec, self.out_dir, self.progress = spec, out_dir, progress
+    def __init__(self, spec: ServerSpec, out_dir: Path, progress: Callable[[str], None] | None = None) -> None:
+        self.spec, self.out_dir = spec, out_dir
+        self.progress = progress or _to_stderr  # stdout is kept for the report
         self.port = spec.port or free_port(spec.host)
         self.argv = render_command(spec, self.port)
         self.process: subprocess.Popen[bytes] | None = None
