@@ -99,3 +99,29 @@ def test_from_directory_with_tokenizer_json(tokenizer: Tokenizer, tmp_path: path
 def test_unknown_source_is_a_clear_error(tmp_path: pathlib.Path) -> None:
     with pytest.raises(TokenizerError, match="no tokenizer at"):
         Tokenizer.from_path(tmp_path)
+
+
+@pytest.mark.parametrize(("name", "pieces"), [
+    ("smollm", ["Ġ", "2", "0", "2", "4"]),  # digits one by one
+    ("llama-bpe", ["Ġ", "202", "4"]),  # up to three digits
+    ("qwen2", ["Ġ", "2", "0", "2", "4"]),
+    ("gpt2", ["Ġ2024"]),
+])
+def test_gguf_pre_tokenizer_names(name: str, pieces: list[str]) -> None:
+    from conveyor.engine.tokenizer import _pre_tokenizer
+
+    assert [p for p, _ in _pre_tokenizer(name).pre_tokenize_str(" 2024")] == pieces
+
+
+def test_unknown_gguf_pre_tokenizer_is_refused() -> None:
+    from conveyor.engine.tokenizer import _pre_tokenizer
+
+    with pytest.raises(TokenizerError, match="pre-tokenizer 'mystery' is not supported"):
+        _pre_tokenizer("mystery")
+
+
+def test_template_helpers_match_transformers(tokenizer: Tokenizer) -> None:
+    source = "{{ messages | tojson }}|{{ strftime_now('%Y') | length }}"
+    rendered = Tokenizer(tokenizer.backend, 1, 2, chat_template=source).apply_chat_template(
+        [{"role": "user", "content": "<b>é</b>"}])
+    assert rendered == '[{"role": "user", "content": "<b>é</b>"}]|4'

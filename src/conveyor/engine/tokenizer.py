@@ -6,13 +6,15 @@ template as metadata. For byte-level BPE (`tokenizer.ggml.model == "gpt2"`) we r
 `tokenizers` pipeline: GPT-2 byte-to-unicode alphabet, BPE over the merges, control tokens as
 special added tokens (matched whole, never split), and the pre-tokenizer the name implies (the
 StarCoder family, SmolLM included, splits digits one by one before the GPT-2 regex, as
-llama.cpp does). The metadata is read with a small struct parser rather than `gguf.GGUFReader`,
-which materializes every field as numpy views and takes seconds on a 49k-token vocabulary.
+llama.cpp does; Llama 3 and Qwen2 use their published split regexes; unknown names are refused).
+The metadata is read with a small struct parser rather than `gguf.GGUFReader`, which
+materializes every field as numpy views and takes seconds on a 49k-token vocabulary.
 Chat templates are rendered with jinja2 in a sandbox, with the options transformers uses.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import pathlib
 import struct
@@ -21,12 +23,29 @@ from typing import Any, BinaryIO
 
 import jinja2
 import jinja2.sandbox
-from tokenizers import AddedToken, Tokenizer as BackendTokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer as BackendTokenizer, decoders, models, pre_tokenizers
 
 GGUF_TOKEN_TYPE_CONTROL = 3
 GGUF_TOKEN_TYPE_USER_DEFINED = 4
-# llama.cpp pre-tokenizer names whose regex isolates every digit before the GPT-2 split.
-_DIGIT_SPLITTING_PRE = frozenset({"smollm", "starcoder", "refact", "codeshell", "command-r", "exaone", "minerva"})
+# llama.cpp pre-tokenizer names -> how text is split before BPE. "gpt2": GPT-2's regex (ByteLevel's
+# own); "digits": StarCoder family, every digit isolated first, then GPT-2's regex; otherwise the
+# model family's published split regex (as in its tokenizer.json).
+_GPT2_PRE = "gpt2"
+_DIGITS_PRE = "digits"
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_PRE_TOKENIZERS = {
+    "default": _GPT2_PRE, "gpt-2": _GPT2_PRE, "gpt2": _GPT2_PRE,
+    "smollm": _DIGITS_PRE, "starcoder": _DIGITS_PRE, "refact": _DIGITS_PRE, "codeshell": _DIGITS_PRE,
+    "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT,
+    "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT,
+}
 _GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
 
@@ -97,11 +116,7 @@ def _byte_level_backend(metadata: dict[str, Any]) -> BackendTokenizer:
     }
     merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges", [])]
     backend = BackendTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if metadata.get("tokenizer.ggml.pre") in _DIGIT_SPLITTING_PRE:
-        backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    else:
-        backend.pre_tokenizer = byte_level
+    backend.pre_tokenizer = _pre_tokenizer(metadata.get("tokenizer.ggml.pre", "default"))
     backend.decoder = decoders.ByteLevel()
     token_types: list[int] = metadata.get("tokenizer.ggml.token_type", [])
     backend.add_special_tokens([
@@ -113,6 +128,24 @@ def _byte_level_backend(metadata: dict[str, Any]) -> BackendTokenizer:
         for t, kind in zip(tokens, token_types) if kind == GGUF_TOKEN_TYPE_USER_DEFINED
     ])
     return backend
+
+
+def _pre_tokenizer(name: str) -> pre_tokenizers.PreTokenizer:
+    """The pre-tokenizer a GGUF's `tokenizer.ggml.pre` names; unknown names raise (ids would be wrong)."""
+    if name not in _PRE_TOKENIZERS:
+        raise TokenizerError(f"GGUF pre-tokenizer {name!r} is not supported; known: {sorted(_PRE_TOKENIZERS)}")
+    split = _PRE_TOKENIZERS[name]
+    if split == _GPT2_PRE:
+        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if split == _DIGITS_PRE:
+        return pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ])
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(split), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
 
 
 def _special_content(value: Any) -> str | None:
@@ -247,9 +280,22 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    """Templates' `tojson` as transformers defines it (jinja's own escapes HTML characters)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
+
+
 def _compile_template(source: str) -> jinja2.Template:
+    """A sandboxed template with the options and helpers transformers gives chat templates."""
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
     )
+    env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
     return env.from_string(source)
