@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 
 from conveyor.config import CacheConfig, DeviceConfig, LoadFormat, ModelConfig, SchedulerConfig
-from conveyor.core.outputs import CachedRequestData, NewRequestData, SchedulerOutput
+from conveyor.core.outputs import NO_NEW_BLOCKS, CachedRequestData, NewRequestData, SchedulerOutput
 from conveyor.sampling_params import SamplingParams
 from conveyor.worker.input_batch import prepare_host_batch
 from conveyor.worker.model_runner import ModelRunner
@@ -60,11 +60,13 @@ class DecodeDriver:
         self.blocks = {rid: list(range(i * blocks_each, (i + 1) * blocks_each)) for i, rid in enumerate(self.ids)}
         prompt = [(7 * j) % 1000 + 10 for j in range(context)]
         new = [NewRequestData(rid, prompt, [], GREEDY, self.blocks[rid], 0) for rid in self.ids]
-        runner.execute(SchedulerOutput(new, [], dict.fromkeys(self.ids, context), context * batch_size))
+        prefill = SchedulerOutput(new, CachedRequestData(), dict.fromkeys(self.ids, context), context * batch_size)
+        runner.execute(prefill)
         self.num_computed = context
 
     def step(self) -> None:
-        cached = [CachedRequestData(rid, [], self.num_computed) for rid in self.ids]
+        num_reqs = len(self.ids)
+        cached = CachedRequestData(list(self.ids), [NO_NEW_BLOCKS] * num_reqs, [self.num_computed] * num_reqs)
         self.runner.execute(SchedulerOutput([], cached, dict.fromkeys(self.ids, 1), len(self.ids)))
         self.num_computed += 1
 

@@ -17,7 +17,7 @@ def test_running_decodes_first_then_waiting_within_the_budget() -> None:
     second = driver.step().scheduler_output
     assert list(second.num_scheduled_tokens.items()) == [("a", 1), ("b", 12)]
     assert second.total_num_scheduled_tokens == 13
-    assert [c.request_id for c in second.scheduled_cached_reqs] == ["a"]
+    assert second.scheduled_cached_reqs.req_ids == ["a"]
     assert [n.request_id for n in second.scheduled_new_reqs] == ["b"]
 
 

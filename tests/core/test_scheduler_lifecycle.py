@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conveyor.core.errors import AdmissionError, QueueFullError
-from conveyor.core.outputs import ModelRunnerOutput, SchedulerOutput
+from conveyor.core.outputs import CachedRequestData, ModelRunnerOutput, SchedulerOutput
 from conveyor.request import FinishReason, RequestStatus
 from core_builders import EOS, Driver, ManualClock, make_request, make_scheduler
 
@@ -132,7 +132,7 @@ def test_queue_timeout_is_emitted_by_an_empty_update() -> None:
     scheduler.schedule()
     clock.advance(2.0)
     scheduler.schedule()
-    empty = SchedulerOutput([], [], {}, 0)
+    empty = SchedulerOutput([], CachedRequestData(), {}, 0)
     outputs, stats = scheduler.update_from_output(empty, ModelRunnerOutput({}))
     assert [o.finish_reason for o in outputs] == [FinishReason.QUEUE_TIMEOUT]
     assert stats.num_queue_timeouts == 1

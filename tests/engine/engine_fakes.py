@@ -71,7 +71,9 @@ class FakeScheduler:
             new.append(request)
         counts = {r.request_id: r.num_tokens - r.num_computed_tokens for r in self.running}
         new_data = [NewRequestData(r.request_id, r.prompt_token_ids, [], r.sampling_params, [0], 0) for r in new]
-        cached = [CachedRequestData(r.request_id, [], r.num_computed_tokens) for r in self.running if r not in new]
+        held = [r for r in self.running if r not in new]
+        cached = CachedRequestData([r.request_id for r in held], [[] for _ in held],
+                                   [r.num_computed_tokens for r in held])
         finished, self.finished_ids = self.finished_ids, set()
         return SchedulerOutput(new_data, cached, counts, sum(counts.values()), finished)
 

@@ -128,14 +128,14 @@ class ToyScheduler:
         return blocks
 
     def schedule(self, only: set[str] | None = None) -> SchedulerOutput:
-        new, cached, num_tokens = [], [], {}
+        new, cached, num_tokens = [], CachedRequestData(), {}
         for request in self.requests.values():
             if request.done or (only is not None and request.request_id not in only):
                 continue
             n = min(request.num_tokens - request.num_computed, self.chunk_size)
             was_held, blocks = request.held_by_worker, self._allocate(request, n)
             if was_held:
-                cached.append(CachedRequestData(request.request_id, blocks, request.num_computed))
+                cached.append(request.request_id, blocks, request.num_computed)
             else:
                 new.append(NewRequestData(request.request_id, request.prompt, list(request.output),
                                           request.params, list(request.block_ids), request.num_computed))

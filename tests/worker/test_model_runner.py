@@ -152,17 +152,17 @@ def test_finished_requests_are_dropped_and_logprobs_returned(runner: ModelRunner
     output = runner.execute(scheduler.schedule())
     assert len(output.logprobs["a"]) == 1 and output.logprobs["a"][0].rank == 1
     assert len(output.logprobs["a"][0].top_token_ids) == 3
-    runner.execute(SchedulerOutput([], [], {}, 0, finished_req_ids={"a"}))
+    runner.execute(SchedulerOutput([], CachedRequestData(), {}, 0, finished_req_ids={"a"}))
     assert runner.states == {}
 
 
 def test_unknown_cached_request_and_bad_ranges_raise(runner: ModelRunner) -> None:
     with pytest.raises(KeyError, match="does not hold"):
-        runner.execute(SchedulerOutput([], [CachedRequestData("x", [], 0)], {"x": 1}, 1))
+        runner.execute(SchedulerOutput([], CachedRequestData(["x"], [[]], [0]), {"x": 1}, 1))
     scheduler = ToyScheduler()
     scheduler.add("a", PROMPTS["a"], GREEDY)
     good = scheduler.schedule()
-    bad = SchedulerOutput(good.scheduled_new_reqs, [], {"a": 40}, 40)
+    bad = SchedulerOutput(good.scheduled_new_reqs, CachedRequestData(), {"a": 40}, 40)
     with pytest.raises(ValueError, match="known tokens"):
         runner.execute(bad)
 

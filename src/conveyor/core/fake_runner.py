@@ -59,10 +59,12 @@ class FakeModelRunner:
             self.states[new.request_id] = _WorkerState(
                 list(new.prompt_token_ids) + list(new.output_token_ids), list(new.block_ids),
                 new.num_computed_tokens)
-        for cached in output.scheduled_cached_reqs:
-            state = self.states[cached.request_id]
-            assert state.num_computed_tokens == cached.num_computed_tokens, "worker/scheduler out of sync"
-            state.block_ids.extend(cached.new_block_ids)
+        cached = output.scheduled_cached_reqs
+        for request_id, new_block_ids, num_computed_tokens in zip(cached.req_ids, cached.new_block_ids,
+                                                                  cached.num_computed_tokens):
+            state = self.states[request_id]
+            assert state.num_computed_tokens == num_computed_tokens, "worker/scheduler out of sync"
+            state.block_ids.extend(new_block_ids)
         if self.check_kv:
             for request_id, num_tokens in output.num_scheduled_tokens.items():
                 self._write_kv(self.states[request_id], num_tokens)

@@ -1,15 +1,15 @@
-"""Constructors for the two per-request, per-step output types that skip the frozen-dataclass `__init__`.
+"""A constructor for the per-request, per-step output type that skips the frozen-dataclass `__init__`.
 
 Why: a frozen dataclass's generated `__init__` sets each field through `object.__setattr__`, which on
 the shared 2-core CI machine costs 1-3 us for an `EngineCoreOutput`: more than the whole per-request
-budget of a step (0.5 ms / 256 requests). These build the same objects (equal, same fields, still
-immutable) by filling `__dict__` directly. tests/core/test_fast_outputs.py checks they stay in sync with
+budget of a step (0.5 ms / 256 requests). It builds the same objects (equal, same fields, still
+immutable) by filling `__dict__` directly. tests/core/test_fast_outputs.py checks it stays in sync with
 the dataclass definitions in outputs.py.
 """
 
 from __future__ import annotations
 
-from conveyor.core.outputs import CachedRequestData, EngineCoreOutput, TokenLogprobs
+from conveyor.core.outputs import EngineCoreOutput, TokenLogprobs
 
 _new = object.__new__
 _set = object.__setattr__
@@ -24,10 +24,3 @@ def token_output(request_id: str, new_token_ids: list[int], new_logprobs: list[T
         "num_cached_tokens": 0, "num_preemptions": 0})
     return output
 
-
-def cached_request_data(request_id: str, new_block_ids: list[int], num_computed_tokens: int) -> CachedRequestData:
-    """== CachedRequestData(request_id, new_block_ids, num_computed_tokens)."""
-    data = _new(CachedRequestData)
-    _set(data, "__dict__", {"request_id": request_id, "new_block_ids": new_block_ids,
-                            "num_computed_tokens": num_computed_tokens})
-    return data

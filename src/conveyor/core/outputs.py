@@ -5,8 +5,11 @@ scheduler sends only what changed, as vLLM V1 does:
 
 - `NewRequestData`: a request the worker has not seen, or one resumed after preemption (the worker
   dropped it then). It carries every known token (prompt + output so far) and the full block table.
-- `CachedRequestData`: a request the worker already holds. It carries the blocks appended this step.
-  Tokens sampled by the worker are appended by the worker itself, so none travel back.
+- `CachedRequestData`: the requests the worker already holds, as one struct of parallel lists (index
+  i of each list is one request, vLLM V1's layout): the blocks each appended this step and its computed
+  count. Tokens sampled by the worker are appended by the worker itself, so none travel back. One
+  object per step rather than one per request: with hundreds of decodes this keeps the per-request cost
+  of a step to a few list appends.
 
 For every scheduled request the worker computes `num_scheduled_tokens[req_id]` tokens starting at
 position `num_computed_tokens`, writes their KV into the slots of the block table, and samples one
@@ -16,6 +19,7 @@ nothing). `finished_req_ids` and `preempted_req_ids` tell it which states to dro
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from conveyor.request import FinishReason, RequestTimings
@@ -36,15 +40,35 @@ class NewRequestData:
     """Tokens whose KV is already in the listed blocks (prefix-cache hit), before this step."""
 
 
+NO_NEW_BLOCKS: tuple[int, ...] = ()
+"""`CachedRequestData.new_block_ids` entry of a request that got no block this step (shared, immutable)."""
+
+
 @dataclass(frozen=True)
 class CachedRequestData:
-    """A request the worker already holds, scheduled again."""
+    """The requests the worker already holds, scheduled again: parallel lists, one index per request."""
 
-    request_id: str
-    new_block_ids: list[int]
-    """Blocks appended to its table this step (often empty)."""
-    num_computed_tokens: int
-    """Tokens with KV in the cache before this step."""
+    req_ids: list[str] = field(default_factory=list)
+    new_block_ids: list[Sequence[int]] = field(default_factory=list)
+    """Blocks appended to each request's table this step (mostly `NO_NEW_BLOCKS`: read, never mutate)."""
+    num_computed_tokens: list[int] = field(default_factory=list)
+    """Tokens of each request with KV in the cache before this step."""
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_ids)
+
+    def append(self, request_id: str, new_block_ids: Sequence[int], num_computed_tokens: int) -> None:
+        """Add one request (while the step is built; the lists stay parallel)."""
+        self.req_ids.append(request_id)
+        self.new_block_ids.append(new_block_ids)
+        self.num_computed_tokens.append(num_computed_tokens)
+
+    def remove(self, request_id: str) -> None:
+        """Withdraw one request (a preemption victim scheduled earlier in the step); absent is a no-op."""
+        if request_id in self.req_ids:
+            index = self.req_ids.index(request_id)
+            del self.req_ids[index], self.new_block_ids[index], self.num_computed_tokens[index]
 
 
 @dataclass(frozen=True)
@@ -52,7 +76,7 @@ class SchedulerOutput:
     """What one step computes. Requests appear in batch order: cached (running) first, then new."""
 
     scheduled_new_reqs: list[NewRequestData]
-    scheduled_cached_reqs: list[CachedRequestData]
+    scheduled_cached_reqs: CachedRequestData
     num_scheduled_tokens: dict[str, int]
     total_num_scheduled_tokens: int
     finished_req_ids: set[str] = field(default_factory=set)

@@ -12,10 +12,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from conveyor.config import SchedulingPolicy
-from conveyor.core.fast_outputs import cached_request_data, token_output
+from conveyor.core.fast_outputs import token_output
 from conveyor.core.kv_cache_manager import KVCacheBlock
 from conveyor.core.lifecycle import append_tokens
-from conveyor.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from conveyor.core.outputs import NO_NEW_BLOCKS, EngineCoreOutput, ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 from conveyor.core.scheduler_state import StepCounters, SchedulerState, index_of
 from conveyor.core.stats import SchedulerStats
 from conveyor.core.step import StepBuilder
@@ -77,7 +77,9 @@ class SchedulerBase(SchedulerState, ABC):
         """Give each running request, in admission order, what it needs within the budget."""
         unsent = self.unsent_req_ids
         fast_num_tokens = self.kv_cache_manager.fast_num_tokens
-        add_cached = step.cached_reqs.append
+        cached = step.cached_reqs  # appended to directly (three lists, no object per request)
+        add_id, add_blocks, add_computed = cached.req_ids.append, cached.new_block_ids.append, \
+            cached.num_computed_tokens.append
         num_scheduled_tokens = step.num_scheduled_tokens
         budget = step.token_budget
         for request in list(self.running):  # a copy: preemption removes victims from self.running
@@ -93,7 +95,9 @@ class SchedulerBase(SchedulerState, ABC):
                     and not (unsent and request_id in unsent)):
                 # A decode whose slot is already held (no block to take, none to index): the common
                 # case, kept to the bare minimum; it is exactly what schedule_one_running would do.
-                add_cached(cached_request_data(request_id, [], num_computed))
+                add_id(request_id)
+                add_blocks(NO_NEW_BLOCKS)
+                add_computed(num_computed)
                 num_scheduled_tokens[request_id] = 1
                 request.num_computed_tokens = num_computed + 1
                 budget -= 1

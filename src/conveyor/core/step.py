@@ -2,15 +2,15 @@
 
 Scheduling a request advances its `num_computed_tokens` at once (vLLM V1: progress is counted at
 schedule time, so the next step starts from it even before the model has run) and records what the
-worker needs: a `NewRequestData` for a request it does not hold, a `CachedRequestData` otherwise. An
+worker needs: a `NewRequestData` for a request it does not hold, an entry in the step's one
+`CachedRequestData` (parallel lists) otherwise. An
 entry can be withdrawn (`unschedule`) when a request scheduled earlier in the step becomes a preemption
 victim (possible under the priority policy): its progress, the budget and the counters are given back.
 """
 
 from __future__ import annotations
 
-from conveyor.core.fast_outputs import cached_request_data
-from conveyor.core.outputs import CachedRequestData, NewRequestData, SchedulerOutput
+from conveyor.core.outputs import NO_NEW_BLOCKS, CachedRequestData, NewRequestData, SchedulerOutput
 from conveyor.request import Request
 
 
@@ -22,7 +22,7 @@ class StepBuilder:
         self.now_s = now_s
         self.num_scheduled_tokens: dict[str, int] = {}
         self.new_reqs: list[NewRequestData] = []
-        self.cached_reqs: list[CachedRequestData] = []
+        self.cached_reqs = CachedRequestData()
         self.preempted_req_ids: set[str] = set()
         self.num_preemptions = 0  # including requests the worker never saw (not in preempted_req_ids)
         self.num_prompt_tokens = 0  # prompt positions computed, recomputation included
@@ -32,7 +32,7 @@ class StepBuilder:
         """A request the worker holds: it gets only the blocks appended this step."""
         request_id = request.request_id
         num_computed = request.num_computed_tokens
-        self.cached_reqs.append(cached_request_data(request_id, new_block_ids, num_computed))
+        self.cached_reqs.append(request_id, new_block_ids or NO_NEW_BLOCKS, num_computed)
         self.num_scheduled_tokens[request_id] = num_new_tokens
         self.token_budget -= num_new_tokens
         if num_computed < len(request.prompt_token_ids):
@@ -68,7 +68,7 @@ class StepBuilder:
         request.num_computed_tokens -= num_tokens  # back to what is really computed (freeing relies on it)
         self.num_prompt_tokens -= self._prompt_tokens_by_req.pop(request_id, 0)
         self.new_reqs[:] = [data for data in self.new_reqs if data.request_id != request_id]
-        self.cached_reqs[:] = [data for data in self.cached_reqs if data.request_id != request_id]
+        self.cached_reqs.remove(request_id)
 
     def build(self, finished_req_ids: set[str]) -> SchedulerOutput:
         total = sum(self.num_scheduled_tokens.values())

@@ -83,16 +83,18 @@ def apply_scheduler_output(
     for request_id in scheduler_output.finished_req_ids | scheduler_output.preempted_req_ids:
         states.pop(request_id, None)
     batch: list[RequestState] = []
-    for cached in scheduler_output.scheduled_cached_reqs:
-        state = states.get(cached.request_id)
+    cached = scheduler_output.scheduled_cached_reqs
+    for request_id, new_block_ids, num_computed_tokens in zip(cached.req_ids, cached.new_block_ids,
+                                                              cached.num_computed_tokens):
+        state = states.get(request_id)
         if state is None:
             raise KeyError(
-                f"scheduler sent cached request {cached.request_id!r} that the worker does not hold "
+                f"scheduler sent cached request {request_id!r} that the worker does not hold "
                 "(a preempted or new request must arrive as NewRequestData)"
             )
-        if cached.new_block_ids:
-            state.block_table.extend(cached.new_block_ids)
-        state.num_computed_tokens = cached.num_computed_tokens
+        if new_block_ids:
+            state.block_table.extend(new_block_ids)
+        state.num_computed_tokens = num_computed_tokens
         batch.append(state)
     for new in scheduler_output.scheduled_new_reqs:
         state = state_from_new(new, make_generator(new.sampling_params))
