@@ -118,7 +118,8 @@ def dashboard_rows(analysis: Analysis) -> list[list[str]]:
 
 def _objective_cell(run: RunResult, passed: bool) -> str:
     if run.summary.get("valid") is False:
-        return f"INVALID ({run.summary.get('invalid_reason') or 'client fell behind'})"
+        reason = str(run.summary.get("invalid_reason") or "client fell behind").split(":")[0]
+        return f"INVALID ({reason})"
     return "met" if passed else "MISSED"
 
 
