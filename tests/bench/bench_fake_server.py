@@ -68,6 +68,7 @@ class FakeServer:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/tokenize", self._tokenize)
         if self.cfg.with_metrics:
             app.router.add_get("/metrics", self._metrics)
         return app
@@ -77,6 +78,11 @@ class FakeServer:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=True)
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        text = body.get("prompt") or " ".join(m["content"] for m in body.get("messages", []))
+        return web.json_response({"count": len(text.split()) + 1, "max_model_len": 4096, "tokens": []})
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})

@@ -55,3 +55,15 @@ def test_bench_run_prints_the_dashboard_row(tmp_path: pathlib.Path, capsys: pyte
     assert (tmp_path / "run" / "command.txt").read_text().startswith("conveyor ")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["completed"] == 6 and summary["goodput"] is not None
+
+
+def test_exact_lengths_from_the_servers_tokenize(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "t.jsonl"
+    with FakeServer() as server:  # its /tokenize counts words + 1 (a BOS token)
+        assert main(["trace", "make", "--mix", "chat=1", "--num-requests", "5", "--tokenize-url", server.base_url,
+                     "--out", str(out)]) == 0
+    from conveyor.bench.traces import read_trace
+    trace = read_trace(out)  # still verifies: the version covers the measured lengths
+    assert all(r.prompt_len == len(str(r.prompt).split()) + 1 for r in trace.requests)
+    assert main(["trace", "make", "--num-requests", "2", "--tokenize-url", "http://127.0.0.1:9",
+                 "--out", str(tmp_path / "x.jsonl")]) == 2

@@ -13,7 +13,8 @@ import numpy as np
 from conveyor.bench.arrivals import ArrivalConfig, ArrivalProcess
 from conveyor.bench.trace_gen import CLASSES, TraceMakeConfig, make_mixed_trace
 from conveyor.bench.trace_import import ImportConfig, import_log
-from conveyor.bench.traces import Trace, TraceError, read_trace, write_trace
+from conveyor.bench.tokenize_lengths import with_exact_lengths
+from conveyor.bench.traces import Trace, TraceError, make_trace, read_trace, write_trace
 
 
 def parse_mix(text: str) -> dict[str, float]:
@@ -67,14 +68,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     make.add_argument("--param", action="append", default=[], metavar="CLASS.FIELD=VALUE",
                       help="override a class parameter, e.g. long.prompt_len_max=1000 (repeatable)")
     make.add_argument("--out", required=True, help="trace file to write")
+    _add_tokenize_flags(make)
     imp = sub.add_parser("import", help="Turn a request log (JSONL) into a trace")
     imp.add_argument("log", help="JSONL log: timestamp, prompt|messages, output_tokens, [class], [session_id]")
     imp.add_argument("--anonymize", action="store_true", help="replace all text, keep lengths and prefix sharing")
     imp.add_argument("--default-class", default="imported")
     imp.add_argument("--seed", type=int, default=0)
     imp.add_argument("--out", required=True)
+    _add_tokenize_flags(imp)
     show = sub.add_parser("show", help="Summarize a trace")
     show.add_argument("trace")
+
+
+def _add_tokenize_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tokenize-url", default=None, metavar="BASE_URL",
+                        help="count prompt tokens exactly with this server's /tokenize (default: words ≈ tokens)")
+    parser.add_argument("--tokenize-model", default=None, help="model name for /tokenize (if the server needs one)")
+
+
+def _exact(trace: Trace, args: argparse.Namespace) -> Trace:
+    if args.tokenize_url is None:
+        return trace
+    requests = with_exact_lengths(trace.requests, args.tokenize_url, args.tokenize_model)
+    generator = dict(trace.header.generator, prompt_len="/tokenize of " + args.tokenize_url)
+    return make_trace(requests, seed=trace.header.seed, generator=generator)
 
 
 def _make_config(args: argparse.Namespace) -> TraceMakeConfig:
@@ -135,6 +152,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     else:
         print(describe(read_trace(args.trace)))
         return 0
+    trace = _exact(trace, args)
     write_trace(trace, args.out)
     print(f"wrote {args.out}: {trace.header.num_requests} requests, version {trace.header.version[:16]}")
     print(describe(trace))
