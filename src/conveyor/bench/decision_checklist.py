@@ -83,7 +83,10 @@ def burst(config: ConfigEval) -> ChecklistItem:
     question = ("Above the normal rate: bounded queue or rejection (yes), or a latency blow-up (no)?")
     base = config.operating_point
     above = [p for p in config.points if base is not None and p.offered_rate > base.offered_rate]
-    if base is None or not above:
+    if base is None:
+        return ChecklistItem(question, Answer.UNKNOWN, f"{config.name}: no operating point (the objective is not "
+                                                       "met at its lowest measured rate)")
+    if not above:
         return ChecklistItem(question, Answer.UNKNOWN, f"{config.name}: no measured rate above the operating point")
     answer, text = _burst_mode(above[0], base)
     return ChecklistItem(question, answer, f"{config.name} at {above[0].offered_rate:g} req/s "
