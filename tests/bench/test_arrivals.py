@@ -14,14 +14,14 @@ from conveyor.bench.arrivals import ArrivalConfig, ArrivalProcess, send_offsets_
 N = 20_000
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, derandomize=True)  # reproducible in CI
 @given(rate=st.floats(0.5, 2000.0), k=st.floats(0.25, 8.0), seed=st.integers(0, 2**31))
 def test_gamma_matches_rate_and_cv(rate: float, k: float, seed: int) -> None:
     offsets = send_offsets_s(ArrivalConfig(ArrivalProcess.GAMMA, rate, k, seed=seed), N)
     gaps = np.diff(offsets)
     assert offsets[0] == 0.0 and np.all(gaps >= 0)
     assert abs(np.mean(gaps) * rate - 1.0) < 0.05
-    assert abs(np.std(gaps) / np.mean(gaps) - 1.0 / math.sqrt(k)) < 0.06 / math.sqrt(k)
+    assert abs(np.std(gaps) / np.mean(gaps) - 1.0 / math.sqrt(k)) < 0.07 / math.sqrt(k)
 
 
 def test_poisson_ignores_burstiness_and_is_seeded() -> None:

@@ -32,7 +32,7 @@ def _write_log(path: pathlib.Path, prompts: list[list[str]]) -> None:
                                 "session_id": f"user-{i % 3}"}) + "\n")
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, derandomize=True)
 @given(st.lists(words, min_size=1, max_size=15), st.integers(0, 5))
 def test_anonymize_keeps_structure_and_leaks_nothing(prompts: list[list[str]], seed: int) -> None:
     with tempfile.TemporaryDirectory() as d:
