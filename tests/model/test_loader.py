@@ -126,3 +126,14 @@ def test_dummy_weights_in_the_embedded_gguf_shape() -> None:
     loaded = load_model(model_config, "cpu", torch.float32)
     assert loaded.load_format == LoadFormat.DUMMY and loaded.arch_config.hidden_size == 576
     assert loaded.module.num_layers == 1 and loaded.eos_token_ids == (2,)
+
+
+def test_bfloat16_dummy_model_runs_close_to_float32(tmp_path: pathlib.Path) -> None:
+    directory = write_config(tmp_path, tiny_config("qwen3-0.6b"))
+    model_config = ModelConfig(model=str(directory), load_format=LoadFormat.DUMMY, seed=3)
+    half = load_model(model_config, "cpu", torch.bfloat16).module
+    full = load_model(model_config, "cpu", torch.float32).module
+    assert half.dtype == torch.bfloat16
+    _, half_logits = greedy_generate(half, [[3, 1, 4, 1, 5, 9, 2, 6]], 1)
+    _, full_logits = greedy_generate(full, [[3, 1, 4, 1, 5, 9, 2, 6]], 1)
+    torch.testing.assert_close(half_logits[0], full_logits[0], atol=0.05, rtol=0.05)
