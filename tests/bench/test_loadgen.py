@@ -15,14 +15,14 @@ from conveyor.bench.traces import TraceRequest
 def test_sends_follow_the_schedule_while_earlier_requests_stream() -> None:
     requests = [TraceRequest(request_id=f"r{i}", request_class="chat", prompt="ok go", prompt_len=2, output_len=20)
                 for i in range(8)]
-    offsets = [0.02 * i for i in range(8)]  # 20 ms apart; each request streams for ~20 x 15 ms = 300 ms
+    offsets = [0.02 * i for i in range(8)]  # 20 ms apart; each request streams for ~20 x 30 ms = 600 ms
 
     async def go() -> list:
         async with new_session() as session:
             cfg = ClientConfig(base_url=server.base_url, model="fake-model")
             return (await run_open_loop(session, cfg, requests, offsets, show_progress=False)).records
 
-    with FakeServer(FakeConfig(token_delay_s=0.015)) as server:
+    with FakeServer(FakeConfig(token_delay_s=0.03)) as server:
         records = asyncio.run(go())
     assert [r.status for r in records] == [RequestStatus.COMPLETED] * 8
     assert [r.scheduled_s for r in records] == offsets
