@@ -6,7 +6,7 @@ The worker's part (here the fake runner) is outside the timed region. Times are 
 time, median (and minimum) over many steps, which is robust on a shared machine. Interleaved with
 every step, the benchmark also times the *contract floor*: building only what the core<->worker
 contract forces per request and step (an entry in each of CachedRequestData's three lists, one
-EngineCoreOutput, one dict entry),
+dict entry, an entry in each of EngineCoreOutputs' two lists),
 so `x floor` compares the scheduler with the least any implementation of the contract pays under the
 same load at the same moment.
 
@@ -25,8 +25,7 @@ from dataclasses import dataclass
 
 from conveyor.config import CacheConfig, SchedulerConfig
 from conveyor.core.fake_runner import FakeModelRunner
-from conveyor.core.fast_outputs import token_output
-from conveyor.core.outputs import NO_NEW_BLOCKS, CachedRequestData
+from conveyor.core.outputs import NO_NEW_BLOCKS, CachedRequestData, EngineCoreOutputs
 from conveyor.core.scheduler import Scheduler
 from conveyor.request import Request
 from conveyor.sampling_params import SamplingParams
@@ -94,14 +93,16 @@ def _fill(scheduler: Scheduler, runner: FakeModelRunner, population: Population,
 
 def _contract_floor_ns(request_ids: list[str]) -> int:
     start = time.thread_time_ns()
-    cached, scheduled, outputs = CachedRequestData(), {}, []
+    cached, scheduled, tokens = CachedRequestData(), {}, [5]
     for request_id in request_ids:
         cached.req_ids.append(request_id)
         cached.new_block_ids.append(NO_NEW_BLOCKS)
         cached.num_computed_tokens.append(100)
         scheduled[request_id] = 1
+    outputs = EngineCoreOutputs()
     for request_id in request_ids:
-        outputs.append(token_output(request_id, [5], []))
+        outputs.req_ids.append(request_id)
+        outputs.new_token_ids.append(tokens)
     return time.thread_time_ns() - start
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 
 from conveyor.config import Batching, CacheConfig, SchedulerConfig, SchedulingPolicy
 from conveyor.core.fake_runner import FakeModelRunner
-from conveyor.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
+from conveyor.core.outputs import EngineCoreOutput, EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
 from conveyor.core.scheduler import make_scheduler as make_policy
 from conveyor.core.scheduler_base import SchedulerBase
 from conveyor.core.stats import SchedulerStats
@@ -60,7 +60,7 @@ def make_scheduler(num_blocks: int = 64, block_size: int = 4, clock: ManualClock
 @dataclass
 class StepResult:
     scheduler_output: SchedulerOutput
-    outputs: list[EngineCoreOutput]
+    outputs: EngineCoreOutputs
     stats: SchedulerStats
 
     @property

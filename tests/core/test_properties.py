@@ -13,6 +13,7 @@ chunking, prefix hits and preemption), and all blocks are free.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hypothesis import HealthCheck, given, settings
@@ -104,7 +105,7 @@ def _step(run: Run) -> None:
     _collect(run, outputs)
 
 
-def _collect(run: Run, outputs: list[EngineCoreOutput]) -> None:
+def _collect(run: Run, outputs: Iterable[EngineCoreOutput]) -> None:
     for out in outputs:
         assert out.request_id not in run.finished, f"{out.request_id} reported after finishing"
         run.streamed.setdefault(out.request_id, []).extend(out.new_token_ids)

@@ -106,7 +106,7 @@ def test_tokens_for_a_request_aborted_mid_step_are_dropped() -> None:
     scheduler_output = scheduler.schedule()
     scheduler.finish_requests(["a"], FinishReason.ABORT)
     outputs, stats = scheduler.update_from_output(scheduler_output, ModelRunnerOutput({"a": [5]}))
-    assert outputs == [] and stats.num_generation_tokens == 0
+    assert len(outputs) == 0 and list(outputs) == [] and stats.num_generation_tokens == 0
 
 
 def test_queue_timeout_fires_for_never_scheduled_requests_even_when_idle() -> None:

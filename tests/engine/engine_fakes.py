@@ -34,6 +34,7 @@ from conveyor.core.errors import QueueFullError  # noqa: E402
 from conveyor.core.outputs import (  # noqa: E402
     CachedRequestData,
     EngineCoreOutput,
+    EngineCoreOutputs,
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
@@ -78,7 +79,7 @@ class FakeScheduler:
         return SchedulerOutput(new_data, cached, counts, sum(counts.values()), finished)
 
     def update_from_output(self, sched: SchedulerOutput, runner_out: ModelRunnerOutput):
-        outputs = self._timeouts()
+        outputs = EngineCoreOutputs(finished_outputs=self._timeouts())
         for request in list(self.running):
             if request.request_id not in sched.num_scheduled_tokens:
                 continue
@@ -87,9 +88,10 @@ class FakeScheduler:
             request.output_token_ids.extend(new_ids)
             reason = self._finish_reason(request)
             if reason is not None:
-                outputs.append(self._finish(request, reason, new_ids))
+                outputs.finished_outputs.append(self._finish(request, reason, new_ids))
             else:
-                outputs.append(EngineCoreOutput(request.request_id, list(new_ids)))
+                outputs.req_ids.append(request.request_id)
+                outputs.new_token_ids.append(list(new_ids))
         stats = SchedulerStats(len(self.running), len(self.waiting), self.kv_usage,
                                num_scheduled_tokens=sched.total_num_scheduled_tokens)
         return outputs, stats

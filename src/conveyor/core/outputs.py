@@ -19,7 +19,7 @@ nothing). `finished_req_ids` and `preempted_req_ids` tell it which states to dro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from conveyor.request import FinishReason, RequestTimings
@@ -115,7 +115,8 @@ class ModelRunnerOutput:
 
 @dataclass(frozen=True)
 class EngineCoreOutput:
-    """One request's news from one step, produced by `Scheduler.update_from_output`."""
+    """One request's news: a finish (stop, length, abort, queue timeout) with its whole record, or, when
+    `EngineCoreOutputs` is iterated, one request's tokens from a step."""
 
     request_id: str
     new_token_ids: list[int]
@@ -134,3 +135,33 @@ class EngineCoreOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class EngineCoreOutputs:
+    """Everything one `Scheduler.update_from_output` reports, batched per step (as vLLM V1 does).
+
+    The common case, a request that got tokens and goes on, is one index of the parallel lists
+    (`req_ids[i]` kept `new_token_ids[i]`): two list appends per request and step, no object. Requests
+    that finished come whole, as `EngineCoreOutput`s in `finished_outputs`. A request appears at most
+    once. Iterating yields one `EngineCoreOutput` per request (built on demand) for consumers that want
+    them one by one.
+    """
+
+    req_ids: list[str] = field(default_factory=list)
+    new_token_ids: list[list[int]] = field(default_factory=list)
+    """Tokens each going-on request kept this step (may be the runner's own lists: read, never mutate)."""
+    new_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    """Logprobs of those tokens, only for the going-on requests that asked for them."""
+    finished_outputs: list[EngineCoreOutput] = field(default_factory=list)
+    """Requests that finished since the last update (their new tokens included)."""
+
+    def __len__(self) -> int:
+        return len(self.req_ids) + len(self.finished_outputs)
+
+    def __iter__(self) -> Iterator[EngineCoreOutput]:
+        """The going-on requests (in batch order), then the finished ones."""
+        new_logprobs = self.new_logprobs
+        for request_id, token_ids in zip(self.req_ids, self.new_token_ids):
+            yield EngineCoreOutput(request_id, token_ids, new_logprobs.get(request_id, []))
+        yield from self.finished_outputs

@@ -12,10 +12,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from conveyor.config import SchedulingPolicy
-from conveyor.core.fast_outputs import token_output
 from conveyor.core.kv_cache_manager import KVCacheBlock
 from conveyor.core.lifecycle import append_tokens
-from conveyor.core.outputs import NO_NEW_BLOCKS, EngineCoreOutput, ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from conveyor.core.outputs import NO_NEW_BLOCKS, EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 from conveyor.core.scheduler_state import StepCounters, SchedulerState, index_of
 from conveyor.core.stats import SchedulerStats
 from conveyor.core.step import StepBuilder
@@ -32,10 +31,12 @@ class SchedulerBase(SchedulerState, ABC):
         """Decide what the next model step computes."""
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
-                           model_runner_output: ModelRunnerOutput) -> tuple[list[EngineCoreOutput], SchedulerStats]:
-        """Append sampled tokens, check stops, free finished requests; one output per request with news."""
+                           model_runner_output: ModelRunnerOutput) -> tuple[EngineCoreOutputs, SchedulerStats]:
+        """Append sampled tokens, check stops, free finished requests; report every request with news."""
         now_s = self.clock()
-        outputs, self.pending_outputs = self.pending_outputs, []
+        outputs = EngineCoreOutputs(finished_outputs=self.pending_outputs)
+        self.pending_outputs = []
+        add_id, add_tokens = outputs.req_ids.append, outputs.new_token_ids.append
         requests, stop_specs, logprobs = self.requests, self.stop_specs, model_runner_output.logprobs
         num_unfinished = len(requests)
         num_generated = 0
@@ -43,7 +44,6 @@ class SchedulerBase(SchedulerState, ABC):
             request = requests.get(request_id)
             if not token_ids or request is None or request.status is not _RUNNING:
                 continue  # partial prefill chunk, or finished (aborted) since it was scheduled
-            new_logprobs = logprobs.get(request_id, []) if logprobs else []
             spec = stop_specs[request_id]
             output_token_ids = request.output_token_ids
             timings = request.timings
@@ -53,24 +53,31 @@ class SchedulerBase(SchedulerState, ABC):
                 output_token_ids.append(token_ids[0])
                 timings.token_times_s.append(now_s)
                 timings.last_token_s = now_s
-                outputs.append(token_output(request_id, token_ids, new_logprobs))
+                add_id(request_id)
+                add_tokens(token_ids)
+                if logprobs and request_id in logprobs:
+                    outputs.new_logprobs[request_id] = logprobs[request_id]
                 num_generated += 1
             else:
+                new_logprobs = logprobs.get(request_id, []) if logprobs else []
                 num_generated += self._apply_tokens(request, token_ids, now_s, new_logprobs, outputs)
         if len(requests) != num_unfinished:  # some finished: they leave the running list
             self.running = [request for request in self.running if request.status is _RUNNING]
         return outputs, self._take_stats(scheduler_output, num_generated, now_s)
 
     def _apply_tokens(self, request: Request, token_ids: list[int], now_s: float,
-                      new_logprobs: list[TokenLogprobs], outputs: list[EngineCoreOutput]) -> int:
+                      new_logprobs: list[TokenLogprobs], outputs: EngineCoreOutputs) -> int:
         """The general case of update_from_output: append, check stops, finish; returns tokens kept."""
-        new_token_ids, reason, stop_token = append_tokens(request, token_ids, now_s,
-                                                          self.stop_specs[request.request_id])
+        request_id = request.request_id
+        new_token_ids, reason, stop_token = append_tokens(request, token_ids, now_s, self.stop_specs[request_id])
         if reason is None:
-            outputs.append(token_output(request.request_id, new_token_ids, new_logprobs))
+            outputs.req_ids.append(request_id)
+            outputs.new_token_ids.append(new_token_ids)
+            if new_logprobs:
+                outputs.new_logprobs[request_id] = new_logprobs
         else:
             request.stop_reason = stop_token
-            outputs.append(self._finish(request, reason, now_s, new_token_ids, new_logprobs))
+            outputs.finished_outputs.append(self._finish(request, reason, now_s, new_token_ids, new_logprobs))
         return len(new_token_ids)
 
     def _schedule_running(self, step: StepBuilder) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from conveyor.config import EngineConfig
-from conveyor.core.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
+from conveyor.core.outputs import EngineCoreOutput, EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
 from conveyor.core.stats import SchedulerStats
 from conveyor.request import FinishReason, Request
 
@@ -34,7 +34,7 @@ class SchedulerLike(Protocol):
     def schedule(self) -> SchedulerOutput: ...
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
-                           runner_output: ModelRunnerOutput) -> tuple[list[EngineCoreOutput], SchedulerStats]: ...
+                           runner_output: ModelRunnerOutput) -> tuple[EngineCoreOutputs, SchedulerStats]: ...
 
     def finish_requests(self, request_ids: list[str], reason: FinishReason) -> list[EngineCoreOutput]: ...
 
@@ -47,8 +47,8 @@ class SchedulerLike(Protocol):
 class StepResult:
     """What one engine step produced."""
 
-    outputs: list[EngineCoreOutput]
-    """Per-request news (new tokens, finishes) from this step."""
+    outputs: EngineCoreOutputs
+    """Per-request news (new tokens, finishes) from this step, batched; iterate for one per request."""
     stats: SchedulerStats
     """The scheduler's state after the step."""
 

@@ -9,6 +9,7 @@ the scheduler (`FinishReason.STOP`). The scheduler's finishing output for it com
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from conveyor.core.outputs import EngineCoreOutput, TokenLogprobs
@@ -68,7 +69,8 @@ class OutputProcessor:
     def num_requests(self) -> int:
         return len(self._states)
 
-    def process(self, core_outputs: list[EngineCoreOutput]) -> ProcessedOutputs:
+    def process(self, core_outputs: Iterable[EngineCoreOutput]) -> ProcessedOutputs:
+        """A step's `EngineCoreOutputs` (iterated one request at a time) or `finish_requests`' list."""
         result = ProcessedOutputs()
         for core_output in core_outputs:
             state = self._states.get(core_output.request_id)
