@@ -178,7 +178,9 @@ def format_csv(analysis: Analysis) -> str:
 
 def decision_lines(analysis: Analysis) -> list[str]:
     """Recommendation, checklist and diagnosis as plain lines (terminal and Markdown share them)."""
-    lines = [f"Objective: {analysis.slo.to_dict() or 'none set'}",
+    objective = (str(analysis.slo.to_dict()) if not analysis.slo.is_empty() else
+                 "none set (give --slo): every run meets it and the choice rests on cost alone")
+    lines = [f"Objective: {objective}",
              f"Recommendation ({analysis.recommendation.outcome.value}): {analysis.recommendation.explanation}",
              "", "Checklist:"]
     lines.extend(f"- [{i.answer.value}] {i.question} {i.evidence}" for i in analysis.checklist)

@@ -88,7 +88,7 @@ def render_html(analysis: Analysis, plot_paths: list[pathlib.Path], out_dir: pat
         _section("recommendation", "Recommendation",
                  f'<p class="rec"><b>{html.escape(rec.recommended or "no configuration")}</b> '
                  f"({rec.outcome.value}). {html.escape(rec.explanation)}</p>"
-                 f"<p>Objective: {html.escape(str(analysis.slo.to_dict() or 'none set'))}</p>"),
+                 f"<p>Objective: {html.escape(str(analysis.slo.to_dict() or 'none set (give --slo): the choice rests on cost alone'))}</p>"),
         _section("checklist", "Decision checklist", f"<ul>{checklist}</ul>"),
         _section("diagnosis", "Diagnosis", f"<ul>{findings}</ul>"),
         _section("configurations", "Configurations", _table(CONFIG_COLUMNS, config_rows(analysis))),
