@@ -4,8 +4,8 @@ What it does, on this CPU and in a few minutes: writes a mixed trace (short chat
 starts `conveyor serve` as a subprocess for each configuration (baseline continuous batching; the same
 with `--batching static`; the same with a small `--max-num-batched-tokens`), measures the baseline's
 capacity C once (a burst of requests at once) and the latency of the longest prompt alone, then offers
-each configuration fixed rates that are fractions and multiples of C, and ends with the dashboard, the recommendation, the checklist, the
-diagnosis and the HTML report. Rates and the objective are scaled to the machine, so the same demo
+each configuration fixed rates that are fractions and multiples of C, and ends with the dashboard, the
+recommendation, the checklist, the diagnosis and the HTML report. Rates and the objective are scaled to the machine, so the same demo
 tells the same story on a laptop and in CI: the objective is TTFT p95 and E2E p95 within 3x what a
 request alone gets (the longest prompt's TTFT; that TTFT plus the longest output at the lone TPOT),
 error rate <= 5%. The engine is never imported here; the

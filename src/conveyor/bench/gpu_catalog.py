@@ -1,7 +1,8 @@
 """GPU catalog for the memory plan: the rental options the guide lists, with the memory each reports.
 
 Memory is the total the driver reports (nvidia-smi "MiB" × 2^20; for the H200, the total CUDA reports,
-measured here), because that is what an engine budgets from; the marketed figure is kept beside it. Prices are never built in:
+measured here), because that is what an engine budgets from; the marketed figure is kept beside it.
+Prices are never built in:
 they vary by provider, region and commitment, so the user supplies them (`--price H100=2.5` or a file).
 """
 

@@ -68,6 +68,12 @@ def _plots(analysis: Analysis, out_dir: pathlib.Path) -> list[pathlib.Path]:
     ]
 
 
+def _objective_text(analysis: Analysis) -> str:
+    if analysis.slo.is_empty():
+        return "none set (give --slo): every run meets it and the choice rests on cost alone"
+    return str(analysis.slo.to_dict())
+
+
 def _section(section_id: str, title: str, body: str) -> str:
     return f'<section id="{section_id}"><h2>{html.escape(title)}</h2>{body}</section>'
 
@@ -88,13 +94,14 @@ def render_html(analysis: Analysis, plot_paths: list[pathlib.Path], out_dir: pat
         _section("recommendation", "Recommendation",
                  f'<p class="rec"><b>{html.escape(rec.recommended or "no configuration")}</b> '
                  f"({rec.outcome.value}). {html.escape(rec.explanation)}</p>"
-                 f"<p>Objective: {html.escape(str(analysis.slo.to_dict() or 'none set (give --slo): the choice rests on cost alone'))}</p>"),
+                 f"<p>Objective: {html.escape(_objective_text(analysis))}</p>"),
         _section("checklist", "Decision checklist", f"<ul>{checklist}</ul>"),
         _section("diagnosis", "Diagnosis", f"<ul>{findings}</ul>"),
         _section("configurations", "Configurations", _table(CONFIG_COLUMNS, config_rows(analysis))),
         _section("dashboard", "Dashboard (one row per run)", _table(DASHBOARD_COLUMNS, dashboard_rows(analysis))),
         _section("plots", "Plots", images),
-        _section("per-class", "Per-class breakdown (operating point)", _table(per_class_cols, _per_class_rows(analysis))),
+        _section("per-class", "Per-class breakdown (operating point)",
+                 _table(per_class_cols, _per_class_rows(analysis))),
     ]
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>Conveyor report</title>"
             f"<style>{_STYLE}</style></head><body><h1>Conveyor report</h1>{''.join(sections)}</body></html>")

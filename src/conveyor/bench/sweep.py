@@ -7,7 +7,8 @@ bisected `bisect_steps` times at the geometric midpoint. Every point is run `num
 passes only if every repeat passes (the spread is reported). A repeat showing *runaway overload*
 (error rate above `runaway_error_rate`; half the requests waiting at once; or completed req/s below
 `runaway_completion_ratio` × offered over a dispatch window long against the median latency, so that a
-short run's drain is not mistaken for a backlog) fails its point at once: the remaining repeats and any higher rate are skipped, since they would only
+short run's drain is not mistaken for a backlog) fails its point at once: the remaining repeats and any
+higher rate are skipped, since they would only
 pile up a queue that never drains. The run function is injected, so the search is tested without a
 server; `make_run_fn` wires it to `conveyor.bench.runner.run_benchmark`.
 """
