@@ -99,11 +99,25 @@ class KVCacheManager:
     def append_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
         """`allocate_slots` for a running request (no new hits, no lookahead): the per-step hot path.
 
-        Most steps need no new block: `fast_num_tokens` (the slots held) makes that one comparison.
+        Most steps need no new block: `fast_num_tokens` (the slots held) makes that one comparison. The
+        rest (a decode crossing into a new block, 1/block_size of decodes per step) take blocks from the
+        pool directly: a running request already has its table, and no hits or lookahead to account.
         """
-        if request.num_computed_tokens + num_new_tokens <= self.fast_num_tokens[request.request_id]:
+        request_id = request.request_id
+        num_tokens_after = request.num_computed_tokens + num_new_tokens
+        if num_tokens_after <= self.fast_num_tokens[request_id]:
             return []
-        return self.allocate_slots(request, num_new_tokens)
+        req_blocks = self.req_to_blocks[request_id]
+        num_new_blocks = -(-num_tokens_after // self.block_size) - len(req_blocks)
+        pool = self.block_pool
+        if num_new_blocks > pool.num_free_blocks:
+            return None
+        new_blocks = pool.get_new_blocks(num_new_blocks)
+        req_blocks.extend(new_blocks)
+        if self.enable_prefix_caching:
+            self._cache_full_blocks(request, req_blocks, num_tokens_after)
+        self.fast_num_tokens[request_id] = len(req_blocks) * self.block_size
+        return [block.block_id for block in new_blocks]
 
     def _allocate(self, request: Request, num_new_blocks: int,
                   new_computed_blocks: Sequence[KVCacheBlock], num_tokens_after: int) -> list[int] | None:

@@ -3,8 +3,8 @@ waiting requests, building the SchedulerOutput, and applying the model's output 
 
 A policy only decides which waiting requests start running (`schedule`). The two per-request loops
 (`_schedule_running`, `update_from_output`) run for every running request at every step, so each keeps
-its common case (a decode whose slot is held; one token that cannot stop) to a few lines inline and
-hands everything else to a general helper.
+its common case (a decode that gets its slot without preempting; one token that cannot stop) to a few
+lines inline and hands everything else to a general helper.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class SchedulerBase(SchedulerState, ABC):
     def _schedule_running(self, step: StepBuilder) -> None:
         """Give each running request, in admission order, what it needs within the budget."""
         unsent = self.unsent_req_ids
-        fast_num_tokens = self.kv_cache_manager.fast_num_tokens
+        fast_num_tokens, append_slots = self.kv_cache_manager.fast_num_tokens, self.kv_cache_manager.append_slots
         cached = step.cached_reqs  # appended to directly (three lists, no object per request)
         add_id, add_blocks, add_computed = cached.req_ids.append, cached.new_block_ids.append, \
             cached.num_computed_tokens.append
@@ -97,18 +97,20 @@ class SchedulerBase(SchedulerState, ABC):
             request_id = request.request_id
             num_computed = request.num_computed_tokens
             num_prompt = len(request.prompt_token_ids)
-            if (num_prompt + len(request.output_token_ids) - num_computed == 1
-                    and num_prompt <= num_computed < fast_num_tokens[request_id]
+            if (num_prompt + len(request.output_token_ids) - num_computed == 1 and num_prompt <= num_computed
                     and not (unsent and request_id in unsent)):
-                # A decode whose slot is already held (no block to take, none to index): the common
-                # case, kept to the bare minimum; it is exactly what schedule_one_running would do.
-                add_id(request_id)
-                add_blocks(NO_NEW_BLOCKS)
-                add_computed(num_computed)
-                num_scheduled_tokens[request_id] = 1
-                request.num_computed_tokens = num_computed + 1
-                budget -= 1
-                continue
+                # A decode (the common case, kept to the bare minimum; exactly what _schedule_one_running
+                # would do): its slot is held, or it crosses into a new block that the pool can give.
+                new_block_ids = (NO_NEW_BLOCKS if num_computed < fast_num_tokens[request_id]
+                                 else append_slots(request, 1))
+                if new_block_ids is not None:
+                    add_id(request_id)
+                    add_blocks(new_block_ids)
+                    add_computed(num_computed)
+                    num_scheduled_tokens[request_id] = 1
+                    request.num_computed_tokens = num_computed + 1
+                    budget -= 1
+                    continue
             step.token_budget = budget
             if not self._schedule_one_running(request, step):
                 break
@@ -116,8 +118,8 @@ class SchedulerBase(SchedulerState, ABC):
         step.token_budget = budget
 
     def _schedule_one_running(self, request: Request, step: StepBuilder) -> bool:
-        """The general case: a prefill chunk, a decode needing a block, or a first send; False if the
-        request had to preempt itself (then nothing after it is served this step)."""
+        """The general case: a prefill chunk, a first send, or a decode the pool has no block for; False
+        if the request had to preempt itself (then nothing after it is served this step)."""
         num_new_tokens = request.num_tokens - request.num_computed_tokens
         threshold = self.long_prefill_token_threshold
         if threshold is not None and num_new_tokens > threshold:
