@@ -6,9 +6,9 @@ with `--batching static`; the same with a small `--max-num-batched-tokens`), mea
 capacity C once (a burst of requests at once) and the latency of the longest prompt alone, then offers
 each configuration fixed rates that are fractions and multiples of C, and ends with the dashboard, the
 recommendation, the checklist, the diagnosis and the HTML report. Rates and the objective are scaled to the machine, so the same demo
-tells the same story on a laptop and in CI: the objective is TTFT p95 and E2E p95 within 3x what a
-request alone gets (the longest prompt's TTFT; that TTFT plus the longest output at the lone TPOT),
-error rate <= 5%. The engine is never imported here; the
+tells the same story on a laptop and in CI: the objective is TTFT p95 within 4x the longest prompt's
+TTFT alone and E2E p95 within 3x the slowest request served alone (that TTFT plus the longest output at
+the lone TPOT), error rate <= 5%. The engine is never imported here; the
 server runs in its own process, exactly as a user would start it.
 """
 
@@ -133,12 +133,14 @@ def calibrate(base_url: str, cfg: DemoConfig, trace_path: pathlib.Path) -> tuple
     return lone, burst
 
 
-_SLACK = 3.0
-"""Objective = this many times the latency a request would have alone: room for batching, not a backlog."""
+TTFT_SLACK = 4.0
+"""TTFT bound / lone TTFT: a Poisson cluster of 3 arrivals legitimately queues behind two prefills."""
+E2E_SLACK = 3.0
+"""E2E bound / the slowest request served alone: room for batching, not for a backlog."""
 
 
 def calibrated(spec: StudySpec, cfg: DemoConfig, lone: dict[str, Any], burst: dict[str, Any]) -> StudySpec:
-    """Objective from the lone request: TTFT p95 <= 3x its TTFT; E2E p95 <= 3x (its TTFT + the trace's
+    """Objective from the lone request: TTFT p95 <= 4x its TTFT; E2E p95 <= 3x (its TTFT + the trace's
     longest output x its TPOT), i.e. the slowest request of the trace served alone. Rates from the
     burst's completed req/s (the capacity C)."""
     capacity = float(burst.get("request_throughput") or 0.0)
@@ -147,7 +149,7 @@ def calibrated(spec: StudySpec, cfg: DemoConfig, lone: dict[str, Any], burst: di
         raise LaunchError(f"calibration completed no request (errors: {lone.get('errors_by_kind')}, "
                           f"{burst.get('errors_by_kind')})")
     alone_e2e_ms = ttft_ms + _max_output_tokens(pathlib.Path(spec.trace_path)) * tpot_ms
-    slo = SLO(ttft_p95_ms=round(_SLACK * ttft_ms), e2e_p95_ms=round(_SLACK * alone_e2e_ms), error_rate=0.05)
+    slo = SLO(ttft_p95_ms=round(TTFT_SLACK * ttft_ms), e2e_p95_ms=round(E2E_SLACK * alone_e2e_ms), error_rate=0.05)
     rates = tuple(round(f * capacity, 4) for f in cfg.rate_factors)
     _progress(f"[demo] alone: TTFT {ttft_ms:.0f} ms, TPOT {tpot_ms:.0f} ms, slowest request {alone_e2e_ms:.0f} ms; "
               f"capacity C = {capacity:.3g} req/s -> objective {slo.to_dict()}, rates {rates} req/s")
