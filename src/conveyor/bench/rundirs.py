@@ -98,13 +98,15 @@ def load_run(run_dir: pathlib.Path) -> RunResult:
 def discover_runs(paths: list[pathlib.Path]) -> list[RunResult]:
     """Every run under `paths` (each a run, sweep or study directory), in path order."""
     runs: list[RunResult] = []
+    seen: set[pathlib.Path] = set()
     for path in paths:
         if not path.is_dir():
             raise RunDirError(f"{path}: not a directory")
-        found = sorted({p.parent for p in path.rglob("summary.json")})
+        found = sorted({p.parent.resolve() for p in path.rglob("summary.json")})
         if not found:
             raise RunDirError(f"{path}: no run directory (summary.json) inside")
-        runs.extend(load_run(d) for d in found)
+        runs.extend(load_run(d) for d in found if d not in seen)  # a run named twice counts once
+        seen.update(found)
     return runs
 
 
