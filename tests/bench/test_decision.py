@@ -52,13 +52,15 @@ def test_cheaper_but_breaking_never_wins() -> None:
 
 
 def test_tie_is_said_and_broken_by_sustained_rate(tmp_path: pathlib.Path) -> None:
-    shutil.copytree(STUDY / "continuous", tmp_path / "continuous")
     shutil.copytree(STUDY / "continuous", tmp_path / "twin")
-    configs = _configs([tmp_path], costs={})
+    shutil.copytree(STUDY / "continuous", tmp_path / "continuous")
+    configs = sorted(_configs([tmp_path], costs={}), key=lambda c: c.name != "twin")  # study order: twin first
     rec = recommend(configs)
     assert rec.outcome is Outcome.TIE
-    assert rec.tied == ("continuous", "twin") and rec.recommended == "continuous"
-    assert "Tie within 2%" in rec.explanation
+    assert rec.tied == ("twin", "continuous") and rec.recommended == "twin"
+    assert "Tie within 2%" in rec.explanation and "baseline first" in rec.explanation
+    cheaper = answer_checklist(configs, rec, main_rate=None)[-1]
+    assert cheaper.answer is Answer.NO and "a tie" in cheaper.evidence
 
 
 def test_no_winner_names_the_closest() -> None:

@@ -8,7 +8,8 @@ noise, not capacity). Its cost per accepted response, measured there, is
     price per GPU-hour × GPUs × Σ run time (h) / Σ responses that completed and met the per-request bounds
 so it falls as the sustainable rate rises and rises with rejections, timeouts and slow responses.
 The recommendation is the cheapest configuration with an operating point; costs within `tie_tolerance`
-of each other tie, and the tie is broken by the higher sustained rate, then by name, saying so.
+of each other tie, and the tie is broken by the higher sustained rate, then by study order (the
+baseline first: fewer changes), saying so.
 A configuration that is cheaper but never meets the objective cannot win: it has no operating point.
 """
 
@@ -176,7 +177,8 @@ def recommend(configs: list[ConfigEval], tie_tolerance: float = 0.02) -> Recomme
         return Recommendation(Outcome.NO_WINNER, None, (), _no_winner_text(configs))
     cheapest = min(c.cost_per_accepted or 0.0 for c in eligible)
     tied = [c for c in eligible if (c.cost_per_accepted or 0.0) <= cheapest * (1.0 + tie_tolerance)]
-    tied.sort(key=lambda c: (-(c.max_rate_meeting or 0.0), c.name))
+    order = {c.name: i for i, c in enumerate(configs)}  # study order: the baseline first
+    tied.sort(key=lambda c: (-(c.max_rate_meeting or 0.0), order[c.name]))
     best = tied[0]
     text = (f"{best.name}: meets every bound up to {best.max_rate_meeting:g} req/s at "
             f"{_money(best.cost_per_accepted)} per accepted response")
@@ -186,7 +188,7 @@ def recommend(configs: list[ConfigEval], tie_tolerance: float = 0.02) -> Recomme
         return Recommendation(Outcome.WINNER, best.name, (best.name,), text + ".")
     names = ", ".join(c.name for c in tied)
     text += (f". Tie within {tie_tolerance:.0%} on cost between {names}: {best.name} is chosen for the "
-             "higher sustained rate (then by name).")
+             "higher sustained rate, then as the earlier configuration of the study (the baseline first).")
     return Recommendation(Outcome.TIE, best.name, tuple(c.name for c in tied), text)
 
 

@@ -19,6 +19,8 @@ KV_PRESSURE_MAX = 0.95
 """KV usage peak above which the cache is under pressure."""
 PREEMPTIONS_PER_REQUEST_MAX = 0.01
 """Preemptions per completed request above which preemption is not a rare event."""
+TIE_TOLERANCE = 0.02
+"""Cost differences under this fraction are a tie (as the recommendation's)."""
 BLOWUP_FACTOR = 2.0
 """Latency growth over the operating point that counts as a blow-up."""
 
@@ -144,10 +146,13 @@ def cheaper(configs: list[ConfigEval], recommendation: Recommendation) -> Checkl
         else:
             ratio = other.cost_per_accepted / (best.cost_per_accepted or 1.0)
             costs.append(f"{other.name} ${other.cost_per_accepted:.3g} ({ratio:.2f}x)")
-    strictly = all(o.cost_per_accepted is None or o.cost_per_accepted > (best.cost_per_accepted or 0.0)
-                   for o in others)
+    margin = 1.0 + TIE_TOLERANCE
+    clearly = all(o.cost_per_accepted is None or o.cost_per_accepted > (best.cost_per_accepted or 0.0) * margin
+                  for o in others)
     evidence = f"{best.name} ${best.cost_per_accepted:.3g} per accepted response vs " + "; ".join(costs)
-    return ChecklistItem(question, Answer.YES if strictly else Answer.NO, evidence)
+    if not clearly:
+        evidence += f" (within {TIE_TOLERANCE:.0%}: a tie, not a saving)"
+    return ChecklistItem(question, Answer.YES if clearly else Answer.NO, evidence)
 
 
 def answer_checklist(configs: list[ConfigEval], recommendation: Recommendation,
