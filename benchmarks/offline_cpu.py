@@ -162,8 +162,10 @@ def main() -> None:
     env = environment()
     workload = make_workload(args, vocab_size=49152)
     results = [run_conveyor(workload, "continuous", args)]
+    print(f"partial: {results[-1]}", flush=True)
     if not args.skip_static:
         results.append(run_conveyor(workload, "static", args))
+        print(f"partial: {results[-1]}", flush=True)
     if not args.skip_transformers:
         results.append(run_transformers(workload, args))
     env["load_avg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
