@@ -32,7 +32,7 @@ def _available() -> dict[str, tuple[str, str]]:
 
 def build_parser(selected: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="conveyor", description=__doc__.splitlines()[0])
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="conveyor_subcommand", metavar="COMMAND")
     for name, (module_name, help_text) in _available().items():
         sub = subparsers.add_parser(name, help=help_text, description=help_text)
         if name == selected:
@@ -45,10 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     selected = next((a for a in args_list if not a.startswith("-")), None)
     parser = build_parser(selected)
     args = parser.parse_args(args_list)
-    if args.command is None:
+    if args.conveyor_subcommand is None:
         parser.print_help()
         return 2
-    module = importlib.import_module(_available()[args.command][0])
+    module = importlib.import_module(_available()[args.conveyor_subcommand][0])
     return int(module.run(args) or 0)
 
 

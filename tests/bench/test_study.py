@@ -98,5 +98,5 @@ def test_study_flags_survive_the_top_level_dispatcher(tmp_path: pathlib.Path) ->
 
     argv = ["bench", "study", "--command", "x --port {port}", "--trace", "t.jsonl", "--out", str(tmp_path)]
     args = build_parser("bench").parse_args(argv)
-    assert args.command == "bench" and args.bench_command == "study"
+    assert args.conveyor_subcommand == "bench" and args.bench_command == "study"
     assert cli_study.study_mapping(args)["command"] == "x --port {port}"
