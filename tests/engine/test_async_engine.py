@@ -22,7 +22,8 @@ from conveyor.sampling_params import SamplingParams
 
 def make_async(config: EngineConfig | None = None, scheduler: FakeScheduler | None = None,
                runner: FakeRunner | None = None) -> AsyncEngine:
-    engine = LLMEngine(make_fake_core(config, scheduler, runner), ByteTokenizer())
+    # 1 ms per step: a 2000-token request stays live long enough to be aborted, cancelled or queued behind
+    engine = LLMEngine(make_fake_core(config, scheduler, runner or FakeRunner(delay_s=0.001)), ByteTokenizer())
     return AsyncEngine(engine, build_engine_info(engine))
 
 
@@ -49,7 +50,7 @@ def test_aclose_aborts_and_frees_the_request() -> None:
     async def main() -> None:
         scheduler = FakeScheduler()
         seen = []
-        engine = make_async(scheduler=scheduler)
+        engine = make_async(scheduler=scheduler, runner=FakeRunner(delay_s=0.001))
         engine.add_stats_listener(lambda stats, finished: seen.append((stats, finished)))
         stream = engine.generate(req("a", max_tokens=2000))
         await stream.__anext__()
@@ -67,7 +68,7 @@ def test_aclose_aborts_and_frees_the_request() -> None:
 def test_cancelled_consumer_aborts() -> None:
     async def main() -> None:
         scheduler = FakeScheduler()
-        engine = make_async(scheduler=scheduler)
+        engine = make_async(scheduler=scheduler, runner=FakeRunner(delay_s=0.001))
         task = asyncio.create_task(collect(engine, req("a", max_tokens=2000)))
         await asyncio.sleep(0.05)
         task.cancel()
