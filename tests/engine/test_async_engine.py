@@ -65,6 +65,24 @@ def test_aclose_aborts_and_frees_the_request() -> None:
     asyncio.run(main())
 
 
+def test_closing_before_the_first_read_forgets_and_aborts() -> None:
+    """A client that leaves right after submitting (before any output was read) leaks nothing."""
+    async def main() -> None:
+        scheduler = FakeScheduler()
+        engine = make_async(scheduler=scheduler, runner=FakeRunner(delay_s=0.001))
+        stream = engine.generate(req("a", max_tokens=2000))
+        assert engine.num_unfinished_requests() == 1
+        await stream.aclose()
+        assert engine.num_unfinished_requests() == 0
+        for _ in range(200):
+            if not scheduler.has_unfinished_requests():
+                break
+            await asyncio.sleep(0.01)
+        assert not scheduler.has_unfinished_requests()
+        await engine.shutdown()
+    asyncio.run(main())
+
+
 def test_cancelled_consumer_aborts() -> None:
     async def main() -> None:
         scheduler = FakeScheduler()

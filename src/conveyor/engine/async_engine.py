@@ -16,7 +16,7 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import PurePath
 
@@ -93,7 +93,14 @@ class AsyncEngine:
         self._commands.put(Command(CommandKind.ADD, prepared=prepared))
         if not self._thread.is_alive():  # died between the check and the put: nobody will answer
             stream.outputs.put_nowait(error_output(request.request_id, "the engine stopped"))
-        return self._stream(request.request_id, stream)
+        return _RequestStream(self._stream(request.request_id, stream),
+                              lambda: self._forget(request.request_id))
+
+    def _forget(self, request_id: str) -> None:
+        """The consumer left before reading anything: drop its stream and free its blocks."""
+        with self._lock:
+            self._streams.pop(request_id, None)
+        self._commands.put(Command(CommandKind.ABORT, request_ids=[request_id]))
 
     async def _stream(self, request_id: str, stream: _Stream) -> AsyncIterator[RequestOutput]:
         finished = False
@@ -158,6 +165,30 @@ class AsyncEngine:
                 except RuntimeError:  # its event loop has closed: nobody is listening, free the request
                     self._streams.pop(request_id, None)
                     self._commands.put(Command(CommandKind.ABORT, request_ids=[request_id]))
+
+
+class _RequestStream:
+    """The iterator `generate` returns. An async generator closed before its first `__anext__` never
+    runs its `finally`, so a client that leaves at that exact moment would leave its stream registered;
+    this wrapper runs `on_unstarted_close` in that case."""
+
+    def __init__(self, outputs: AsyncGenerator[RequestOutput, None], on_unstarted_close: Callable[[], None]) -> None:
+        self._outputs = outputs
+        self._on_unstarted_close = on_unstarted_close
+        self._started = False
+
+    def __aiter__(self) -> _RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        self._started = True
+        return await self._outputs.__anext__()
+
+    async def aclose(self) -> None:
+        if not self._started:
+            self._started = True
+            self._on_unstarted_close()
+        await self._outputs.aclose()
 
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
