@@ -26,7 +26,10 @@ server = FakeServer(FakeConfig(token_delay_s=float(sys.argv[2])))
 web.run_app(server.app(), host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
 PYEOF
 else
-  vllm serve "$MODEL" --host 127.0.0.1 --port "$PORT" --max-model-len 4096 --enforce-eager > "$OUT/vllm_serve.log" 2>&1 &
+  # float32: vLLM's bf16 default has no native CPU kernels without AVX512-BF16 (~30x slower here), which
+  # saturates the server and turns every median into queueing noise
+  vllm serve "$MODEL" --host 127.0.0.1 --port "$PORT" --max-model-len 4096 --enforce-eager \
+      --dtype "${VLLM_DTYPE:-float32}" > "$OUT/vllm_serve.log" 2>&1 &
 fi
 SERVER_PID=$!; trap 'kill $SERVER_PID 2>/dev/null || true' EXIT
 for _ in $(seq 240); do curl -sf "http://127.0.0.1:$PORT/v1/models" >/dev/null && break; sleep 1; done
