@@ -18,12 +18,13 @@ PACKAGE = SRC / "conveyor"
 # layer -> conveyor layers it may import (itself included where it has several modules).
 ALLOWED: dict[str, set[str]] = {
     "config": set(),
+    "gguf_header": set(),
     "request": {"request"},
     "core": {"core", "config", "request"},
     "kernels": {"kernels"},
-    "model": {"model", "kernels", "config"},
+    "model": {"model", "kernels", "config", "gguf_header"},
     "worker": {"worker", "model", "kernels", "config", "request", "core.outputs"},
-    "engine": {"engine", "core", "worker", "config", "request"},
+    "engine": {"engine", "core", "worker", "config", "request", "gguf_header"},
     "server": {"server", "engine", "config", "request"},
     "bench": {"bench"},
     "demo": {"demo", "bench"},
@@ -36,7 +37,7 @@ FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
     "demo": {"torch", "triton"},
     "engine": {"triton"},
 }
-STDLIB_ONLY = {"config", "request", "core"}
+STDLIB_ONLY = {"config", "request", "core", "gguf_header"}
 
 
 def layer_of(module: str) -> str:

@@ -7,8 +7,8 @@ template as metadata. For byte-level BPE (`tokenizer.ggml.model == "gpt2"`) we r
 special added tokens (matched whole, never split), and the pre-tokenizer the name implies (the
 StarCoder family, SmolLM included, splits digits one by one before the GPT-2 regex, as
 llama.cpp does; Llama 3 and Qwen2 use their published split regexes; unknown names are refused).
-The metadata is read with a small struct parser rather than `gguf.GGUFReader`, which
-materializes every field as numpy views and takes seconds on a 49k-token vocabulary.
+The metadata comes from `conveyor.gguf_header` (a small struct parser: `gguf.GGUFReader`
+materializes every field as numpy views and takes seconds on a 49k-token vocabulary).
 Chat templates are rendered with jinja2 in a sandbox, with the options transformers uses.
 """
 
@@ -17,13 +17,14 @@ from __future__ import annotations
 import datetime
 import json
 import pathlib
-import struct
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any
 
 import jinja2
 import jinja2.sandbox
 from tokenizers import AddedToken, Regex, Tokenizer as BackendTokenizer, decoders, models, pre_tokenizers
+
+from conveyor import gguf_header
 
 GGUF_TOKEN_TYPE_CONTROL = 3
 GGUF_TOKEN_TYPE_USER_DEFINED = 4
@@ -46,8 +47,6 @@ _PRE_TOKENIZERS = {
     "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT,
     "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT,
 }
-_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
 
 
 class TokenizerError(ValueError):
@@ -56,39 +55,10 @@ class TokenizerError(ValueError):
 
 def read_gguf_metadata(path: str | pathlib.Path) -> dict[str, Any]:
     """The key/value metadata of a GGUF file (header only; tensors are not read)."""
-    with open(path, "rb") as handle:
-        if handle.read(4) != b"GGUF":
-            raise TokenizerError(f"{str(path)!r} is not a GGUF file")
-        version, _num_tensors, num_kv = struct.unpack("<IQQ", handle.read(20))
-        if version < 2:
-            raise TokenizerError(f"GGUF version {version} is too old (need >= 2)")
-        metadata: dict[str, Any] = {}
-        for _ in range(num_kv):
-            key = _read_string(handle)
-            (value_type,) = struct.unpack("<I", handle.read(4))
-            metadata[key] = _read_value(handle, value_type)
-        return metadata
-
-
-def _read_string(handle: BinaryIO) -> str:
-    (length,) = struct.unpack("<Q", handle.read(8))
-    return handle.read(length).decode("utf-8", errors="replace")
-
-
-def _read_value(handle: BinaryIO, value_type: int) -> Any:
-    if value_type == _GGUF_STRING:
-        return _read_string(handle)
-    if value_type == _GGUF_ARRAY:
-        item_type, count = struct.unpack("<IQ", handle.read(12))
-        if item_type in _GGUF_SCALARS:  # one bulk unpack instead of `count` small ones
-            fmt = _GGUF_SCALARS[item_type]
-            size = struct.calcsize(fmt)
-            return list(struct.unpack(f"<{count}{fmt[1]}", handle.read(size * count)))
-        return [_read_value(handle, item_type) for _ in range(count)]
-    if value_type not in _GGUF_SCALARS:
-        raise TokenizerError(f"unknown GGUF metadata value type {value_type}")
-    fmt = _GGUF_SCALARS[value_type]
-    return struct.unpack(fmt, handle.read(struct.calcsize(fmt)))[0]
+    try:
+        return gguf_header.read_gguf_metadata(path)
+    except gguf_header.GGUFFormatError as error:
+        raise TokenizerError(str(error)) from None
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import pathlib
 import re
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
+from conveyor.gguf_header import GGUFTensorEntry, read_gguf_header
 from conveyor.model.registry import ModelArchConfig, RopeScaling
 
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -46,32 +46,15 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 _LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
-# GGUF metadata value types: struct codes of the scalars, and the two compound types.
-_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_STRING, _ARRAY = 8, 9
 
 
-@dataclass(frozen=True)
-class GGUFTensorInfo:
-    """Where one tensor lives in the file."""
-
-    name: str
-    """llama.cpp tensor name."""
-    shape: tuple[int, ...]
-    """Logical shape in PyTorch order (GGUF lists dims innermost first; this is reversed)."""
-    qtype: GGMLQuantizationType
-    """Storage type (F32, F16, Q4_1, Q8_0, ...)."""
-    offset_bytes: int
-    """Absolute byte offset of the data in the file."""
+GGUFTensorInfo = GGUFTensorEntry
+"""One tensor table row (the shared header reader's type)."""
 
 
 @dataclass
 class GGUFFile:
-    """A parsed GGUF header (metadata + tensor table); tensor data is read on demand.
-
-    Our own struct parser: gguf.GGUFReader wraps each of the ~100k vocabulary strings in numpy
-    views and takes seconds; this reads the header in a fraction of that.
-    """
+    """A parsed GGUF header (metadata + tensor table, see conveyor.gguf_header); data is read on demand."""
 
     path: pathlib.Path
     """The file."""
@@ -82,14 +65,15 @@ class GGUFFile:
 
     def read(self, info: GGUFTensorInfo) -> torch.Tensor:
         """The tensor dequantized to float32, shaped info.shape."""
-        block_size, type_size = GGML_QUANT_SIZES[info.qtype]
+        qtype = GGMLQuantizationType(info.ggml_type)
+        block_size, type_size = GGML_QUANT_SIZES[qtype]
         num_bytes = int(np.prod(info.shape)) * type_size // block_size
         raw = np.memmap(self.path, dtype=np.uint8, mode="r", offset=info.offset_bytes, shape=(num_bytes,))
-        if info.qtype in _FAST_DEQUANTIZERS:
+        if qtype in _FAST_DEQUANTIZERS:
             blocks = torch.from_numpy(np.array(raw)).view(-1, type_size)  # [num_blocks, type_size]
-            return _FAST_DEQUANTIZERS[info.qtype](blocks).reshape(info.shape)
+            return _FAST_DEQUANTIZERS[qtype](blocks).reshape(info.shape)
         rows = raw.reshape(-1, info.shape[-1] * type_size // block_size)  # [rows, bytes per row]
-        array = np.asarray(dequantize(rows, info.qtype), dtype=np.float32).reshape(info.shape)
+        array = np.asarray(dequantize(rows, qtype), dtype=np.float32).reshape(info.shape)
         return torch.from_numpy(array.copy())
 
 
@@ -119,50 +103,8 @@ _FAST_DEQUANTIZERS = {GGMLQuantizationType.Q8_0: dequantize_q8_0, GGMLQuantizati
 
 def read_gguf(path: str | pathlib.Path) -> GGUFFile:
     """Parse a GGUF header: metadata and tensor table (data stays on disk until `read`)."""
-    path = pathlib.Path(path)
-    with open(path, "rb") as handle:
-        if handle.read(4) != b"GGUF":
-            raise ValueError(f"{str(path)!r} is not a GGUF file")
-        version, num_tensors, num_kv = struct.unpack("<IQQ", handle.read(20))
-        if version < 2:
-            raise ValueError(f"{str(path)!r}: GGUF version {version} is too old (need >= 2)")
-        metadata = {}
-        for _ in range(num_kv):
-            key = _read_string(handle)
-            metadata[key] = _read_value(handle, struct.unpack("<I", handle.read(4))[0])
-        table = [_read_tensor_info(handle) for _ in range(num_tensors)]
-        alignment = int(metadata.get("general.alignment", 32))
-        data_start = -(-handle.tell() // alignment) * alignment
-    tensors = [GGUFTensorInfo(name, shape, qtype, data_start + offset) for name, shape, qtype, offset in table]
-    return GGUFFile(path=path, metadata=metadata, tensors=tensors)
-
-
-def _read_tensor_info(handle: BinaryIO) -> tuple[str, tuple[int, ...], GGMLQuantizationType, int]:
-    name = _read_string(handle)
-    (num_dims,) = struct.unpack("<I", handle.read(4))
-    dims = struct.unpack(f"<{num_dims}Q", handle.read(8 * num_dims))
-    qtype, offset = struct.unpack("<IQ", handle.read(12))
-    return name, tuple(reversed(dims)), GGMLQuantizationType(qtype), offset
-
-
-def _read_string(handle: BinaryIO) -> str:
-    (length,) = struct.unpack("<Q", handle.read(8))
-    return handle.read(length).decode("utf-8", errors="replace")
-
-
-def _read_value(handle: BinaryIO, value_type: int) -> Any:
-    if value_type == _STRING:
-        return _read_string(handle)
-    if value_type == _ARRAY:
-        item_type, count = struct.unpack("<IQ", handle.read(12))
-        if item_type in _SCALARS:  # one bulk unpack instead of `count` small ones
-            code = _SCALARS[item_type]
-            return list(struct.unpack(f"<{count}{code}", handle.read(struct.calcsize(code) * count)))
-        return [_read_value(handle, item_type) for _ in range(count)]
-    if value_type not in _SCALARS:
-        raise ValueError(f"unknown GGUF metadata value type {value_type}")
-    code = _SCALARS[value_type]
-    return struct.unpack(f"<{code}", handle.read(struct.calcsize(code)))[0]
+    header = read_gguf_header(path)
+    return GGUFFile(path=header.path, metadata=header.metadata, tensors=header.tensors)
 
 
 def arch_config_from_gguf(gguf: GGUFFile) -> ModelArchConfig:
