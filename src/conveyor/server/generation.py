@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from pydantic import BaseModel
+from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from conveyor.engine.types import (
@@ -171,3 +173,30 @@ class EngineStreamResponse(StreamingResponse):
             with anyio.CancelScope(shield=True):
                 await self._body.aclose()
                 await self._on_close()
+
+
+@dataclass(frozen=True)
+class ResponseRenderer:
+    """How one endpoint turns an engine stream (given its first output) into HTTP bodies."""
+
+    chunks: Callable[[EngineStream, RequestOutput], AsyncGenerator[str, None]]
+    """SSE events for a streaming response."""
+    collect: Callable[[EngineStream, RequestOutput], Awaitable[BaseModel]]
+    """The whole response object for a non-streaming one."""
+
+
+async def respond(stream: EngineStream, http_request: Request, streaming: bool,
+                  renderer: ResponseRenderer) -> Response:
+    """The flow both generation endpoints share: wait for the first output (so admission errors are
+    real 4xx/5xx, not events in a 200 stream), then stream or collect; the engine request is closed
+    however the response ends."""
+    try:
+        first = await run_unless_disconnected(http_request, stream.next())
+        if streaming:
+            return EngineStreamResponse(renderer.chunks(stream, first), on_close=stream.close)
+        final = await run_unless_disconnected(http_request, renderer.collect(stream, first))
+    except BaseException:
+        await stream.close()
+        raise
+    await stream.close()
+    return Response(final.model_dump_json(), media_type="application/json")

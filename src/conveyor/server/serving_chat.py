@@ -8,6 +8,7 @@ A stream opens with a role-only delta, then content deltas; the last content chu
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import AsyncGenerator
@@ -21,9 +22,9 @@ from conveyor.server.context import ServingContext, check_prompt_length, finish_
 from conveyor.server.errors import APIError, bad_request
 from conveyor.server.generation import (
     EngineStream,
-    EngineStreamResponse,
+    ResponseRenderer,
     failed_output_error,
-    run_unless_disconnected,
+    respond,
 )
 from conveyor.server.protocol import ChatCompletionRequest
 from conveyor.server.responses import (
@@ -75,17 +76,9 @@ def prepare_chat(ctx: ServingContext, body: ChatCompletionRequest) -> PreparedCh
 async def create_chat_completion(ctx: ServingContext, body: ChatCompletionRequest,
                                  http_request: Request) -> Response:
     prepared = prepare_chat(ctx, body)
-    stream = EngineStream(ctx.engine, prepared.request, ctx.gate)
-    try:
-        first = await run_unless_disconnected(http_request, stream.next())
-        if body.stream:
-            return EngineStreamResponse(_chunks(ctx, prepared, stream, first), on_close=stream.close)
-        final = await run_unless_disconnected(http_request, _collect(ctx, prepared, stream, first))
-    except BaseException:
-        await stream.close()
-        raise
-    await stream.close()
-    return Response(final.model_dump_json(), media_type="application/json")
+    renderer = ResponseRenderer(chunks=functools.partial(_chunks, ctx, prepared),
+                                collect=functools.partial(_collect, ctx, prepared))
+    return await respond(EngineStream(ctx.engine, prepared.request, ctx.gate), http_request, body.stream, renderer)
 
 
 async def _collect(ctx: ServingContext, prepared: PreparedChat, stream: EngineStream,
