@@ -200,3 +200,12 @@ async def respond(stream: EngineStream, http_request: Request, streaming: bool,
         raise
     await stream.close()
     return Response(final.model_dump_json(), media_type="application/json")
+
+
+async def drain(stream: EngineStream, first: RequestOutput) -> list[RequestOutput]:
+    """Every output of a non-streaming request, first included; raises the API error of a failed end."""
+    outputs = [output async for output in stream.rest(first)]
+    error = failed_output_error(outputs[-1])
+    if error is not None:
+        raise error
+    return outputs

@@ -23,6 +23,7 @@ from conveyor.server.errors import APIError, bad_request
 from conveyor.server.generation import (
     EngineStream,
     ResponseRenderer,
+    drain,
     failed_output_error,
     respond,
 )
@@ -78,23 +79,18 @@ async def create_chat_completion(ctx: ServingContext, body: ChatCompletionReques
     prepared = prepare_chat(ctx, body)
     renderer = ResponseRenderer(chunks=functools.partial(_chunks, ctx, prepared),
                                 collect=functools.partial(_collect, ctx, prepared))
-    return await respond(EngineStream(ctx.engine, prepared.request, ctx.gate), http_request, body.stream, renderer)
+    stream = EngineStream(ctx.engine, prepared.request, ctx.gate)
+    return await respond(stream, http_request, body.stream, renderer)
 
 
 async def _collect(ctx: ServingContext, prepared: PreparedChat, stream: EngineStream,
                    first: RequestOutput) -> ChatCompletionResponse:
-    texts: list[str] = []
-    entries = []
-    last = first
-    async for output in stream.rest(first):
-        last = output
-        texts.append(output.new_text)
-        entries.extend(output.new_logprobs)
-    error = failed_output_error(last)
-    if error is not None:
-        raise error
+    outputs = await drain(stream, first)
+    last = outputs[-1]
+    entries = [entry for output in outputs for entry in output.new_logprobs]
     logprobs = ChatChoiceLogprobs.of(entries) if prepared.want_logprobs else None
-    choice = ChatChoice(message=ChatMessageOut(content="".join(texts)), logprobs=logprobs,
+    text = "".join(output.new_text for output in outputs)
+    choice = ChatChoice(message=ChatMessageOut(content=text), logprobs=logprobs,
                         finish_reason=finish_reason_text(last), stop_reason=last.stop_reason)
     return ChatCompletionResponse(id=prepared.request.request_id, created=prepared.created,
                                   model=ctx.model_name, choices=[choice],

@@ -17,6 +17,7 @@ from conveyor.server.errors import APIError, bad_request
 from conveyor.server.generation import (
     EngineStream,
     ResponseRenderer,
+    drain,
     failed_output_error,
     respond,
 )
@@ -64,23 +65,21 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, http_r
     prepared = prepare_completion(ctx, body)
     renderer = ResponseRenderer(chunks=functools.partial(_chunks, ctx, prepared),
                                 collect=functools.partial(_collect, ctx, prepared))
-    return await respond(EngineStream(ctx.engine, prepared.request, ctx.gate), http_request, body.stream, renderer)
+    stream = EngineStream(ctx.engine, prepared.request, ctx.gate)
+    return await respond(stream, http_request, body.stream, renderer)
 
 
 async def _collect(ctx: ServingContext, prepared: PreparedCompletion, stream: EngineStream,
                    first: RequestOutput) -> CompletionResponse:
+    outputs = await drain(stream, first)
+    last = outputs[-1]
     texts = [prepared.echo_text] if prepared.echo_text is not None else []
+    texts.extend(output.new_text for output in outputs)
     logprobs = CompletionLogprobs() if prepared.want_logprobs else None
     offset = 0
-    last = first
-    async for output in stream.rest(first):
-        last = output
-        texts.append(output.new_text)
+    for output in outputs:
         if logprobs is not None:
             offset = logprobs.extend(output.new_logprobs, offset)
-    error = failed_output_error(last)
-    if error is not None:
-        raise error
     choice = CompletionChoice(text="".join(texts), logprobs=logprobs,
                               finish_reason=finish_reason_text(last), stop_reason=last.stop_reason)
     return CompletionResponse(id=prepared.request.request_id, created=prepared.created,
