@@ -46,6 +46,9 @@ class FakeEngineConfig:
     max_num_queued_reqs: int | None = None
     queue_timeout_s: float | None = None
     token_delay_s: float = 0.0
+    held_back_tokens: frozenset[int] = frozenset()
+    """Output indexes whose text the "detokenizer" holds back: they arrive with empty text, and their text
+    comes with the next token (as half a UTF-8 character does)."""
     num_kv_blocks: int = 64
     block_size: int = 16
 
@@ -167,6 +170,7 @@ class FakeEngine:
     async def _decode(self, request: GenerateRequest, prompt: list[int], max_tokens: int,
                       timings: RequestTimings) -> AsyncIterator[RequestOutput]:
         params = request.sampling_params
+        held = ""
         for i in range(max_tokens):
             await asyncio.sleep(self.config.token_delay_s)
             if request.request_id in self.state.abort_requested:
@@ -188,7 +192,8 @@ class FakeEngine:
                 self._emit([], num_generation_tokens=1, num_scheduled_tokens=len(prompt) if i == 0 else 1)
             else:
                 self._finish(request.request_id, reason, timings, prompt, i + 1, num_generation_tokens=1)
-            yield RequestOutput(request.request_id, text, [token_id], len(prompt), i + 1, reason,
+            held, new_text = (held + text, "") if i in self.config.held_back_tokens and reason is None else ("", held + text)
+            yield RequestOutput(request.request_id, new_text, [token_id], len(prompt), i + 1, reason,
                                 stop_reason=token_id if reason is FinishReason.STOP else None,
                                 new_logprobs=logprobs, prompt_token_ids=prompt if i == 0 else [])
             if reason is not None:

@@ -76,6 +76,19 @@ def test_completion_stream_with_usage() -> None:
     run(main())
 
 
+def test_every_new_token_gets_a_chunk_even_with_held_back_text() -> None:
+    """As vLLM: a token whose text the detokenizer holds back still gets its (empty-text) chunk, so
+    clients count one chunk per token and ITL measures token gaps, not text gaps."""
+    async def main() -> None:
+        engine = FakeEngine(FakeEngineConfig(held_back_tokens=frozenset({1, 2})))
+        async with app_client(engine) as client:
+            events = sse_events((await client.post(COMP, json={"prompt": "x", "max_tokens": 4, "stream": True})).text)
+            assert [e["choices"][0]["text"] for e in events[:-1]] == [" w0", "", "", " w1 w2 w3"]
+            chat = sse_events((await client.post(CHAT, json={"messages": USER, "max_tokens": 4, "stream": True})).text)
+            assert [e["choices"][0]["delta"]["content"] for e in chat[1:-1]] == [" w0", "", "", " w1 w2 w3"]
+    run(main())
+
+
 def test_stream_without_usage_has_no_usage_chunk() -> None:
     async def main() -> None:
         async with app_client() as client:

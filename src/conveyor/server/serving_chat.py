@@ -120,7 +120,8 @@ async def _chunks(ctx: ServingContext, prepared: PreparedChat, stream: EngineStr
             if error is not None:
                 yield error.to_sse()
                 return
-            if output.new_text or output.finished or output.new_logprobs:
+            # Every new token gets a chunk, even one whose text the detokenizer holds back (as in vLLM).
+            if output.new_token_ids or output.new_text or output.finished or output.new_logprobs:
                 yield _chunk(ctx, prepared, [_content_choice(prepared, output)])
     except APIError as error:
         yield error.to_sse()

@@ -106,8 +106,8 @@ async def _chunks(ctx: ServingContext, prepared: PreparedCompletion, stream: Eng
             if error is not None:
                 yield error.to_sse()
                 return
-            if not (output.new_text or output.finished or output.new_logprobs):
-                continue  # e.g. the detokenizer holds back half a UTF-8 character
+            if not (output.new_token_ids or output.new_text or output.finished or output.new_logprobs):
+                continue  # nothing new (a token whose text is held back still gets its chunk, as in vLLM)
             logprobs = None
             if prepared.want_logprobs:
                 logprobs = CompletionLogprobs()
