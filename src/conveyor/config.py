@@ -25,6 +25,15 @@ class Batching(enum.Enum):
     STATIC = "static"
 
 
+class CUDAGraphMode(enum.Enum):
+    """Which steps replay CUDA graphs (vLLM's `cudagraph_mode` names, for the modes conveyor has)."""
+
+    FULL = "full"
+    """Decode steps and mixed prefill/decode steps up to `max_cudagraph_capture_size` tokens."""
+    FULL_DECODE_ONLY = "full_decode_only"
+    """Only pure-decode steps; steps with a prefill chunk run eagerly."""
+
+
 class LoadFormat(enum.Enum):
     AUTO = "auto"
     GGUF = "gguf"
@@ -149,6 +158,11 @@ class DeviceConfig:
     """`cpu` or `cuda` (one GPU)."""
     enforce_eager: bool = False
     """Disable CUDA graphs (no effect on CPU)."""
+    cudagraph_mode: CUDAGraphMode = CUDAGraphMode.FULL
+    """Which steps replay graphs when graphs are on (CUDA only)."""
+    max_cudagraph_capture_size: int = 2048
+    """Largest token count of a captured mixed-step graph; bigger steps run eagerly (they are
+    long enough for launch overhead not to matter). Decode graphs cover up to 512 requests."""
     num_threads: int | None = None
     """torch intra-op threads on CPU (None: torch's default)."""
 
@@ -157,6 +171,8 @@ class DeviceConfig:
             raise ConfigError(f"device must be cpu or cuda (got {self.device!r})")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(f"num_threads must be >= 1 (got {self.num_threads})")
+        if self.max_cudagraph_capture_size < 1:
+            raise ConfigError(f"max_cudagraph_capture_size must be >= 1 (got {self.max_cudagraph_capture_size})")
 
 
 @dataclass(frozen=True)

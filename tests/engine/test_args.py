@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from conveyor.config import Batching, EngineConfig, LoadFormat, SchedulingPolicy
+from conveyor.config import Batching, CUDAGraphMode, EngineConfig, LoadFormat, SchedulingPolicy
 from conveyor.engine.args import (
     add_engine_arguments,
     build_engine_config,
@@ -41,6 +41,16 @@ def test_flags_map_onto_fields() -> None:
     assert s.batching is Batching.STATIC and s.max_num_queued_reqs == 10 and s.queue_timeout_s == 2.5
     assert config.cache.block_size == 32 and not config.cache.enable_prefix_caching
     assert config.cache.kv_cache_memory_bytes == 64 * 2**20
+
+
+def test_cuda_graph_flags_map_onto_device_config(capsys: pytest.CaptureFixture[str]) -> None:
+    device = build_engine_config(parse(["--cudagraph-mode", "full_decode_only",
+                                        "--max-cudagraph-capture-size", "512"])).device
+    assert device.cudagraph_mode is CUDAGraphMode.FULL_DECODE_ONLY and device.max_cudagraph_capture_size == 512
+    assert EngineConfig().device.cudagraph_mode is CUDAGraphMode.FULL
+    with pytest.raises(SystemExit):
+        engine_config_from_args(parse(["--max-cudagraph-capture-size", "0"]))
+    assert "--max-cudagraph-capture-size" in capsys.readouterr().err
 
 
 def test_zero_threshold_means_no_cap_as_in_vllm() -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from conveyor.config import (
     Batching,
     CacheConfig,
+    CUDAGraphMode,
     ConfigError,
     DeviceConfig,
     EngineConfig,
@@ -71,6 +72,8 @@ FLAGS: tuple[_Flag, ...] = (
     _Flag("--num-gpu-blocks-override", "cache", "num_blocks_override"),
     _Flag("--device", "device", "device"),
     _Flag("--enforce-eager", "device", "enforce_eager"),
+    _Flag("--cudagraph-mode", "device", "cudagraph_mode"),
+    _Flag("--max-cudagraph-capture-size", "device", "max_cudagraph_capture_size"),
     _Flag("--num-threads", "device", "num_threads"),
     _Flag("--check-invariants", "", "check_invariants"),
 )
@@ -139,13 +142,18 @@ def _add_cache_and_device_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--num-gpu-blocks-override", type=int, help="exact number of KV blocks")
     group.add_argument("--device", choices=["cpu", "cuda"])
     group.add_argument("--enforce-eager", action="store_true", default=None, help="no CUDA graphs")
+    group.add_argument("--cudagraph-mode", choices=[m.value for m in CUDAGraphMode],
+                       help="full: decode and mixed steps replay graphs (default); full_decode_only")
+    group.add_argument("--max-cudagraph-capture-size", type=int,
+                       help="largest token count of a captured mixed-step graph (default 2048)")
     group.add_argument("--num-threads", type=int, help="torch CPU threads")
     group.add_argument("--check-invariants", action="store_true", default=None,
                        help="check scheduler and block-pool invariants after every step (slow)")
 
 
 def _converted(flag: _Flag, value: object) -> object:
-    enums = {"load_format": LoadFormat, "policy": SchedulingPolicy, "batching": Batching}
+    enums = {"load_format": LoadFormat, "policy": SchedulingPolicy, "batching": Batching,
+             "cudagraph_mode": CUDAGraphMode}
     return enums[flag.field_name](value) if flag.field_name in enums else value
 
 
@@ -210,7 +218,7 @@ def engine_config_to_flags(config: EngineConfig) -> dict[str, str]:
 
 
 def _as_text(value: object) -> str:
-    if isinstance(value, (LoadFormat, SchedulingPolicy, Batching)):
+    if isinstance(value, (LoadFormat, SchedulingPolicy, Batching, CUDAGraphMode)):
         return value.value
     if value is None:
         return "none"

@@ -1,17 +1,19 @@
-"""CUDA graphs for decode steps: capture the forward once per padded batch size, replay it each step.
+"""CUDA graphs for decode and mixed steps: capture the forward once per padded bucket, replay it each step.
 
-The model: a pure-decode step (every request computes one token and samples) of n requests runs the
-graph captured for the smallest bucket B >= n (1, 2, 4, 8, then multiples of 16 up to
-max_num_seqs, at most 512). Eager decode of a small model is CPU-bound -- hundreds of kernel launches
-per step from Python -- while a replay is one launch. A graph reads fixed addresses, so its inputs
-live in static device tensors, all views of ONE byte buffer laid out as
-`input_ids | positions | slot_mapping (int64, B_max each) | seq_lens (int32) | block_tables (int32,
-B_max x max_blocks)`; the host fills the same layout in a pinned buffer and each step makes ONE
-host-to-device copy of the prefix it used. Padding rows (n..B) get slot -1 (store_kv skips it) and
-seq_len 0 (attention writes zeros), so they never touch real KV blocks. `query_start_loc` is the
-constant arange (token i is sequence i). Capture happens after the KV cache is allocated, largest
-bucket first so that the smaller graphs reuse its memory pool. The attention backend chooses its
-kernel from host ints only (max_query_len = 1, max_seq_len = max_model_len), so capture and replay agree.
+The model: eager steps of a model on a fast GPU are CPU-bound -- hundreds of kernel launches per step
+from Python -- while a replay is one launch. Two kinds of graphs, both over the static inputs of
+graph_inputs.py (which also explains the padding):
+- a *pure-decode* step (every request computes one token and samples) of n requests replays the
+  decode graph of the smallest bucket B >= n (1, 2, 4, 8, then multiples of 16 up to max_num_seqs, at
+  most 512), with the small-tile attention launch that decode wants;
+- any other step of n <= max_cudagraph_capture_size tokens (prefill chunks, with or without decodes)
+  replays the *mixed* graph of the smallest token bucket T >= n. The unified attention kernel's grid
+  depends only on the token and sequence counts, which the padding fixes, so the whole forward --
+  attention included -- is one graph (vLLM's FULL mode). Bigger steps run eagerly: there the GPU
+  work dwarfs the launches.
+Capture happens after the KV cache is allocated, largest graph first so that the smaller ones reuse
+its memory pool. The attention backend chooses its kernel from host ints only (max_query_len: 1 for
+decode, T for mixed; max_seq_len = max_model_len), so capture and replay agree.
 """
 
 from __future__ import annotations
@@ -19,21 +21,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
+from conveyor.config import CUDAGraphMode
 from conveyor.model.attention_metadata import AttentionMetadata
+from conveyor.worker.graph_inputs import GraphGeometry, StaticInputs
 from conveyor.worker.input_batch import HostBatch
 
 MAX_CAPTURE_SIZE = 512
 """Largest decode batch captured (vLLM's default as well)."""
 
 ForwardFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
-"""(input_ids [B], positions [B], metadata) -> hidden [B, H]: the model with its KV caches bound."""
+"""(input_ids [T], positions [T], metadata) -> hidden [T, H]: the model with its KV caches bound."""
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
-    """Buckets 1, 2, 4, 8, 16, 32, 48, ... up to min(max_num_seqs, 512), max_num_seqs itself included."""
+    """Decode buckets 1, 2, 4, 8, 16, 32, 48, ... up to min(max_num_seqs, 512), that limit included."""
     limit = min(max_num_seqs, MAX_CAPTURE_SIZE)
     sizes = [s for s in [1, 2, 4, 8, *range(16, MAX_CAPTURE_SIZE + 1, 16)] if s <= limit]
     if sizes[-1] != limit:
@@ -41,8 +44,19 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
     return sizes
 
 
+def mixed_capture_sizes(max_num_tokens: int) -> list[int]:
+    """Mixed-step token buckets: 16 .. 128 doubling, then steps of 128 to 1024 and of 256 beyond, so a
+    step pads by fewer than 128 tokens, or a quarter of its bucket beyond 1024; `max_num_tokens` itself
+    closes the list."""
+    candidates = [16, 32, 64, 128, *range(256, 1025, 128), *range(1280, max_num_tokens + 1, 256)]
+    sizes = [s for s in candidates if s <= max_num_tokens]
+    if not sizes or sizes[-1] != max_num_tokens:
+        sizes.append(max_num_tokens)
+    return sizes
+
+
 def decode_bucket(host: HostBatch, sizes: list[int], max_blocks_per_seq: int) -> int | None:
-    """The bucket of a pure-decode step in which every request samples, else None (run it eagerly)."""
+    """The bucket of a pure-decode step in which every request samples, else None."""
     num_reqs = host.seq_lens.shape[0]
     if host.num_tokens != num_reqs or len(host.sampling_rows) != num_reqs:
         return None
@@ -51,113 +65,89 @@ def decode_bucket(host: HostBatch, sizes: list[int], max_blocks_per_seq: int) ->
     return next(size for size in sizes if size >= num_reqs)
 
 
+def mixed_bucket(host: HostBatch, sizes: list[int], geometry: GraphGeometry) -> int | None:
+    """The token bucket of a step that fits a mixed graph (room for its padding sequence), else None."""
+    if not sizes or host.num_tokens > sizes[-1] or host.seq_lens.shape[0] >= geometry.max_seqs:
+        return None
+    if host.block_tables.shape[1] > geometry.max_blocks_per_seq:
+        return None
+    return next(size for size in sizes if size >= host.num_tokens)
+
+
 @dataclass(frozen=True)
-class GraphGeometry:
-    """What fixes the static buffers' layout."""
+class GraphPlan:
+    """Which graphs to capture."""
 
-    max_batch_size: int
-    """Largest captured bucket."""
-    max_blocks_per_seq: int
-    """Block-table width: ceil(max_model_len / block_size)."""
-    block_size: int
+    max_num_seqs: int
+    """The scheduler's max_num_seqs (decode buckets and the sequence rows of mixed graphs)."""
+    max_num_batched_tokens: int
+    """The scheduler's token budget (no step is larger)."""
     max_model_len: int
+    block_size: int
+    mode: CUDAGraphMode
+    max_cudagraph_capture_size: int
+    """Largest mixed-graph token bucket (capped by max_num_batched_tokens)."""
 
-
-class StaticInputs:
-    """One pinned host byte buffer and one device byte buffer with the same layout, and typed views of both."""
-
-    FIELDS = (("input_ids", np.int64), ("positions", np.int64), ("slot_mapping", np.int64), ("seq_lens", np.int32))
-
-    def __init__(self, geometry: GraphGeometry, device: torch.device) -> None:
-        self.geometry = geometry
-        rows = geometry.max_batch_size
-        self.offsets: dict[str, int] = {}
-        offset = 0
-        for name, dtype in self.FIELDS:
-            self.offsets[name] = offset
-            offset += -(-rows * np.dtype(dtype).itemsize // 16) * 16  # 16-byte aligned fields
-        self.offsets["block_tables"] = offset
-        self.num_bytes = offset + rows * geometry.max_blocks_per_seq * 4
-        self.host = torch.zeros(self.num_bytes, dtype=torch.uint8, pin_memory=True)
-        self.device_bytes = torch.zeros(self.num_bytes, dtype=torch.uint8, device=device)
-        self.copy_done = torch.cuda.Event()
-        self.query_start_loc = torch.arange(rows + 1, dtype=torch.int32, device=device)  # [B_max + 1]
-
-    def device_view(self, name: str) -> torch.Tensor:
-        return self._view(self.device_bytes, name)
-
-    def host_view(self, name: str) -> np.ndarray:
-        return self._view(self.host, name).numpy()
-
-    def _view(self, buffer: torch.Tensor, name: str) -> torch.Tensor:
-        rows, width = self.geometry.max_batch_size, self.geometry.max_blocks_per_seq
-        start = self.offsets[name]
-        if name == "block_tables":
-            return buffer[start : start + rows * width * 4].view(torch.int32).view(rows, width)
-        dtype = dict(self.FIELDS)[name]
-        torch_dtype = torch.int64 if dtype is np.int64 else torch.int32
-        return buffer[start : start + rows * np.dtype(dtype).itemsize].view(torch_dtype)
-
-    def stage(self, host: HostBatch, batch_size: int) -> None:
-        """Write the step (padded to batch_size) into the pinned buffer, then ONE copy to the device."""
-        self.copy_done.synchronize()  # the previous step's copy has left the pinned buffer
-        num_reqs = host.num_tokens
-        for name, pad in (("input_ids", 0), ("positions", 0), ("slot_mapping", -1), ("seq_lens", 0)):
-            view = self.host_view(name)
-            view[:num_reqs] = getattr(host, name)
-            view[num_reqs:batch_size] = pad
-        width = host.block_tables.shape[1]
-        self.host_view("block_tables")[:num_reqs, :width] = host.block_tables
-        used = self.offsets["block_tables"] + batch_size * self.geometry.max_blocks_per_seq * 4
-        self.device_bytes[:used].copy_(self.host[:used], non_blocking=True)
-        self.copy_done.record()
-
-    def metadata(self, batch_size: int) -> AttentionMetadata:
-        """Metadata over the static views; host fields describe the capture (worst case) shape."""
-        return AttentionMetadata(
-            query_start_loc=self.query_start_loc[: batch_size + 1],
-            seq_lens=self.device_view("seq_lens")[:batch_size],
-            block_tables=self.device_view("block_tables")[:batch_size],
-            slot_mapping=self.device_view("slot_mapping")[:batch_size],
-            max_query_len=1,
-            max_seq_len=self.geometry.max_model_len,
-            query_lens_cpu=[1] * batch_size,
-            seq_lens_cpu=[self.geometry.max_model_len] * batch_size,
-            block_size=self.geometry.block_size,
+    def geometry(self) -> GraphGeometry:
+        decode, mixed = capture_sizes(self.max_num_seqs), self.mixed_sizes()
+        return GraphGeometry(
+            max_tokens=max(decode[-1], mixed[-1] if mixed else 0), max_seqs=self.max_num_seqs + 1,
+            max_blocks_per_seq=-(-self.max_model_len // self.block_size), block_size=self.block_size,
+            max_model_len=self.max_model_len,
         )
+
+    def mixed_sizes(self) -> list[int]:
+        if self.mode is CUDAGraphMode.FULL_DECODE_ONLY:
+            return []
+        return mixed_capture_sizes(min(self.max_cudagraph_capture_size, self.max_num_batched_tokens))
 
 
 class CudaGraphRunner:
-    """Captured decode graphs by bucket size; `run` replays one for an eligible step, else returns None."""
+    """Captured graphs by kind and bucket; `run` replays one for an eligible step, else returns None."""
 
-    def __init__(self, forward: ForwardFn, geometry: GraphGeometry, device: torch.device) -> None:
+    def __init__(self, forward: ForwardFn, plan: GraphPlan, device: torch.device) -> None:
         self.forward = forward
-        self.inputs = StaticInputs(geometry, device)
-        self.sizes = capture_sizes(geometry.max_batch_size)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.geometry = plan.geometry()
+        self.inputs = StaticInputs(self.geometry, device)
+        self.decode_sizes = capture_sizes(plan.max_num_seqs)
+        self.mixed_sizes = plan.mixed_sizes()
+        self.decode_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.mixed_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     @torch.inference_mode()
     def capture(self) -> None:
         """Warm up and capture every bucket, largest first (its pool then serves the smaller ones)."""
         pool = torch.cuda.graph_pool_handle()
-        ids, positions = self.inputs.device_view("input_ids"), self.inputs.device_view("positions")
-        self.inputs.device_view("slot_mapping").fill_(-1)  # capture-time runs write no KV
-        for size in reversed(self.sizes):
-            metadata = self.inputs.metadata(size)
-            self.forward(ids[:size], positions[:size], metadata)  # compile kernels, pick GEMM algos
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                hidden = self.forward(ids[:size], positions[:size], metadata)
-            self.graphs[size] = (graph, hidden)
+        self.inputs.reset_for_capture()
+        jobs = [(size, self.mixed_graphs, self.inputs.mixed_metadata) for size in self.mixed_sizes]
+        jobs += [(size, self.decode_graphs, self.inputs.decode_metadata) for size in self.decode_sizes]
+        for size, graphs, metadata_for in sorted(jobs, key=lambda job: -job[0]):
+            graphs[size] = self._capture_one(size, metadata_for(size), pool)
         torch.cuda.synchronize()
 
+    def _capture_one(self, size: int, metadata: AttentionMetadata,
+                     pool: tuple[int, int]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        ids, positions = self.inputs.device_view("input_ids")[:size], self.inputs.device_view("positions")[:size]
+        self.forward(ids, positions, metadata)  # compile kernels, pick GEMM algorithms
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            hidden = self.forward(ids, positions, metadata)
+        return graph, hidden
+
     def run(self, host: HostBatch) -> torch.Tensor | None:
-        """hidden [n, H] of a replayed decode step, or None when the step is not graph-eligible."""
-        size = decode_bucket(host, self.sizes, self.inputs.geometry.max_blocks_per_seq)
+        """Hidden rows [S, H] of the sampling requests, in order, from a replayed graph; None when the
+        step fits no graph (the caller runs it eagerly)."""
+        size = decode_bucket(host, self.decode_sizes, self.geometry.max_blocks_per_seq)
+        if size is not None:
+            self.inputs.stage(host, size, mixed=False)
+            graph, hidden = self.decode_graphs[size]
+            graph.replay()
+            return hidden[: host.num_tokens]  # every request samples, in batch order
+        size = mixed_bucket(host, self.mixed_sizes, self.geometry)
         if size is None:
             return None
-        self.inputs.stage(host, size)
-        graph, hidden = self.graphs[size]
+        self.inputs.stage(host, size, mixed=True)
+        graph, hidden = self.mixed_graphs[size]
         graph.replay()
-        return hidden[: host.num_tokens]
+        return hidden[self.inputs.device_view("logits_indices")[: len(host.logits_indices)]]

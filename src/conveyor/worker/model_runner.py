@@ -18,7 +18,7 @@ from conveyor.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerCon
 from conveyor.core.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 from conveyor.model.loader import load_model, resolve_dtype
 from conveyor.sampling_params import SamplingParams
-from conveyor.worker.cuda_graphs import CudaGraphRunner, GraphGeometry
+from conveyor.worker.cuda_graphs import CudaGraphRunner, GraphPlan
 from conveyor.worker.input_batch import HostStaging, prepare_host_batch
 from conveyor.worker.kv_cache import (
     KVCacheSpec,
@@ -62,9 +62,9 @@ class ModelRunner:
         self.staging = HostStaging(self.device)
         self.sampler = Sampler(self._new_generator().manual_seed(model_config.seed))
         self.vocab = VocabInfo(self.vocab_size, frozenset(self.eos_token_ids))
-        self.enforce_eager = device_config.enforce_eager
+        self.device_config = device_config
         self.cuda_graphs: CudaGraphRunner | None = None
-        """Decode graphs, captured after the KV cache exists (CUDA without --enforce-eager)."""
+        """Decode and mixed-step graphs, captured after the KV cache exists (CUDA without --enforce-eager)."""
 
     @property
     def vocab_size(self) -> int:
@@ -107,15 +107,17 @@ class ModelRunner:
         return capacity
 
     def _capture_cuda_graphs(self, max_model_len: int) -> CudaGraphRunner | None:
-        if self.device.type != "cuda" or self.enforce_eager or self.attention_backend != "triton":
+        if self.device.type != "cuda" or self.device_config.enforce_eager or self.attention_backend != "triton":
             return None
-        geometry = GraphGeometry(
-            max_batch_size=self.scheduler_config.max_num_seqs, block_size=self.block_size,
-            max_blocks_per_seq=-(-max_model_len // self.block_size), max_model_len=max_model_len,
+        plan = GraphPlan(
+            max_num_seqs=self.scheduler_config.max_num_seqs,
+            max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
+            max_model_len=max_model_len, block_size=self.block_size, mode=self.device_config.cudagraph_mode,
+            max_cudagraph_capture_size=self.device_config.max_cudagraph_capture_size,
         )
         runner = CudaGraphRunner(
             lambda ids, positions, metadata: self.model(ids, positions, self.kv_caches, metadata),
-            geometry, self.device,
+            plan, self.device,
         )
         runner.capture()
         return runner
@@ -133,7 +135,7 @@ class ModelRunner:
         # Sampler inputs are built before the forward is launched: their small host-to-device copies
         # (pageable memory, which synchronizes the stream) would otherwise wait for the whole forward.
         sampling_batch = self._sampling_batch(sampling) if sampling else None
-        # A graph-eligible decode step (every row samples) replays a captured graph: rows = hidden.
+        # A step that fits a captured graph replays it and yields the sampling rows' hidden states.
         rows = self.cuda_graphs.run(host) if self.cuda_graphs is not None else None
         if rows is None:
             inputs = self.staging.device_batch(host, self.block_size)
