@@ -10,6 +10,10 @@ of the step is the forward pass and the LM head.
     PYTHONPATH=src python benchmarks/worker_step.py --device cuda --model benchmarks/models/qwen3-0.6b \\
         --load-format dummy --batch-sizes 1 64 256
 
+With `--prefill-chunk C` it also times a *mixed* step: the B decodes plus a C-token prefill chunk of one
+more request (`mixed_step_ms`; on CUDA it replays a mixed-step graph unless --enforce-eager or
+--cudagraph-mode full_decode_only).
+
 Prints one JSON line per batch size ("RESULT {...}"), times in milliseconds (median of --steps).
 """
 
@@ -24,7 +28,7 @@ from collections.abc import Callable
 
 import torch
 
-from conveyor.config import CacheConfig, DeviceConfig, LoadFormat, ModelConfig, SchedulerConfig
+from conveyor.config import CacheConfig, CUDAGraphMode, DeviceConfig, LoadFormat, ModelConfig, SchedulerConfig
 from conveyor.core.outputs import NO_NEW_BLOCKS, CachedRequestData, NewRequestData, SchedulerOutput
 from conveyor.sampling_params import SamplingParams
 from conveyor.worker.input_batch import prepare_host_batch
@@ -70,6 +74,21 @@ class DecodeDriver:
         self.runner.execute(SchedulerOutput([], cached, dict.fromkeys(self.ids, 1), len(self.ids)))
         self.num_computed += 1
 
+    def add_chunked_request(self, chunk: int, first_block: int) -> None:
+        """Register request "p" (chunk + 1 prompt tokens: a chunk of `chunk` never reaches sampling)."""
+        blocks = list(range(first_block, first_block + -(-(chunk + 1) // self.runner.block_size)))
+        prompt = [(11 * j) % 1000 + 10 for j in range(chunk + 1)]
+        self.runner.execute(SchedulerOutput([NewRequestData("p", prompt, [], GREEDY, blocks, 0)],
+                                            CachedRequestData(), {"p": 1}, 1))
+
+    def mixed_step(self, chunk: int) -> None:
+        """The decodes plus tokens [0, chunk) of "p" again (same slots, same values)."""
+        num_reqs = len(self.ids)
+        ids = [*self.ids, "p"]
+        cached = CachedRequestData(ids, [NO_NEW_BLOCKS] * (num_reqs + 1), [self.num_computed] * num_reqs + [0])
+        self.runner.execute(SchedulerOutput([], cached, {**dict.fromkeys(self.ids, 1), "p": chunk}, num_reqs + chunk))
+        self.num_computed += 1
+
 
 def measure(runner: ModelRunner, batch_size: int, args: argparse.Namespace) -> dict[str, float]:
     driver = DecodeDriver(runner, batch_size, args.context)
@@ -89,8 +108,13 @@ def measure(runner: ModelRunner, batch_size: int, args: argparse.Namespace) -> d
         requests = [SamplingRequest(params, s.token_ids, s.num_prompt_tokens) for s in states]
         return lambda: runner.sampler(logits.clone(), build_sampling_batch(requests, runner.vocab, runner.device))
 
+    mixed = {}
+    if args.prefill_chunk:
+        driver.add_chunked_request(args.prefill_chunk, first_block=len(driver.blocks) * len(driver.blocks["r0"]))
+        mixed = {"prefill_chunk": args.prefill_chunk, "mixed_step_ms": round(median_ms(
+            lambda: driver.mixed_step(args.prefill_chunk), runner.device, args.steps), 3)}
     return {
-        "batch_size": batch_size, "context": args.context, "step_ms": round(step_ms, 3),
+        **mixed, "batch_size": batch_size, "context": args.context, "step_ms": round(step_ms, 3),
         "host_prep_ms": round(median_ms(host_prep, runner.device, args.steps), 3),
         "sampler_greedy_ms": round(median_ms(sampler_with(GREEDY), runner.device, args.steps), 3),
         "sampler_random_ms": round(median_ms(sampler_with(RANDOM), runner.device, args.steps), 3),
@@ -107,14 +131,18 @@ def main() -> int:
     parser.add_argument("--context", type=int, default=128)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument("--cudagraph-mode", default="full", choices=[m.value for m in CUDAGraphMode])
+    parser.add_argument("--prefill-chunk", type=int, default=0, help="also time decodes + a chunk of this size")
     args = parser.parse_args()
     max_batch = max(args.batch_sizes)
+    max_len = max(args.context + HEADROOM_TOKENS, args.prefill_chunk + 1)
     runner = ModelRunner(
         ModelConfig(model=args.model, load_format=LoadFormat(args.load_format)),
-        CacheConfig(num_blocks_override=max_batch * (-(-(args.context + HEADROOM_TOKENS) // 16))),
-        SchedulerConfig(max_num_seqs=max_batch, max_num_batched_tokens=max(2048, max_batch * args.context),
-                        max_model_len=args.context + HEADROOM_TOKENS),
-        DeviceConfig(device=args.device, num_threads=args.num_threads, enforce_eager=args.enforce_eager),
+        CacheConfig(num_blocks_override=(max_batch + 1) * (-(-max_len // 16))),
+        SchedulerConfig(max_num_seqs=max_batch + 1, max_model_len=max_len,
+                        max_num_batched_tokens=max(2048, max_batch * args.context, max_batch + args.prefill_chunk)),
+        DeviceConfig(device=args.device, num_threads=args.num_threads, enforce_eager=args.enforce_eager,
+                     cudagraph_mode=CUDAGraphMode(args.cudagraph_mode)),
     )
     runner.initialize_kv_cache()
     info = {"device": args.device, "dtype": str(runner.dtype), "backend": runner.attention_backend,

@@ -3,7 +3,7 @@
 # tokenizer) driven by `conveyor bench run` at the peer's rates (Poisson, random 1024+-50% in,
 # 256+-50% out, ignore_eos), ARRIVAL_S seconds of arrivals per rate. Writes run directories and a
 # one-line-per-rate summary under OUT_DIR.
-#   bash benchmarks/gpu/online.sh MODEL_DIR TOKENIZER_DIR OUT_DIR [ARRIVAL_S] [RATES...]
+#   bash benchmarks/gpu/online.sh MODEL_DIR TOKENIZER_DIR OUT_DIR [ARRIVAL_S] [RATES...]   (a rate may be inf)
 set -u
 model=$1; tokenizer=$2; out=$3; arrival_s=${4:-30}; shift 4 || shift $#
 rates=${*:-4 8 16 24}
@@ -20,7 +20,7 @@ for _ in $(seq 1 240); do
   sleep 1
 done
 for rate in $rates; do
-  n=$((rate * arrival_s))
+  if [ "$rate" = inf ]; then n=${INF_REQUESTS:-400}; else n=$((rate * arrival_s)); fi  # the peer's "unlimited": 400 at once
   python3 -m conveyor bench run --base-url "http://127.0.0.1:$port" --trace "$out/trace.jsonl" --rate "$rate" \
     --num-requests "$n" --goodput ttft:200,itl:50 --out "$out/rate_$rate" --no-progress > "$out/rate_$rate.txt" 2>&1
   python3 -c "import json,sys; s=json.load(open(sys.argv[1])); print('ONLINE', json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in s.items() if k in ('request_rate', 'num_prompts', 'completed', 'failed', 'duration', 'request_throughput', 'output_throughput', 'p95_ttft_ms', 'p95_itl_ms', 'p95_tpot_ms', 'p95_e2el_ms', 'median_ttft_ms', 'median_itl_ms', 'send_lag_p99_ms', 'valid')}))" "$out/rate_$rate/summary.json" || tail -5 "$out/rate_$rate.txt"
