@@ -92,9 +92,9 @@ class _DecodeGroup:
     token_ids: torch.Tensor
     """[n] int64: their rows in query / out."""
     block_ids: torch.Tensor
-    """[n, num_blocks] int64: block tables cut to the group's longest sequence."""
+    """[n * num_blocks] int64: block tables cut to the group's longest sequence, flattened."""
     mask: torch.Tensor | None
-    """[n, 1, 1, L] bool: key j of row i is real (None when no row is padded)."""
+    """[n, 1, 1, L] additive (0 / -inf) in the query dtype: key j of row i is real (None: no padding)."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ class _PrefillChunk:
     seq_len: int
     """Context length including the chunk."""
     mask: torch.Tensor | None
-    """[q, L] bool causal mask shifted by the cached context (None: no context, plain causal)."""
+    """[q, L] additive causal mask shifted by the cached context (None: no context, plain causal)."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,10 @@ class TorchAttentionPlan:
     """Decodes, in length-sorted groups."""
     prefill_chunks: list[_PrefillChunk]
     """Multi-token queries, one by one."""
+    gather_buffer: torch.Tensor
+    """[2, max blocks any one gather reads, block_size, kvh, d] in the cache dtype: every layer's
+    gathers land here (`index_select(out=)`), so a step allocates its K/V scratch once, not per
+    layer and group (fresh megabyte buffers are page-faulted in anew on CPU)."""
 
 
 def paged_attention_torch(
@@ -133,42 +137,54 @@ def paged_attention_torch(
     """
     plan = metadata.backend_plan
     if not isinstance(plan, TorchAttentionPlan):  # first layer of the step: plan once
-        token_bytes = 2 * kv_cache[0, 0, 0].numel() * kv_cache.element_size()
-        plan = metadata.backend_plan = plan_torch_attention(metadata, token_bytes)
+        plan = metadata.backend_plan = plan_torch_attention(metadata, kv_cache, query.dtype)
     out = torch.empty_like(query)
     for group in plan.decode_groups:
-        out[group.token_ids] = _decode_attention(query[group.token_ids], kv_cache, group, scale)
+        k, v = _gather_blocks(kv_cache, group.block_ids, plan.gather_buffer)
+        out[group.token_ids] = _decode_attention(query[group.token_ids], k, v, group, scale)
     for chunk in plan.prefill_chunks:
-        out[chunk.tokens] = _prefill_attention(query[chunk.tokens], kv_cache, chunk, scale)
+        k, v = _gather_blocks(kv_cache, chunk.block_ids, plan.gather_buffer)
+        out[chunk.tokens] = _prefill_attention(query[chunk.tokens], k, v, chunk, scale)
     return out
 
 
-def plan_torch_attention(metadata: AttentionMetadata, kv_token_bytes: int) -> TorchAttentionPlan:
-    """Group the decodes (see DECODE_GROUP_BYTES) and prepare every index tensor and mask."""
+def plan_torch_attention(
+    metadata: AttentionMetadata, kv_cache: torch.Tensor, dtype: torch.dtype
+) -> TorchAttentionPlan:
+    """Group the decodes (see DECODE_GROUP_BYTES), prepare index tensors, masks (in `dtype`) and the buffer."""
     device = metadata.block_tables.device
     starts = [0]
     for length in metadata.query_lens_cpu:
         starts.append(starts[-1] + length)
     groups = []
     decodes = [i for i, q in enumerate(metadata.query_lens_cpu) if q == 1]
-    for seqs in _decode_groups(decodes, metadata.seq_lens_cpu, kv_token_bytes):
+    token_bytes = 2 * kv_cache[0, 0, 0].numel() * kv_cache.element_size()
+    for seqs in _decode_groups(decodes, metadata.seq_lens_cpu, token_bytes):
         lens = [metadata.seq_lens_cpu[i] for i in seqs]
         num_blocks = math.ceil(lens[0] / metadata.block_size)  # lens[0] is the group's longest
         rows = torch.tensor(seqs, device=device)
         mask = None
         if min(lens) < num_blocks * metadata.block_size:
             key_pos = torch.arange(num_blocks * metadata.block_size, device=device)
-            mask = (key_pos[None, :] < torch.tensor(lens, device=device)[:, None])[:, None, None, :]
+            mask = _additive((key_pos[None, :] < torch.tensor(lens, device=device)[:, None])[:, None, None, :], dtype)
         token_ids = torch.tensor([starts[i] for i in seqs], device=device)
-        groups.append(_DecodeGroup(token_ids, metadata.block_tables[rows, :num_blocks].long(), mask))
+        block_ids = metadata.block_tables[rows, :num_blocks].long().reshape(-1)
+        groups.append(_DecodeGroup(token_ids, block_ids, mask))
     chunks = [
-        _prefill_chunk(metadata, i, slice(starts[i], starts[i + 1]))
+        _prefill_chunk(metadata, i, slice(starts[i], starts[i + 1]), dtype)
         for i, q in enumerate(metadata.query_lens_cpu) if q > 1
     ]
-    return TorchAttentionPlan(decode_groups=groups, prefill_chunks=chunks)
+    max_blocks = max(item.block_ids.numel() for item in [*groups, *chunks])
+    buffer = torch.empty((2, max_blocks, *kv_cache.shape[2:]), dtype=kv_cache.dtype, device=device)
+    return TorchAttentionPlan(decode_groups=groups, prefill_chunks=chunks, gather_buffer=buffer)
 
 
-def _prefill_chunk(metadata: AttentionMetadata, seq: int, tokens: slice) -> _PrefillChunk:
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool mask -> 0 where allowed, -inf elsewhere: what SDPA would convert it to in every call."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+
+
+def _prefill_chunk(metadata: AttentionMetadata, seq: int, tokens: slice, dtype: torch.dtype) -> _PrefillChunk:
     device = metadata.block_tables.device
     seq_len = metadata.seq_lens_cpu[seq]
     num_context = seq_len - metadata.query_lens_cpu[seq]
@@ -178,7 +194,7 @@ def _prefill_chunk(metadata: AttentionMetadata, seq: int, tokens: slice) -> _Pre
         # Query i sits at position num_context + i and sees keys 0 .. num_context + i.
         key_pos = torch.arange(seq_len, device=device)
         query_pos = torch.arange(num_context, seq_len, device=device)
-        mask = key_pos[None, :] <= query_pos[:, None]  # [q, L]
+        mask = _additive(key_pos[None, :] <= query_pos[:, None], dtype)  # [q, L]
     return _PrefillChunk(tokens=tokens, block_ids=block_ids, seq_len=seq_len, mask=mask)
 
 
@@ -195,23 +211,24 @@ def _decode_groups(seqs: list[int], seq_lens: list[int], kv_token_bytes: int) ->
     return groups
 
 
-def _gather_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """block_ids [..., nblk] -> K and V [..., nblk * block_size, kvh, d] in sequence order."""
-    flat = block_ids.reshape(-1)
-    k = kv_cache[0].index_select(0, flat)  # [n * nblk, bs, kvh, d]
-    v = kv_cache[1].index_select(0, flat)
-    shape = (*block_ids.shape[:-1], -1, *kv_cache.shape[-2:])
-    return k.view(shape), v.view(shape)
+def _gather_blocks(
+    kv_cache: torch.Tensor, block_ids: torch.Tensor, buffer: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """block_ids [nblk] -> K and V [nblk * block_size, kvh, d] in block order, views of `buffer`."""
+    count = block_ids.numel()
+    k = torch.index_select(kv_cache[0], 0, block_ids, out=buffer[0, :count])  # [nblk, bs, kvh, d]
+    v = torch.index_select(kv_cache[1], 0, block_ids, out=buffer[1, :count])
+    return k.flatten(0, 1), v.flatten(0, 1)
 
 
 def _decode_attention(
-    query: torch.Tensor, kv_cache: torch.Tensor, group: _DecodeGroup, scale: float
+    query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: _DecodeGroup, scale: float
 ) -> torch.Tensor:
-    """query [n, H, d] of n one-token sequences -> [n, H, d]."""
+    """query [n, H, d] of n one-token sequences, k/v [n * L, kvh, d] their padded keys -> [n, H, d]."""
     num_seqs, num_heads, head_dim = query.shape
-    num_kv_heads = kv_cache.shape[-2]
-    k, v = _gather_blocks(kv_cache, group.block_ids)  # [n, L, kvh, d]
-    k, v = k.transpose(1, 2).to(query.dtype), v.transpose(1, 2).to(query.dtype)  # [n, kvh, L, d]
+    num_kv_heads = k.shape[-2]
+    k = k.view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2).to(query.dtype)  # [n, kvh, L, d]
+    v = v.view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2).to(query.dtype)
     # The query heads sharing one KV head act as that head's "query length": no KV repeat needed.
     q = query.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [n, kvh, g, d]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask, scale=scale)
@@ -219,18 +236,17 @@ def _decode_attention(
 
 
 def _prefill_attention(
-    query: torch.Tensor, kv_cache: torch.Tensor, chunk: _PrefillChunk, scale: float
+    query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: _PrefillChunk, scale: float
 ) -> torch.Tensor:
-    """query [q, H, d] of one sequence (its last q positions) -> [q, H, d].
+    """query [q, H, d] of one sequence (its last q positions), k/v [L', kvh, d] its gathered blocks -> [q, H, d].
 
     GQA without `enable_gqa` (which sends CPU SDPA to its unfused math path, ~4x slower here):
     the KV heads are the batch and each one's query heads its heads, K/V broadcast over them
     with a stride-0 expand, so the fused kernel runs and nothing is copied.
     """
     num_tokens, num_heads, head_dim = query.shape
-    num_kv_heads = kv_cache.shape[-2]
+    num_kv_heads = k.shape[-2]
     group = num_heads // num_kv_heads
-    k, v = _gather_blocks(kv_cache, chunk.block_ids)  # [L', kvh, d]
     kv_shape = (num_kv_heads, group, chunk.seq_len, head_dim)
     k = k[: chunk.seq_len].to(query.dtype).permute(1, 0, 2)[:, None].expand(kv_shape)  # [kvh, g, L, d]
     v = v[: chunk.seq_len].to(query.dtype).permute(1, 0, 2)[:, None].expand(kv_shape)
