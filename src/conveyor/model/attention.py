@@ -79,10 +79,11 @@ def write_kv_torch(
 
 
 # Bytes of gathered K+V per decode group. Decodes are batched in groups of similar length whose
-# padded gather stays under this: bounded padding waste, cache-friendly, and (on CPU) well under
-# glibc's 32 MiB mmap threshold, above which every fresh buffer is page-faulted in anew; one big
-# padded gather per layer measured ~5x slower than these groups on a SmolLM2 decode batch.
-DECODE_GROUP_BYTES = 1024 * 1024
+# padded gather stays under this: bounded padding waste, yet enough sequences per group that CPU
+# SDPA has (sequences x KV heads) tasks to spread over its threads (one 800-token SmolLM2 sequence
+# is only 3 tasks). `benchmarks/attention_torch_cpu.py` shapes, 2 threads: 1 MiB -> 4 MiB cut a
+# layer's decode attention by 30-45 %; 16 MiB and more lose again to padding on mixed lengths.
+DECODE_GROUP_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)

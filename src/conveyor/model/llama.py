@@ -154,6 +154,10 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> logits [N, vocab] (float32 for stable sampling)."""
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        if hidden.device.type == "cpu":
+            # weight @ hidden^T: for a handful of rows MKL's x @ W^T path re-packs the whole
+            # [vocab, hidden] matrix per call; this orientation reads it once (~2x faster, 2 threads).
+            return (weight @ hidden.T).T.float().contiguous()  # [N, V]
         return F.linear(hidden, weight).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
