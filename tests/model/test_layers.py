@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conveyor.model.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary, rope_inv_freq
+import torch.nn.functional as F
+
+from conveyor.model.layers import (
+    CPU_FEW_ROWS, GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary, rope_inv_freq,
+)
 from conveyor.model.registry import RopeScaling, RopeType
 
 transformers = pytest.importorskip("transformers")
@@ -68,3 +72,14 @@ def test_gated_mlp_is_down_of_silu_gate_times_up() -> None:
 def test_unknown_rope_type_is_rejected() -> None:
     with pytest.raises(ValueError, match="rope_type 'yarn' is not supported"):
         RopeScaling.parse("yarn")
+
+
+@pytest.mark.parametrize("num_rows", [1, 3, 8, CPU_FEW_ROWS, CPU_FEW_ROWS + 1])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_matches_f_linear_on_either_cpu_path(num_rows: int, bias: bool) -> None:
+    torch.manual_seed(num_rows)
+    layer = Linear(24, 40, bias=bias)
+    x = torch.randn(num_rows, 24)
+    out = layer(x)
+    assert out.shape == (num_rows, 40) and out.is_contiguous()
+    torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)

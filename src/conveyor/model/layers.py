@@ -116,14 +116,36 @@ def apply_rotary_qk(
     return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
 
+CPU_FEW_ROWS = 256
+"""Up to this many rows a CPU projection runs as (W @ x^T)^T (see `Linear`)."""
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose CPU forward for few rows (decode-heavy steps) computes (W @ x^T)^T.
+
+    MKL's `x @ W^T` path for a handful of rows re-packs the whole weight on every call; the
+    transposed orientation streams it once. SmolLM2 shapes, 2 threads: a layer's four projections
+    1.97 -> 1.59 ms at 8 rows, 2.43 -> 1.09 ms at 4; no gain for prefill-sized inputs, which keep
+    F.linear. The result is made contiguous again (callers view it per head). CUDA: F.linear.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu" or x.dim() != 2 or x.shape[0] > CPU_FEW_ROWS:
+            return F.linear(x, self.weight, self.bias)
+        out = (self.weight @ x.T).T  # [T, out] as a transposed view
+        if self.bias is not None:
+            out = out + self.bias
+        return out.contiguous()
+
+
 class GatedMLP(nn.Module):
     """down(silu(gate(x)) * up(x)) with gate and up fused into one [2*I, H] weight."""
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
         self.intermediate_size = intermediate_size
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # [T, 2I]

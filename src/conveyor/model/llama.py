@@ -19,7 +19,7 @@ from torch import nn
 
 from conveyor.model.attention import Attention, AttentionBackend
 from conveyor.model.attention_metadata import AttentionMetadata
-from conveyor.model.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary_qk
+from conveyor.model.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary_qk
 from conveyor.model.registry import ModelArchConfig
 
 # HF projection name -> (fused parameter name, shard index within it).
@@ -44,8 +44,8 @@ class LlamaAttention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         total = self.q_size + 2 * self.kv_size
-        self.qkv_proj = nn.Linear(config.hidden_size, total, bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.qkv_proj = Linear(config.hidden_size, total, bias=config.attention_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=False)
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, backend)
 
     def shard_sizes(self) -> list[int]:
