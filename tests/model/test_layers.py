@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from conveyor.model.layers import (
-    CPU_FEW_ROWS, GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary, rope_inv_freq,
+    CPU_FEW_ROWS, GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary, padded_rows, rope_inv_freq,
 )
 from conveyor.model.registry import RopeScaling, RopeType
 
@@ -83,3 +83,7 @@ def test_linear_matches_f_linear_on_either_cpu_path(num_rows: int, bias: bool) -
     out = layer(x)
     assert out.shape == (num_rows, 40) and out.is_contiguous()
     torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_padded_rows_rounds_up_to_the_fast_multiples() -> None:
+    assert [padded_rows(n) for n in (1, 4, 5, 8, 9, 16, 17, 250)] == [4, 4, 8, 8, 16, 16, 32, 256]
