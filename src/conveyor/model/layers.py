@@ -138,14 +138,19 @@ class Linear(nn.Linear):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu" or x.dim() != 2 or x.shape[0] > CPU_FEW_ROWS:
-            return F.linear(x, self.weight, self.bias)
-        num_rows = x.shape[0]
-        x = F.pad(x, (0, 0, 0, padded_rows(num_rows) - num_rows))  # [T', in], zero rows appended
-        out = (self.weight @ x.T).T[:num_rows]  # [T, out] as a transposed view
-        if self.bias is not None:
-            out = out + self.bias
-        return out.contiguous()
+        return linear(x, self.weight, self.bias)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, except on CPU for x [T <= CPU_FEW_ROWS, in]: the padded (W @ x^T)^T of `Linear`."""
+    if x.device.type != "cpu" or x.dim() != 2 or x.shape[0] > CPU_FEW_ROWS:
+        return F.linear(x, weight, bias)
+    num_rows = x.shape[0]
+    x = F.pad(x, (0, 0, 0, padded_rows(num_rows) - num_rows))  # [T', in], zero rows appended
+    out = (weight @ x.T).T[:num_rows]  # [T, out] as a transposed view
+    if bias is not None:
+        out = out + bias
+    return out.contiguous()
 
 
 class GatedMLP(nn.Module):

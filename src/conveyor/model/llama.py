@@ -14,12 +14,11 @@ import re
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from conveyor.model.attention import Attention, AttentionBackend
 from conveyor.model.attention_metadata import AttentionMetadata
-from conveyor.model.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary_qk
+from conveyor.model.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary_qk, linear
 from conveyor.model.registry import ModelArchConfig
 
 # HF projection name -> (fused parameter name, shard index within it).
@@ -154,11 +153,7 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> logits [N, vocab] (float32 for stable sampling)."""
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        if hidden.device.type == "cpu":
-            # weight @ hidden^T: for a handful of rows MKL's x @ W^T path re-packs the whole
-            # [vocab, hidden] matrix per call; this orientation reads it once (~2x faster, 2 threads).
-            return (weight @ hidden.T).T.float().contiguous()  # [N, V]
-        return F.linear(hidden, weight).float()
+        return linear(hidden, weight).float()  # CPU: (W @ h^T)^T, ~2x faster for a few rows
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named tensors into the (fused) parameters; raises on unknown or missing ones."""
