@@ -67,8 +67,13 @@ class SchedulerConfig:
     """Bound on the waiting queue; beyond it `add_request` rejects (None: unbounded)."""
     queue_timeout_s: float | None = None
     """A request waiting longer than this without ever being scheduled ends as timed out."""
+    async_scheduling: bool = False
+    """Schedule and launch step N+1 before step N's tokens are back (vLLM's --async-scheduling): the
+    host work of a step overlaps the previous step on the device. Continuous batching only."""
 
     def __post_init__(self) -> None:
+        if self.async_scheduling and self.batching is not Batching.CONTINUOUS:
+            raise ConfigError("async_scheduling needs continuous batching (--batching continuous)")
         if self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be >= 1 (got {self.max_num_seqs})")
         if self.max_model_len < 1:

@@ -73,6 +73,14 @@ class FakeModelRunner:
             sampled[request_id] = self._run(request_id, num_tokens)
         return ModelRunnerOutput(sampled)
 
+    def launch(self, output: SchedulerOutput) -> ModelRunnerOutput:
+        """Async scheduling's first half: the fake computes at once (its tokens are a pure function of
+        the position, so it never needs the pending step's) and hands the output over in `collect`."""
+        return self.execute(output)
+
+    def collect(self, handle: ModelRunnerOutput) -> ModelRunnerOutput:
+        return handle
+
     def _slot(self, state: _WorkerState, position: int) -> int:
         return state.block_ids[position // self.block_size] * self.block_size + position % self.block_size
 

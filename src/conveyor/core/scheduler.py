@@ -63,6 +63,10 @@ def make_scheduler(scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                    clock: Callable[[], float] = time.monotonic) -> SchedulerBase:
     """The policy named by `scheduler_config.batching`."""
     if scheduler_config.batching is Batching.CONTINUOUS:
+        if scheduler_config.async_scheduling:
+            from conveyor.core.async_scheduler import AsyncScheduler  # it subclasses Scheduler
+
+            return AsyncScheduler(scheduler_config, cache_config, num_blocks, clock)
         return Scheduler(scheduler_config, cache_config, num_blocks, clock)
     if scheduler_config.batching is Batching.STATIC:
         return StaticScheduler(scheduler_config, cache_config, num_blocks, clock)
