@@ -156,6 +156,6 @@ def test_graph_replay_matches_eager_forward() -> None:
         meta = build_attention_metadata(specs, 16, "cuda")
         host = _host_of(AttentionMetadata(**{**meta.__dict__, **{k: getattr(meta, k).cpu() for k in (
             "query_start_loc", "seq_lens", "block_tables", "slot_mapping")}}), sampling)
-        replayed = graphs.run(host).clone()
+        replayed = graphs.run(host, lambda ids: None).clone()
         eager = forward(torch.from_numpy(host.input_ids).cuda(), torch.from_numpy(host.positions).cuda(), meta)
         assert torch.equal(replayed, eager[torch.from_numpy(host.logits_indices).cuda()])

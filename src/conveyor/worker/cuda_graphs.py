@@ -135,12 +135,14 @@ class CudaGraphRunner:
             hidden = self.forward(ids, positions, metadata)
         return graph, hidden
 
-    def run(self, host: HostBatch) -> torch.Tensor | None:
+    def run(self, host: HostBatch, patch_input_ids: Callable[[torch.Tensor], None]) -> torch.Tensor | None:
         """Hidden rows [S, H] of the sampling requests, in order, from a replayed graph; None when the
-        step fits no graph (the caller runs it eagerly)."""
+        step fits no graph (the caller runs it eagerly). `patch_input_ids` edits the staged input ids
+        [T] on the device before the replay (placeholder tokens of async scheduling)."""
         size = decode_bucket(host, self.decode_sizes, self.geometry.max_blocks_per_seq)
         if size is not None:
             self.inputs.stage(host, size, mixed=False)
+            patch_input_ids(self.inputs.device_view("input_ids")[: host.num_tokens])
             graph, hidden = self.decode_graphs[size]
             graph.replay()
             return hidden[: host.num_tokens]  # every request samples, in batch order
@@ -148,6 +150,7 @@ class CudaGraphRunner:
         if size is None:
             return None
         self.inputs.stage(host, size, mixed=True)
+        patch_input_ids(self.inputs.device_view("input_ids")[: host.num_tokens])
         graph, hidden = self.mixed_graphs[size]
         graph.replay()
         return hidden[self.inputs.device_view("logits_indices")[: len(host.logits_indices)]]

@@ -31,7 +31,10 @@ from conveyor.worker.kv_cache import (
 )
 from conveyor.worker.request_state import BlockTable, RequestState, apply_scheduler_output
 from conveyor.worker.sampler import Sampler
-from conveyor.worker.sampling_metadata import SamplingBatch, SamplingRequest, VocabInfo, build_sampling_batch
+from conveyor.worker.sampling_metadata import (
+    SamplingBatch, SamplingRequest, VocabInfo, build_sampling_batch, has_penalty,
+)
+from conveyor.worker.step_handle import PLACEHOLDER_TOKEN_ID, StepHandle, fill_placeholders, placeholder_inputs
 
 
 def attention_backend_for(device: torch.device, dtype: torch.dtype) -> str:
@@ -65,6 +68,8 @@ class ModelRunner:
         self.device_config = device_config
         self.cuda_graphs: CudaGraphRunner | None = None
         """Decode and mixed-step graphs, captured after the KV cache exists (CUDA without --enforce-eager)."""
+        self._pending: StepHandle | None = None
+        """The launched step whose tokens are not collected yet (async scheduling), if any."""
 
     @property
     def vocab_size(self) -> int:
@@ -122,30 +127,79 @@ class ModelRunner:
         runner.capture()
         return runner
 
-    @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step; call it for every SchedulerOutput, even an empty one (it carries drops)."""
+        """Run one step to completion; call it for every SchedulerOutput, even an empty one (it carries drops)."""
+        return self.collect(self.launch(scheduler_output))
+
+    @torch.inference_mode()
+    def launch(self, scheduler_output: SchedulerOutput) -> StepHandle:
+        """Queue the step's forward and sampling on the device and return without waiting for the
+        tokens (async scheduling: the engine collects the previous step meanwhile). Placeholder
+        input ids -- tokens of the pending step -- are filled from its sampled tensor on the device."""
         batch = apply_scheduler_output(self.states, scheduler_output, self._generator_for)
         if scheduler_output.is_empty or not batch:
-            return ModelRunnerOutput(sampled_token_ids={})
+            return StepHandle.done(ModelRunnerOutput(sampled_token_ids={}))
         if not self.kv_caches:
             raise RuntimeError("initialize_kv_cache() must run before execute()")
+        if self._pending is not None and any(has_penalty(state.sampling_params) for state in batch):
+            self.collect(self._pending)  # penalties read the real previous token, not its placeholder
         host = prepare_host_batch(batch, scheduler_output.num_scheduled_tokens, self.block_size)
+        token_rows, sources = placeholder_inputs(batch, host, self._pending)
+        pending = self._pending
+
+        def fill(input_ids: torch.Tensor) -> None:
+            if token_rows and pending is not None:
+                fill_placeholders(input_ids, token_rows, sources, pending)
+
         sampling = [batch[row] for row in host.sampling_rows]
         # Sampler inputs are built before the forward is launched: their small host-to-device copies
-        # (pageable memory, which synchronizes the stream) would otherwise wait for the whole forward.
+        # would otherwise queue behind the whole forward.
         sampling_batch = self._sampling_batch(sampling) if sampling else None
-        # A step that fits a captured graph replays it and yields the sampling rows' hidden states.
-        rows = self.cuda_graphs.run(host) if self.cuda_graphs is not None else None
+        rows = self.cuda_graphs.run(host, fill) if self.cuda_graphs is not None else None
         if rows is None:
             inputs = self.staging.device_batch(host, self.block_size)
+            fill(inputs.input_ids)
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attention)  # [T, H]
             rows = hidden[inputs.logits_indices]
-        sampled: dict[str, list[int]] = {s.request_id: [] for s in batch}
+        request_ids = [state.request_id for state in batch]
         if sampling_batch is None:
-            return ModelRunnerOutput(sampled_token_ids=sampled)
+            return StepHandle.done(ModelRunnerOutput(sampled_token_ids={request_id: [] for request_id in request_ids}))
         logits = self.model.compute_logits(rows).float()  # [S, V]
-        return self._sample(sampling, logits, sampling_batch, sampled)
+        if sampling_batch.max_num_logprobs is not None:  # logprobs are read on the host: finish now
+            return StepHandle.done(self._sample(sampling, logits, sampling_batch, request_ids))
+        return self._launch_sampling(request_ids, sampling, logits, sampling_batch)
+
+    def _launch_sampling(self, request_ids: list[str], sampling: list[RequestState], logits: torch.Tensor,
+                         sampling_batch: SamplingBatch) -> StepHandle:
+        sampled = self.sampler.sample(logits, sampling_batch)  # [S] int64, on the device
+        handle = StepHandle(request_ids, sampling, [], sampled=sampled)
+        if self.device.type == "cuda":
+            handle.host_sampled = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
+            handle.host_sampled.copy_(sampled, non_blocking=True)
+            handle.copied = torch.cuda.Event()
+            handle.copied.record()
+        for state in sampling:
+            state.token_ids.append(PLACEHOLDER_TOKEN_ID)
+            handle.token_indices.append(len(state.token_ids) - 1)
+        self._pending = handle
+        return handle
+
+    def collect(self, handle: StepHandle) -> ModelRunnerOutput:
+        """The step's tokens (waiting for them if needed), written over their placeholders. Idempotent."""
+        if handle.result is not None:
+            return handle.result
+        if handle.copied is not None:
+            handle.copied.synchronize()
+        source = handle.host_sampled if handle.host_sampled is not None else handle.sampled
+        assert source is not None
+        sampled: dict[str, list[int]] = {request_id: [] for request_id in handle.request_ids}
+        for state, index, token_id in zip(handle.sampling, handle.token_indices, source.tolist()):
+            state.token_ids[index] = token_id  # also harmless on a state dropped since (preempted)
+            sampled[state.request_id] = [token_id]
+        handle.result = ModelRunnerOutput(sampled_token_ids=sampled)
+        if self._pending is handle:
+            self._pending = None
+        return handle.result
 
     def _sampling_batch(self, sampling: list[RequestState]) -> SamplingBatch:
         requests = [SamplingRequest(s.sampling_params, s.token_ids, s.num_prompt_tokens, s.generator)
@@ -153,8 +207,9 @@ class ModelRunner:
         return build_sampling_batch(requests, self.vocab, self.device)
 
     def _sample(self, sampling: list[RequestState], logits: torch.Tensor, sampling_batch: SamplingBatch,
-                sampled: dict[str, list[int]]) -> ModelRunnerOutput:
+                request_ids: list[str]) -> ModelRunnerOutput:
         result = self.sampler(logits, sampling_batch)
+        sampled: dict[str, list[int]] = {request_id: [] for request_id in request_ids}
         logprobs: dict[str, list[TokenLogprobs]] = {}
         for state, token_id, token_logprobs in zip(sampling, result.sampled_token_ids, result.logprobs):
             state.token_ids.append(token_id)

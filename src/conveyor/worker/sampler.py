@@ -39,17 +39,22 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         """logits: [N, V] float32, modified in place."""
-        assert logits.dim() == 2 and logits.shape[0] == batch.num_rows, logits.shape
         raw_logprobs = _raw_logprobs(logits, batch)
-        if batch.masked_rows is not None:
-            logits[batch.masked_rows, batch.masked_token_ids] = float("-inf")
-        if batch.penalties is not None:
-            apply_penalties(logits, batch.penalties)
-        sampled = self._sample(logits, batch)  # [N] int64
+        sampled = self.sample(logits, batch)  # [N] int64
         token_ids = sampled.tolist()
         if raw_logprobs is None:
             return SamplerOutput(token_ids, [None] * batch.num_rows)
         return SamplerOutput(token_ids, gather_logprobs(raw_logprobs, sampled, batch.num_logprobs))
+
+    def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """[N] int64 token ids left on the device (no host sync); logits [N, V] float32, modified in
+        place. Logprobs, if wanted, must be taken from the logits before (see `__call__`)."""
+        assert logits.dim() == 2 and logits.shape[0] == batch.num_rows, logits.shape
+        if batch.masked_rows is not None:
+            logits[batch.masked_rows, batch.masked_token_ids] = float("-inf")
+        if batch.penalties is not None:
+            apply_penalties(logits, batch.penalties)
+        return self._sample(logits, batch)
 
     def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """[N] int64: argmax for greedy rows, a draw for the others (only they pay for it)."""
