@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conveyor.config import CacheConfig, DeviceConfig, EngineConfig, ModelConfig, SchedulerConfig
-from conveyor.engine.engine_core import EngineCore, ModelLimits
+from conveyor.engine.engine_core import ModelLimits, make_engine_core
 from conveyor.engine.llm import LLM, CompletionResult, engine_config_from_kwargs
 from conveyor.engine.llm_engine import LLMEngine
 from conveyor.engine.model_setup import tokenizer_path
@@ -56,7 +56,7 @@ def make_llm(shared, **overrides: object) -> LLM:
     blocks = config.cache.num_blocks_override or num_blocks
     scheduler = make_scheduler(config.scheduler, config.cache, blocks, time.monotonic)
     limits = ModelLimits(blocks, config.scheduler.max_model_len, tuple(runner.eos_token_ids), runner.vocab_size)
-    return LLM.from_engine(LLMEngine(EngineCore(config, runner, scheduler, limits), tokenizer))
+    return LLM.from_engine(LLMEngine(make_engine_core(config, runner, scheduler, limits), tokenizer))
 
 
 def token_ids(results: list[CompletionResult]) -> list[list[int]]:
@@ -91,7 +91,8 @@ def reference(shared) -> list[list[int]]:
     {"enable_prefix_caching": False},
     {"max_num_seqs": 1},
     {"batching": "static"},
-], ids=["no-chunked-prefill", "no-prefix-caching", "batch-of-1", "static"])
+    {"async_scheduling": True},
+], ids=["no-chunked-prefill", "no-prefix-caching", "batch-of-1", "static", "async-scheduling"])
 def test_greedy_outputs_do_not_depend_on_scheduling(shared, reference, overrides) -> None:
     llm = make_llm(shared, **overrides)
     assert token_ids(llm.generate(prompts(shared[2]), GREEDY)) == reference
@@ -102,6 +103,29 @@ def test_greedy_outputs_survive_preemption(shared, reference) -> None:
     results = llm.generate(prompts(shared[2]), GREEDY)
     assert llm.last_run.num_preemptions > 0
     assert token_ids(results) == reference
+
+
+def test_async_scheduling_survives_preemption(shared, reference) -> None:
+    llm = make_llm(shared, num_blocks_override=10, enable_prefix_caching=False, async_scheduling=True)
+    results = llm.generate(prompts(shared[2]), GREEDY)
+    assert llm.last_run.num_preemptions > 0
+    assert token_ids(results) == reference
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.8, top_p=0.9, seed=11, max_tokens=12, ignore_eos=True),
+    SamplingParams(temperature=0.0, repetition_penalty=1.3, presence_penalty=0.5, max_tokens=12, ignore_eos=True),
+    SamplingParams(temperature=0.0, logprobs=2, max_tokens=6, ignore_eos=True),
+    SamplingParams(temperature=0.0, max_tokens=40, min_tokens=3),  # stops at EOS: one step wasted in flight
+], ids=["seeded-random", "penalties", "logprobs", "eos"])
+def test_async_scheduling_gives_the_synchronous_outputs(shared, params) -> None:
+    """Placeholders resolve to exactly the tokens, logprobs and stops of the synchronous loop."""
+    questions = prompts(shared[2])[:6]
+    sync = make_llm(shared).generate(questions, params)
+    pipelined = make_llm(shared, async_scheduling=True).generate(questions, params)
+    assert [(r.output_token_ids, r.finish_reason, r.text) for r in pipelined] == \
+        [(r.output_token_ids, r.finish_reason, r.text) for r in sync]
+    assert shared[0]._pending is None  # the last step in flight was collected
 
 
 def load_transformers_model():

@@ -65,6 +65,7 @@ FLAGS: tuple[_Flag, ...] = (
     _Flag("--batching", "scheduler", "batching"),
     _Flag("--max-num-queued-reqs", "scheduler", "max_num_queued_reqs"),
     _Flag("--queue-timeout", "scheduler", "queue_timeout_s"),
+    _Flag("--async-scheduling", "scheduler", "async_scheduling"),
     _Flag("--block-size", "cache", "block_size"),
     _Flag("--enable-prefix-caching", "cache", "enable_prefix_caching"),
     _Flag("--kv-cache-memory", "cache", "kv_cache_memory_bytes"),
@@ -131,6 +132,8 @@ def _add_scheduler_flags(group: argparse._ArgumentGroup) -> None:
                        help="continuous (default) or static fixed batches, for A/B comparison")
     group.add_argument("--max-num-queued-reqs", type=int, help="bound on waiting requests (503 beyond)")
     group.add_argument("--queue-timeout", type=float, help="seconds a request may wait before it fails")
+    group.add_argument("--async-scheduling", action="store_true", default=None,
+                       help="launch step N+1 before step N's tokens are back (overlaps host work with the GPU)")
 
 
 def _add_cache_and_device_flags(group: argparse._ArgumentGroup) -> None:

@@ -3,14 +3,16 @@
 One step = `scheduler.schedule()` (ints: which requests, how many tokens, which blocks) →
 `runner.execute()` (tensors: forward + sample; skipped when nothing is scheduled) →
 `scheduler.update_from_output()` (append tokens, check stops, free blocks, stats). The update runs
-every step, even an empty one, because that is where waiting requests time out. Everything here is
-synchronous and single-threaded; `AsyncEngine` runs it on its own thread.
+every step, even an empty one, because that is where waiting requests time out. With async scheduling
+(`AsyncEngineCore`) the runner's launch of step N+1 comes before step N's update, so the host work
+of the one overlaps the device work of the other. Everything here is single-threaded; `AsyncEngine`
+runs it on its own thread.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from conveyor.config import EngineConfig
 from conveyor.core.outputs import EngineCoreOutput, EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
@@ -24,6 +26,14 @@ class Runner(Protocol):
     """What the engine needs from `worker.ModelRunner`."""
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
+
+
+class PipelinedRunner(Runner, Protocol):
+    """A runner that can start a step and hand its output over later (async scheduling)."""
+
+    def launch(self, scheduler_output: SchedulerOutput) -> Any: ...
+
+    def collect(self, handle: Any) -> ModelRunnerOutput: ...
 
 
 class SchedulerLike(Protocol):
@@ -91,9 +101,11 @@ class EngineCore:
     def step(self) -> StepResult:
         scheduler_output = self.scheduler.schedule()
         if _nothing_for_runner(scheduler_output):
-            runner_output = EMPTY_RUNNER_OUTPUT
-        else:
-            runner_output = self.runner.execute(scheduler_output)
+            return self._apply(scheduler_output, EMPTY_RUNNER_OUTPUT)
+        return self._apply(scheduler_output, self.runner.execute(scheduler_output))
+
+    def _apply(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> StepResult:
+        """The scheduler takes the step's output (append, stop, free); invariants checked if asked."""
         outputs, stats = self.scheduler.update_from_output(scheduler_output, runner_output)
         if self.config.check_invariants:
             self.scheduler.check_invariants()
@@ -102,6 +114,54 @@ class EngineCore:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    """A launched step whose output is not applied yet."""
+
+    scheduler_output: SchedulerOutput
+    handle: Any
+
+
+class AsyncEngineCore(EngineCore):
+    """`EngineCore` with one step in flight (vLLM's async scheduling; needs `core.AsyncScheduler`).
+
+    Each `step()` schedules and launches step N+1, then collects step N and applies its output, so the
+    host's scheduling and input preparation of N+1 overlap the device's work on N. The first step of
+    a burst (nothing in flight) immediately goes on to the next, so every call returns one applied
+    step; a step with nothing to launch settles the one in flight instead.
+    """
+
+    def __init__(self, config: EngineConfig, runner: PipelinedRunner, scheduler: SchedulerLike,
+                 limits: ModelLimits) -> None:
+        super().__init__(config, runner, scheduler, limits)
+        self.runner: PipelinedRunner = runner
+        self._in_flight: _InFlight | None = None
+
+    def step(self) -> StepResult:
+        scheduler_output = self.scheduler.schedule()
+        if _nothing_for_runner(scheduler_output):
+            previous, self._in_flight = self._in_flight, None
+            if previous is None:
+                return self._apply(scheduler_output, EMPTY_RUNNER_OUTPUT)
+            return self._apply(previous.scheduler_output, self.runner.collect(previous.handle))
+        handle = self.runner.launch(scheduler_output)
+        previous, self._in_flight = self._in_flight, _InFlight(scheduler_output, handle)
+        if previous is None:
+            return self.step()  # a burst starts: launch the next step before applying this one
+        return self._apply(previous.scheduler_output, self.runner.collect(previous.handle))
+
+    def has_unfinished_requests(self) -> bool:
+        return self._in_flight is not None or self.scheduler.has_unfinished_requests()
+
+
+def make_engine_core(config: EngineConfig, runner: Runner, scheduler: SchedulerLike,
+                     limits: ModelLimits) -> EngineCore:
+    """The step loop `config.scheduler.async_scheduling` asks for."""
+    if config.scheduler.async_scheduling:
+        return AsyncEngineCore(config, runner, scheduler, limits)  # type: ignore[arg-type]
+    return EngineCore(config, runner, scheduler, limits)
 
 
 def _nothing_for_runner(scheduler_output: SchedulerOutput) -> bool:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from conveyor.config import EngineConfig, ModelConfig
 from conveyor.engine.args import with_overrides
-from conveyor.engine.engine_core import EngineCore, ModelLimits
+from conveyor.engine.engine_core import EngineCore, ModelLimits, make_engine_core
 from conveyor.engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.mo
     logger.info("KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB), max concurrency %.1f at "
                 "max_model_len=%d", capacity.num_blocks, capacity.block_size, capacity.num_tokens,
                 capacity.num_bytes / 2**20, capacity.max_concurrency, max_model_len)
-    return EngineCore(config, runner, scheduler, limits)
+    return make_engine_core(config, runner, scheduler, limits)
 
 
 def tokenizer_path(model_config: ModelConfig) -> pathlib.Path:
