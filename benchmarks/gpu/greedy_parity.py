@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Greedy tokens of the CUDA fast path (Triton attention + CUDA graphs) against the torch reference path.
 
-Four engines over the same dummy-weight model and the first --num-requests prompts of nano256, greedy,
+Five engines over the same dummy-weight model and the first --num-requests prompts of nano256, greedy,
 --max-tokens each, run through the real EngineCore (scheduler, runner, sampler) with a token budget of
 --max-num-batched-tokens (512: prompts span several mixed prefill/decode steps): (1) torch attention
 backend, eager; (2) Triton backend, eager; (3) Triton with decode CUDA graphs only; (4) Triton with
-decode and mixed-step graphs (`full`). Reports, per pair, the fraction of requests whose token lists
+decode and mixed-step graphs (`full`); (5) the same with async scheduling. Reports, per pair, the fraction of requests whose token lists
 are identical and the mean index of the first difference. (2), (3) and (4) run the same kernels (graphs
 only remove launches; padded GEMMs may pick another cuBLAS algorithm); (1) vs (2) differ through bf16
 rounding inside attention, which can flip a near-tie of random-weight logits.
@@ -32,14 +32,14 @@ from conveyor.sampling_params import SamplingParams
 
 
 def generate(args: argparse.Namespace, backend: str, enforce_eager: bool,
-             mode: CUDAGraphMode = CUDAGraphMode.FULL) -> dict[str, list[int]]:
+             mode: CUDAGraphMode = CUDAGraphMode.FULL, async_scheduling: bool = False) -> dict[str, list[int]]:
     from offline import make_workload  # same directory
 
     config = EngineConfig(
         model=ModelConfig(model=args.model, load_format=LoadFormat.DUMMY, dtype="bfloat16",
                           num_hidden_layers_override=args.num_layers),
         scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=args.max_num_batched_tokens,
-                                  max_model_len=4096),
+                                  max_model_len=4096, async_scheduling=async_scheduling),
         cache=CacheConfig(kv_cache_memory_bytes=4 << 30, enable_prefix_caching=False),
         device=DeviceConfig(device="cuda", enforce_eager=enforce_eager, cudagraph_mode=mode),
     )
@@ -79,11 +79,13 @@ def main() -> None:
     triton_eager = generate(args, "triton", True)
     decode_graphs = generate(args, "triton", False, CUDAGraphMode.FULL_DECODE_ONLY)
     triton_graphs = generate(args, "triton", False, CUDAGraphMode.FULL)
+    pipelined = generate(args, "triton", False, CUDAGraphMode.FULL, async_scheduling=True)
     print("GREEDY " + json.dumps({
         "model": args.model, "num_requests": args.num_requests, "max_tokens": args.max_tokens,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "decode_graphs_vs_triton_eager": compare(decode_graphs, triton_eager),
         "triton_graphs_vs_triton_eager": compare(triton_graphs, triton_eager),
+        "async_scheduling_vs_triton_graphs": compare(pipelined, triton_graphs),
         "triton_eager_vs_torch_eager": compare(triton_eager, torch_eager),
         "triton_graphs_vs_torch_eager": compare(triton_graphs, torch_eager),
     }))

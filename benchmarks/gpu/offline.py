@@ -49,7 +49,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         model=ModelConfig(model=args.model, load_format=LoadFormat.DUMMY, dtype="bfloat16", seed=args.seed,
                           num_hidden_layers_override=args.num_layers),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                                  max_model_len=args.max_model_len),
+                                  max_model_len=args.max_model_len, async_scheduling=args.async_scheduling),
         cache=CacheConfig(block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
                           enable_prefix_caching=False),
         device=DeviceConfig(device=args.device, enforce_eager=args.enforce_eager),
@@ -109,6 +109,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--async-scheduling", action="store_true", help="launch step N+1 before step N's tokens are back")
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--num-layers", type=int, default=None, help="truncate the model (smoke tests)")
     parser.add_argument("--temperature", type=float, default=0.6)
@@ -138,7 +139,8 @@ def main() -> int:
         "wall_s": round(wall, 3), "output_tok_s": round(out_tok / wall, 1),
         "total_tok_s": round((in_tok + out_tok) / wall, 1), "num_steps": steps,
         "mean_step_ms": round(wall / steps * 1e3, 3), "load_and_capture_s": round(load_s, 1),
-        "enforce_eager": args.enforce_eager, "max_num_seqs": args.max_num_seqs,
+        "enforce_eager": args.enforce_eager, "async_scheduling": args.async_scheduling,
+        "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens, "num_kv_blocks": core.limits.num_kv_blocks,
         "gpu": _gpu_name(), "versions": _versions(),
     }

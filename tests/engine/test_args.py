@@ -53,6 +53,15 @@ def test_cuda_graph_flags_map_onto_device_config(capsys: pytest.CaptureFixture[s
     assert "--max-cudagraph-capture-size" in capsys.readouterr().err
 
 
+def test_async_scheduling_flag_and_its_static_conflict(capsys: pytest.CaptureFixture[str]) -> None:
+    assert build_engine_config(parse(["--async-scheduling"])).scheduler.async_scheduling
+    assert not EngineConfig().scheduler.async_scheduling
+    with pytest.raises(SystemExit):
+        engine_config_from_args(parse(["--async-scheduling", "--batching", "static"]))
+    err = capsys.readouterr().err
+    assert "--async-scheduling" in err and "--batching" in err
+
+
 def test_zero_threshold_means_no_cap_as_in_vllm() -> None:
     assert build_engine_config(parse(["--long-prefill-token-threshold", "0"])).scheduler \
         .long_prefill_token_threshold is None
