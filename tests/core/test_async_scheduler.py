@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from test_properties import MAX_STEPS, Arrival, Run, _arrive, _check_final, _check_step, _collect, arrivals, configs
 
 from conveyor.config import Batching, CacheConfig, SchedulerConfig
-from conveyor.core.async_scheduler import PLACEHOLDER_TOKEN_ID, AsyncScheduler
+from conveyor.core.async_scheduler import AsyncScheduler
 from conveyor.core.fake_runner import FakeModelRunner, default_token_fn
-from conveyor.core.outputs import ModelRunnerOutput, SchedulerOutput
+from conveyor.core.outputs import PLACEHOLDER_TOKEN_ID, ModelRunnerOutput, SchedulerOutput
 from conveyor.core.scheduler import make_scheduler
 from conveyor.request import FinishReason, Request
 from conveyor.sampling_params import SamplingParams

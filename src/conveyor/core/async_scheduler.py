@@ -17,15 +17,18 @@ A stop token sampled in flight costs one wasted step for that request, as in vLL
 
 from __future__ import annotations
 
-from conveyor.core.outputs import EngineCoreOutput, EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from conveyor.core.outputs import (
+    PLACEHOLDER_TOKEN_ID,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    ModelRunnerOutput,
+    SchedulerOutput,
+    TokenLogprobs,
+)
 from conveyor.core.scheduler import Scheduler
 from conveyor.core.stats import SchedulerStats
 from conveyor.core.step import StepBuilder
 from conveyor.request import FinishReason, Request, RequestStatus
-
-PLACEHOLDER_TOKEN_ID = -1
-"""Stands for a sampled token that has not come back yet (never a real id: ids are >= 0)."""
-
 
 def drop_placeholders(request: Request) -> int:
     """Remove the request's trailing placeholders; returns how many there were."""

@@ -40,6 +40,10 @@ class NewRequestData:
     """Tokens whose KV is already in the listed blocks (prefix-cache hit), before this step."""
 
 
+PLACEHOLDER_TOKEN_ID = -1
+"""Async scheduling: an output token sampled by a step whose result is not back yet (never a real id).
+The scheduler appends it to a request's outputs, the worker to its token ids; both replace it later."""
+
 NO_NEW_BLOCKS: tuple[int, ...] = ()
 """`CachedRequestData.new_block_ids` entry of a request that got no block this step (shared, immutable)."""
 

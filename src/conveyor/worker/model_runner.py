@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from conveyor.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig
-from conveyor.core.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from conveyor.core.outputs import PLACEHOLDER_TOKEN_ID, ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 from conveyor.model.loader import load_model, resolve_dtype
 from conveyor.sampling_params import SamplingParams
 from conveyor.worker.cuda_graphs import CudaGraphRunner, GraphPlan
@@ -34,7 +34,7 @@ from conveyor.worker.sampler import Sampler
 from conveyor.worker.sampling_metadata import (
     SamplingBatch, SamplingRequest, VocabInfo, build_sampling_batch, has_penalty,
 )
-from conveyor.worker.step_handle import PLACEHOLDER_TOKEN_ID, StepHandle, fill_placeholders, placeholder_inputs
+from conveyor.worker.step_handle import StepHandle, fill_placeholders, placeholder_inputs
 
 
 def attention_backend_for(device: torch.device, dtype: torch.dtype) -> str:

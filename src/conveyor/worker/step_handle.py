@@ -16,13 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from conveyor.core.outputs import ModelRunnerOutput
+from conveyor.core.outputs import PLACEHOLDER_TOKEN_ID, ModelRunnerOutput
 from conveyor.worker.input_batch import HostBatch
 from conveyor.worker.request_state import RequestState
-
-PLACEHOLDER_TOKEN_ID = -1
-"""A token sampled by a step not collected yet (the scheduler uses the same value)."""
-
 
 @dataclass
 class StepHandle:
