@@ -87,6 +87,10 @@ class SchedulerOutput:
     """Requests that ended since the last step: the worker drops their state."""
     preempted_req_ids: set[str] = field(default_factory=set)
     """Requests preempted this step: the worker drops their state; they return as new later."""
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    """Speculative decoding: the draft tokens each request verifies this step. They are the last
+    `len(drafts)` of its `num_scheduled_tokens` (which is 1 + len(drafts) for a decode); the worker
+    feeds them as inputs, samples at every one of those positions and keeps the accepted prefix."""
 
     @property
     def is_empty(self) -> bool:
@@ -109,12 +113,16 @@ class TokenLogprobs:
 class ModelRunnerOutput:
     """What the worker returns for one `SchedulerOutput`.
 
-    `sampled_token_ids[req_id]` is a list so that speculative decoding can return several tokens later;
-    it is empty for a request whose step was a partial prefill chunk.
+    `sampled_token_ids[req_id]` is empty for a request whose step was a partial prefill chunk; else
+    it holds the accepted draft tokens (speculative decoding) followed by one token sampled by the
+    target model, so 1 to 1 + len(drafts) tokens.
     """
 
     sampled_token_ids: dict[str, list[int]]
     logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    """Speculative decoding: draft tokens proposed for each request's next step (absent: none). The
+    scheduler stores them on the request and schedules them with its next decode."""
 
 
 @dataclass(frozen=True)
