@@ -190,8 +190,7 @@ def _add_admin_routes(app: FastAPI, ctx: ServingContext, config: ServerConfig) -
             chat = ChatCompletionRequest(messages=body.messages or [],
                                          add_generation_prompt=body.add_generation_prompt)
             tokens = await render_chat_prompt(ctx, chat)
-        reply = TokenizeResponse(count=len(tokens), max_model_len=ctx.max_model_len, tokens=tokens)
-        return Response(await _json_off_loop(reply), media_type="application/json")
+        return Response(await _tokenize_reply(tokens, ctx.max_model_len), media_type="application/json")
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Response:
@@ -206,11 +205,12 @@ def _add_admin_routes(app: FastAPI, ctx: ServingContext, config: ServerConfig) -
         return Response(DetokenizeResponse(prompt=text).model_dump_json(), media_type="application/json")
 
 
-async def _json_off_loop(reply: BaseModel) -> str:
-    """A large reply (a million token ids) is serialized on a worker thread, not the event loop."""
-    if isinstance(reply, TokenizeResponse) and len(reply.tokens) < 65536:
-        return reply.model_dump_json()
-    return await asyncio.to_thread(reply.model_dump_json)
+async def _tokenize_reply(tokens: list[int], max_model_len: int) -> str:
+    """The /tokenize body; for a long prompt (a million ids) built and serialized on a worker thread."""
+    def build() -> str:
+        return TokenizeResponse(count=len(tokens), max_model_len=max_model_len, tokens=tokens).model_dump_json()
+
+    return build() if len(tokens) < 65536 else await asyncio.to_thread(build)
 
 
 def _is_healthy(ctx: ServingContext) -> bool:
