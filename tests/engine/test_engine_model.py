@@ -157,15 +157,17 @@ def test_matches_transformers_greedy(shared) -> None:
         assert result.output_token_ids == generated[0, input_ids.shape[1]:].tolist(), prompt
 
 
-def test_split_engine_streams_and_aclose_frees_blocks(shared) -> None:
-    """The real model behind the engine-core loop and its sockets, with the API-side client."""
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async-scheduling"])
+def test_split_engine_streams_and_aclose_frees_blocks(shared, async_scheduling: bool) -> None:
+    """The real model behind the engine-core loop and its sockets, with the API-side client; with async
+    scheduling (AsyncEngineCore) the streamed text is the offline synchronous one."""
     import asyncio
 
     from proc_harness import serving
 
     from conveyor.engine.types import GenerateRequest
 
-    llm = make_llm(shared)
+    llm = make_llm(shared, async_scheduling=async_scheduling)
     tokenizer = shared[2]
     usage: list[float] = []
 

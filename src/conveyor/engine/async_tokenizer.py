@@ -5,13 +5,18 @@ thread leaves the event loop free to serve every other connection (only building
 ids holds the GIL, for a fraction of the time). One lane is not enough: a client looping 4 MB
 /tokenize calls would keep a shared pool busy and every normal request would queue behind it for
 seconds. So texts up to `SMALL_TEXT_CHARS` go to their own single-thread executor, longer ones to a
-separate pool: the cost of a huge text falls on the lane of huge texts.
+separate pool: the cost of a huge text falls on the lane of huge texts. That lane also runs at a lower
+CPU priority (`LARGE_TEXT_NICE`; Linux nice values are per thread): on a machine with few cores, seconds
+of tokenization would otherwise take a core from the engine process's step loop and every stream
+would slow down with it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeVar
@@ -22,6 +27,16 @@ SMALL_TEXT_CHARS = 32 * 1024
 """Texts at most this long take the fast lane (a few milliseconds of tokenization at most)."""
 NUM_LARGE_TEXT_THREADS = 2
 """Worker threads for longer texts."""
+LARGE_TEXT_NICE = 10
+"""How much lower the large-text lane's CPU priority is (os.setpriority; raising nice needs no privilege)."""
+
+
+def _lower_this_threads_priority() -> None:
+    """Executor initializer: on Linux a thread's nice value is its own (PRIO_PROCESS with its tid)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LARGE_TEXT_NICE)
+    except (AttributeError, OSError):  # not Linux, or refused: the lane still works, at normal priority
+        pass
 
 
 class TextTokenizer(Protocol):
@@ -40,7 +55,8 @@ class AsyncTokenizer:
     def __init__(self, tokenizer: TextTokenizer) -> None:
         self.tokenizer = tokenizer
         self._small = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize-small")
-        self._large = ThreadPoolExecutor(max_workers=NUM_LARGE_TEXT_THREADS, thread_name_prefix="tokenize-large")
+        self._large = ThreadPoolExecutor(max_workers=NUM_LARGE_TEXT_THREADS, thread_name_prefix="tokenize-large",
+                                         initializer=_lower_this_threads_priority)
 
     async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         encode = functools.partial(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)

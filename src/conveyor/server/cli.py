@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import re
 import signal
 import socket
@@ -85,6 +86,9 @@ class ServeOptions:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    # Tokenize on the calling worker thread (engine.async_tokenizer lowers the large-text lane's
+    # priority), not on the tokenizers library's own thread pool, which would run at normal priority.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     engine_config = engine_config_from_args(args)
     try:
         server_config = server_config_from_args(args)
