@@ -82,7 +82,6 @@ class FakeEngine:
         self._limits = RequestLimits(SchedulerConfig(max_model_len=config.max_model_len),
                                      KVCapacity(config.num_kv_blocks, config.block_size), config.vocab_size)
         self.admission = AdmissionControl(QueueLimits(config.max_num_queued_reqs, config.max_num_queued_tokens))
-        self._dead_events: dict[str, asyncio.Event] = {}
 
     @property
     def info(self) -> EngineInfo:
@@ -123,10 +122,8 @@ class FakeEngine:
         self.shut_down = True
 
     def die(self) -> None:
-        """The engine core died: every live stream fails, the listeners run."""
+        """The engine core died: live streams fail at their next token, the dead listeners run."""
         self.dead = True
-        for event in self._dead_events.values():
-            event.set()
         for listener in self._dead_listeners:
             listener()
 
@@ -135,31 +132,20 @@ class FakeEngine:
             raise EngineDeadError("fake engine is dead")
         check_request(request.prompt_token_ids, request.sampling_params, self._limits)
         self.admission.admit(request.request_id, len(request.prompt_token_ids))
-        return self._guarded(request)
+        return self._admitted(request)
 
-    async def _guarded(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
-        dead = self._dead_events[request.request_id] = asyncio.Event()
-        outputs = self._run(request).__aiter__()
+    async def _admitted(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        outputs = self._run(request)
         try:
-            while True:
-                step = asyncio.ensure_future(outputs.__anext__())
-                died = asyncio.ensure_future(dead.wait())
-                await asyncio.wait({step, died}, return_when=asyncio.FIRST_COMPLETED)
-                if not step.done():
-                    step.cancel()
+            async for output in outputs:
+                if self.dead:
                     raise EngineDeadError("fake engine died")
-                died.cancel()
-                try:
-                    output = step.result()
-                except StopAsyncIteration:
-                    return
                 if output.num_output_tokens:
                     self.admission.prefill_done(request.request_id)
                 yield output
         finally:
-            self._dead_events.pop(request.request_id, None)
+            await outputs.aclose()  # (not running: we are suspended at our own yield or done)
             self.admission.release(request.request_id)
-            await outputs.aclose()
 
     def _emit(self, finished: list[FinishedRequestStats], **counts: int) -> None:
         usage = len(self.state.running) / self.config.max_num_seqs / 2
