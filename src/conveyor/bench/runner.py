@@ -22,10 +22,21 @@ from typing import Any
 
 from conveyor.bench.arrivals import ArrivalConfig, ArrivalProcess, send_offsets_s
 from conveyor.bench.client import ClientConfig, Endpoint
+from conveyor.bench.fixed import ServerView, collect_fixed
 from conveyor.bench.loadgen import LoadResult, new_session, run_open_loop
-from conveyor.bench.metrics import GoodputBounds, client_summary, send_lag_p99_ms, validity
-from conveyor.bench.server_metrics import ServerObservation, ServerScraper, config_info, get_json, server_summary
+from conveyor.bench.metrics import GoodputBounds, client_summary, send_lag_p99_ms
+from conveyor.bench.retry import RetryLog, new_retrying_session
+from conveyor.bench.run_record import RunContext, extend_summary
+from conveyor.bench.server_metrics import (
+    ServerObservation,
+    ServerScraper,
+    config_info,
+    get_json,
+    nvml_reading,
+    server_summary,
+)
 from conveyor.bench.traces import Trace, read_trace
+from conveyor.bench.validity import ClientCpuMeter, ValidityBounds
 
 SCHEMA_VERSION = 1
 
@@ -76,6 +87,10 @@ class BenchRunConfig:
     """Progress line on stderr."""
     command: str | None = None
     """The command line to record in command.txt (default: this process's argv)."""
+    max_client_cpu: float = 0.9
+    """The run is invalid if the benchmark process used this much of a core or more."""
+    retry: Any = None
+    """bench/retry.py RetryPolicy: retry 503s honouring Retry-After (None: off)."""
 
     def __post_init__(self) -> None:
         parts = urllib.parse.urlsplit(self.base_url)
@@ -138,7 +153,9 @@ async def _identify(cfg: BenchRunConfig, session: Any) -> tuple[str, dict[str, A
 
 async def _run(cfg: BenchRunConfig, trace: Trace, offsets: list[float]) -> dict[str, Any]:
     requests = trace.requests[: len(offsets)]
-    async with new_session() as session:
+    retry_log = RetryLog()
+    session_cm = new_retrying_session(cfg.retry, retry_log) if cfg.retry is not None else new_session()
+    async with session_cm as session:
         model, identity = await _identify(cfg, session)
         scraper = ServerScraper(session, cfg.base_url, cfg.scrape_interval_s)
         await scraper.start()
@@ -146,31 +163,39 @@ async def _run(cfg: BenchRunConfig, trace: Trace, offsets: list[float]) -> dict[
         started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         client = ClientConfig(base_url=cfg.base_url, model=model, endpoint=Endpoint(cfg.endpoint),
                               api_key=cfg.api_key, request_timeout_s=cfg.request_timeout_s)
+        meter = ClientCpuMeter()
         try:
             load = await run_open_loop(session, client, requests, offsets, cfg.show_progress)
         finally:
             sampler.cancel()
+        cpu = meter.stop()
         obs = await scraper.stop()
     identity["config_info"] = config_info(obs.after or obs.before)
-    summary = build_summary(cfg, trace, model, (load, obs, started_at))
+    view = ServerView(identity["models"], identity["version"], obs.after or obs.before, scraper.local,
+                      nvml_reading() if scraper.local else None)
+    fixed = collect_fixed(view, identity["config_info"], cfg.trace_path)
+    context = RunContext(client_cpu=cpu, fixed=fixed, retry_policy=cfg.retry, retry_log=retry_log)
+    summary = build_summary(cfg, trace, model, (load, obs, started_at), context)
     write_run_dir(cfg, identity, load, obs, summary)
     return summary
 
 
 def build_summary(cfg: BenchRunConfig, trace: Trace, model: str,
-                  run: tuple[LoadResult, ServerObservation, str]) -> dict[str, Any]:
+                  run: tuple[LoadResult, ServerObservation, str], context: RunContext | None = None) -> dict[str, Any]:
     load, obs, started_at = run
     lag = send_lag_p99_ms(load.records)
-    valid, reason = validity(lag, cfg.max_send_lag_p99_ms)
     summary: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "label": cfg.label or pathlib.Path(cfg.out_dir).name,
         "base_url": cfg.base_url, "model": model, "endpoint": cfg.endpoint, "trace_path": cfg.trace_path,
         "trace_version": trace.header.version, "request_rate": _jsonable(cfg.request_rate),
         "burstiness": cfg.burstiness, "arrival": cfg.arrival, "seed": cfg.seed, "started_at": started_at,
     }
-    summary.update(client_summary(load.records, goodput_bounds(cfg.slo)))
+    bounds = goodput_bounds(cfg.slo)
+    summary.update(client_summary(load.records, bounds))
     summary.update({"send_lag_p99_ms": lag, "max_send_lag_p99_ms": cfg.max_send_lag_p99_ms,
-                    "valid": valid, "invalid_reason": reason, "server": server_summary(obs)})
+                    "server": server_summary(obs)})
+    extend_summary(summary, load.records, bounds, ValidityBounds(cfg.max_send_lag_p99_ms, cfg.max_client_cpu),
+                   context or RunContext())
     return summary
 
 
