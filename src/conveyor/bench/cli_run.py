@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import pathlib
 import shlex
 import sys
 
 from conveyor.bench.metrics import parse_goodput
+from conveyor.bench.retry import add_retry_arguments, policy_from_args
+from conveyor.bench.rundirs import RunDirError, prepare_out_dir
 from conveyor.bench.runner import BenchError, BenchRunConfig, dashboard_table, run_benchmark
 from conveyor.bench.traces import TraceError
 
@@ -46,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--request-timeout-s", type=float, default=d["request_timeout_s"].default)
     parser.add_argument("--scrape-interval-s", type=float, default=d["scrape_interval_s"].default)
     parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    parser.add_argument("--force", action="store_true", help="replace an existing run in --out")
+    add_retry_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> BenchRunConfig:
@@ -56,13 +61,14 @@ def config_from_args(args: argparse.Namespace) -> BenchRunConfig:
         model=args.model, seed=args.seed, max_send_lag_p99_ms=args.max_send_lag_ms,
         request_timeout_s=args.request_timeout_s, scrape_interval_s=args.scrape_interval_s, slo=slo,
         api_key=args.api_key, num_requests=args.num_requests, show_progress=not args.no_progress,
-        command=shlex.join(["conveyor", *sys.argv[1:]]))
+        command=shlex.join(["conveyor", *sys.argv[1:]]), retry=policy_from_args(args))
 
 
 def run(args: argparse.Namespace) -> int:
     try:
+        prepare_out_dir(pathlib.Path(args.out), args.force)
         summary = run_benchmark(config_from_args(args))
-    except (BenchError, TraceError, ValueError) as exc:
+    except (BenchError, TraceError, RunDirError, ValueError) as exc:
         print(f"conveyor bench run: error: {exc}", file=sys.stderr)
         return 2
     print(dashboard_table([summary]))
