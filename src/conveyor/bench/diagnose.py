@@ -102,7 +102,7 @@ def waiting_with_free_kv(runs: list[RunResult], th: DiagnoseThresholds) -> Findi
         return None
     run = min(hits, key=lambda r: r.offered_rate)
     running, cap = run.metric("num_requests_running_max"), _max_num_seqs(run)
-    evidence = (f"at {run.offered_rate:g} req/s waiting peaks at {run.metric('num_requests_waiting_max'):.0f} "
+    evidence = (f"at {run.offered_rate:.3g} req/s waiting peaks at {run.metric('num_requests_waiting_max'):.0f} "
                 f"while KV usage peaks at {run.metric('kv_cache_usage_max'):.0%}")
     trend = _waiting_trend(run)
     if trend is not None:
@@ -142,7 +142,7 @@ def long_prompt_ttft(runs: list[RunResult], th: DiagnoseThresholds) -> Finding |
     if not scored:
         return None
     (ratio, name, long_p95, others), run = max(scored, key=lambda s: s[0][0])
-    evidence = (f"at {run.offered_rate:g} req/s the {name!r} class has p95 TTFT {long_p95:.0f} ms, "
+    evidence = (f"at {run.offered_rate:.3g} req/s the {name!r} class has p95 TTFT {long_p95:.0f} ms, "
                 f"{ratio:.1f}x the other classes' worst ({others:.0f} ms)")
     remedy = ("enable chunked prefill / tune max_num_batched_tokens and long_prefill_token_threshold; "
               "compare the long class's distribution, not only the mean")
@@ -176,7 +176,7 @@ def _compare(a: Point | None, b: Point, th: DiagnoseThresholds) -> Finding | Non
     for metric in ("p95_e2el_ms", "p95_ttft_ms"):
         lat_a, lat_b = a.median(metric), b.median(metric)
         if lat_a and lat_b and lat_b >= lat_a * (1 + th.p95_loss):
-            evidence = (f"at {b.offered_rate:g} req/s {b.config_name} completes {thr_b:.3g} req/s vs "
+            evidence = (f"at {b.offered_rate:.3g} req/s {b.config_name} completes {thr_b:.3g} req/s vs "
                         f"{a.config_name}'s {thr_a:.3g} (+{thr_b / thr_a - 1:.0%}) but {metric} is "
                         f"{lat_b:.0f} vs {lat_a:.0f} ms (+{lat_b / lat_a - 1:.0%})")
             remedy = ("it admits more concurrent work than the interactive objective allows: limit admission "
@@ -201,7 +201,7 @@ def preemptions_or_oom(runs: list[RunResult], th: DiagnoseThresholds) -> Finding
     run = max(hits, key=rate_of)
     by_rate = sorted({(r.offered_rate, r.metric("num_preemptions") or 0.0) for r in runs})
     trend = ", ".join(f"{rate:g}->{count:.0f}" for rate, count in by_rate[:6])
-    evidence = (f"at {run.offered_rate:g} req/s {run.metric('num_preemptions') or 0:.0f} preemptions for "
+    evidence = (f"at {run.offered_rate:.3g} req/s {run.metric('num_preemptions') or 0:.0f} preemptions for "
                 f"{run.summary.get('completed')} completed ({rate_of(run):.2f}/request), KV peak "
                 f"{run.metric('kv_cache_usage_max') or 0:.0%}, out-of-memory errors {_oom_errors(run)}; "
                 f"preemptions by rate: {trend}")
@@ -248,7 +248,7 @@ def idle_while_waiting(runs: list[RunResult], th: DiagnoseThresholds) -> Finding
             remedy = ("inspect CPU, tokenization, network, storage, model loading and the client's pacing "
                       "before blaming continuous batching")
             return Finding(Symptom.IDLE_WHILE_WAITING, run.config_name, run.label,
-                           f"at {run.offered_rate:g} req/s {evidence}", remedy)
+                           f"at {run.offered_rate:.3g} req/s {evidence}", remedy)
     return None
 
 

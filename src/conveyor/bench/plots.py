@@ -142,7 +142,7 @@ def plot_timeseries(configs: list[ConfigEval], path: pathlib.Path) -> pathlib.Pa
         t = np.array([float(s.get("t_s") or 0.0) for s in samples])
         kv = np.array([float(s.get("kv_cache_usage_perc") or 0.0) for s in samples]) * 100.0
         waiting = np.array([float(s.get("num_requests_waiting") or 0.0) for s in samples])
-        label = f"{run.config_name} @ {run.offered_rate:g} req/s"
+        label = f"{run.config_name} @ {run.offered_rate:.3g} req/s"
         ax_kv.plot(t - t[0], kv, label=label)
         ax_wait.plot(t - t[0], waiting, label=label)
     ax_kv.set(ylabel="KV cache usage (%)", title="KV usage and waiting requests over time")
@@ -164,7 +164,7 @@ def plot_per_class(configs: list[ConfigEval], path: pathlib.Path) -> pathlib.Pat
         for i, (name, run) in enumerate(runs):
             per_class = run.summary.get("per_class") or {}
             values = [float((per_class.get(c) or {}).get(metric) or 0.0) for c in classes]
-            ax.bar(np.arange(len(classes)) + i * width, values, width, label=f"{name} @ {run.offered_rate:g}")
+            ax.bar(np.arange(len(classes)) + i * width, values, width, label=f"{name} @ {run.offered_rate:.3g}")
         ax.set_xticks(np.arange(len(classes)) + width * (len(runs) - 1) / 2, classes)
         ax.set(ylabel="ms", title=f"{metric} per request class (operating point)")
         ax.grid(alpha=0.3, axis="y")

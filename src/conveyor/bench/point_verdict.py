@@ -54,13 +54,17 @@ def _samples(run: RunResult) -> list[RequestSample] | None:
 
 
 def _fallback(runs: Sequence[RunResult], key: str, cfg: IntervalConfig) -> Interval | None:
+    """Without request records: the narrowest interval a run recorded (each is a valid interval on its own),
+    widened by the values bootstrapped over repeats; the estimate is the repeats' mean."""
     values = [v for v in (summary_value(r.summary, key) for r in runs) if v is not None and math.isfinite(v)]
-    if len(runs) == 1:
-        recorded = summary_interval(runs[0].summary, key)
-        return recorded if recorded is not None else (Interval.exact(values[0]) if values else None)
+    recorded = [i for i in (summary_interval(r.summary, key) for r in runs) if i is not None]
     if not values:
-        return None
-    return across_repeats(None, values, cfg) if len(values) > 1 else Interval.exact(values[0])
+        return min(recorded, key=lambda i: i.high - i.low) if recorded else None
+    estimate = sum(values) / len(values)
+    narrowest = min(recorded, key=lambda i: i.high - i.low) if recorded else Interval.exact(estimate)
+    base = Interval(estimate, min(narrowest.low, estimate), max(narrowest.high, estimate), narrowest.confidence,
+                    narrowest.method, narrowest.num_samples)
+    return across_repeats(base, values, cfg) if len(values) > 1 else base
 
 
 def queue_interval(runs: Sequence[RunResult], key: str,

@@ -65,7 +65,7 @@ def _per_class_rows(analysis: Analysis) -> list[list[str]]:
             continue
         run = evaluated.valid_runs[0]
         for name, values in sorted((run.summary.get("per_class") or {}).items()):
-            rows.append([config.name, name, f"{run.offered_rate:g}", f"{int(values.get('completed') or 0)}"] + [
+            rows.append([config.name, name, f"{run.offered_rate:.3g}", f"{int(values.get('completed') or 0)}"] + [
                 summary_cell(values, k) for k in ("p95_ttft_ms", "p95_e2el_ms", "error_rate")])
     return rows
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -172,6 +173,30 @@ def _server_version(run_dir: pathlib.Path) -> str:
     return json.dumps(json.loads(path.read_text()).get("version"), sort_keys=True)
 
 
+@dataclass
+class PointProgress:
+    """A point being measured: its repeats so far and their pooled verdict."""
+
+    rate: float
+    """Offered req/s."""
+    repeats: int = 0
+    """Repeats run (valid or not)."""
+    summaries: list[dict[str, Any]] = field(default_factory=list)
+    """Valid repeats' summaries."""
+    dirs: list[str] = field(default_factory=list)
+    """Valid repeats' directories."""
+    invalid_dirs: list[str] = field(default_factory=list)
+    """Invalid runs, set aside."""
+    spent_s: float = 0.0
+    """Run seconds spent on the point."""
+    status: PointStatus = PointStatus.INVALID
+    """Pooled verdict over the valid repeats (invalid until one is valid)."""
+    description: str = "no valid run"
+    """The bound checks, in words."""
+    runaway: str | None = None
+    """Why a repeat showed runaway overload (None: none did)."""
+
+
 class Sweeper:
     """Runs the search, writing each run under `out_dir/rate-<r>-rep<k>/` and `sweep.json` after each point."""
 
@@ -183,7 +208,7 @@ class Sweeper:
         self.server_versions: set[str] = set()
         self.intervals = IntervalConfig()
 
-    def _run_valid(self, rate: float, repeat: int) -> tuple[pathlib.Path, dict[str, Any], list[str]]:
+    def run_repeat(self, rate: float, repeat: int) -> tuple[pathlib.Path, dict[str, Any], list[str]]:
         """One repeat, re-run while invalid (up to max_invalid_reruns); returns (dir, summary, invalid dirs)."""
         run_dir = self.out_dir / f"rate-{rate:.4g}-rep{repeat}"
         invalid: list[str] = []
@@ -198,43 +223,56 @@ class Sweeper:
             self.progress(f"[sweep {self.name}] {rate:.4g} req/s repeat {repeat}: INVALID "
                           f"({summary.get('invalid_reason')}); running it again")
 
-    def _wants_more(self, status: PointStatus, repeats: int, spent_s: float) -> bool:
-        if repeats < self.cfg.num_repeats:
-            return True
-        if status not in (PointStatus.UNDECIDED, PointStatus.NO_DATA, PointStatus.INVALID):
+    def wants_more(self, state: PointProgress) -> bool:
+        """Another repeat: below num_repeats, or undecided and within max_repeats / max_duration_s."""
+        if state.runaway is not None:
             return False
-        over_time = self.cfg.max_duration_s is not None and spent_s >= self.cfg.max_duration_s
-        return repeats < self.cfg.max_repeats and not over_time
+        if state.repeats < self.cfg.num_repeats:
+            return True
+        if state.status not in (PointStatus.UNDECIDED, PointStatus.NO_DATA, PointStatus.INVALID):
+            return False
+        over_time = self.cfg.max_duration_s is not None and state.spent_s >= self.cfg.max_duration_s
+        return state.repeats < self.cfg.max_repeats and not over_time
 
-    def run_point(self, rate: float) -> SweepPoint:
-        summaries, dirs, invalid_dirs, runaway, spent_s = [], [], [], None, 0.0
-        status, description = PointStatus.INVALID, "no valid run"
-        repeat = 0
-        while self._wants_more(status, repeat, spent_s):
-            run_dir, summary, invalid = self._run_valid(rate, repeat)
-            repeat += 1
-            invalid_dirs.extend(invalid)
-            spent_s += float(summary.get("duration") or 0.0)
-            if summary.get("valid") is False:
-                invalid_dirs.append(run_dir.name)
-                continue
-            summaries.append(summary)
-            dirs.append(run_dir.name)
-            status, verdict = point_verdict([load_run(self.out_dir / d) for d in dirs], self.cfg.slo, self.intervals)
-            description = verdict.describe()
-            runaway = runaway_reason(summary, rate, self.cfg)
-            if runaway is not None:
-                status = PointStatus.MISSED
-                break
-        failures = [] if status is PointStatus.MET else ([runaway] if runaway else []) + [description]
-        point = SweepPoint(rate, status.value, runaway is not None, dirs, failures, _spread(summaries), invalid_dirs)
+    def add_repeat(self, state: PointProgress) -> None:
+        """Run the point's next repeat and judge the point again on all its valid repeats."""
+        run_dir, summary, invalid = self.run_repeat(state.rate, state.repeats)
+        state.repeats += 1
+        state.invalid_dirs.extend(invalid)
+        state.spent_s += float(summary.get("duration") or 0.0)
+        if summary.get("valid") is False:
+            state.invalid_dirs.append(run_dir.name)
+            return
+        state.summaries.append(summary)
+        state.dirs.append(run_dir.name)
+        runs = [load_run(self.out_dir / d) for d in state.dirs]
+        state.status, verdict = point_verdict(runs, self.cfg.slo, self.intervals)
+        state.description = verdict.describe()
+        state.runaway = runaway_reason(summary, state.rate, self.cfg)
+        if state.runaway is not None:
+            state.status = PointStatus.MISSED
+
+    def finish_point(self, state: PointProgress) -> SweepPoint:
+        """Record the point (sweep.json is rewritten) and report its verdict."""
+        failures = [] if state.status is PointStatus.MET else (
+            [state.runaway] if state.runaway else []) + [state.description]
+        point = SweepPoint(state.rate, state.status.value, state.runaway is not None, state.dirs, failures,
+                           _spread(state.summaries), state.invalid_dirs)
         self.points.append(point)
-        self.summaries.extend(summaries)
-        self.progress(f"[sweep {self.name}] {rate:.4g} req/s: {status.value.upper()} after {len(dirs)} valid "
-                      f"repeat(s)" + (f", {len(invalid_dirs)} invalid" if invalid_dirs else "") + f" ({description})"
-                      + (f"; {runaway}" if runaway else ""))
+        self.summaries.extend(state.summaries)
+        invalid = f", {len(state.invalid_dirs)} invalid" if state.invalid_dirs else ""
+        self.progress(f"[sweep {self.name}] {state.rate:.4g} req/s: {state.status.value.upper()} after "
+                      f"{len(state.dirs)} valid repeat(s){invalid} ({state.description})"
+                      + (f"; {state.runaway}" if state.runaway else ""))
         self.write()
         return point
+
+    def run_point(self, rate: float) -> SweepPoint:
+        state = PointProgress(rate)
+        os.makedirs(self.out_dir, exist_ok=True)
+        while self.wants_more(state):
+            self.add_repeat(state)
+        return self.finish_point(state)
 
     def _capped(self, rate: float) -> float:
         return rate if self.cfg.max_rate is None else min(rate, self.cfg.max_rate)
