@@ -8,6 +8,7 @@ import json
 import math
 import pathlib
 import re
+import shutil
 
 import pytest
 from aiohttp import web
@@ -38,7 +39,6 @@ def test_numbers_have_units_and_no_scientific_notation() -> None:
 
 
 def test_html_is_self_contained_and_greys_invalid_runs(tmp_path: pathlib.Path) -> None:
-    import shutil
     shutil.copytree(STUDY, tmp_path / "study")
     path = tmp_path / "study" / "continuous" / "rate-2-rep1" / "summary.json"
     summary = json.loads(path.read_text())
@@ -129,3 +129,15 @@ def test_fixed_things_from_the_server_and_local_files(tmp_path: pathlib.Path) ->
     from_server = collect_fixed(ServerView(None, None, reported, local=False), {}, str(trace))
     assert (from_server["weights_sha256"], from_server["model_config_sha256"], from_server["dtype"]) == ("ab", "ef", "bfloat16")
     assert (from_server["gpu_name"], from_server["gpu_count"], from_server["model_path"]) == ("NVIDIA H200", 8, "/m")
+
+
+@pytest.mark.skipif(not any(shutil.which(b) for b in ("chromium", "chromium-browser")),
+                    reason="headless Chromium not installed (apt-get install -y chromium): optional check")
+def test_html_renders_in_headless_chromium(tmp_path: pathlib.Path) -> None:
+    """Screenshot-level: the page renders tall, with ink and coloured plots (benchmarks/report_screenshot.sh)."""
+    import subprocess
+    paths = write_report(analyze(ReportInputs((STUDY,))), tmp_path / "out")
+    script = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "report_screenshot.sh"
+    result = subprocess.run(["bash", str(script), str(paths["html"]), str(tmp_path / "shot.png")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -292,7 +292,10 @@ def _without_operating_point(configs: list[ConfigEval]) -> Recommendation:
         text = (f"No configuration is shown to meet the objective at any measured rate; {config.name} at "
                 f"{point.offered_rate:.3g} req/s is undecided ({point.verdict.describe()}). Run more requests or "
                 "repeats there (--max-repeats, --max-duration), or lower the rate.")
-        return Recommendation(Outcome.UNDECIDED, None, (), text, "undecided: an interval straddles its bound.")
+        unbounded = any(c.interval is not None and math.isinf(c.interval.high) for c in point.verdict.failures)
+        why = ("too few requests for a p95 to be bounded from above (40 per point are needed)" if unbounded else
+               "an interval straddles its bound")
+        return Recommendation(Outcome.UNDECIDED, None, (), text, f"undecided: {why}.")
     config, point = min(judged, key=lambda cp: (_worst_ratio(cp[1]), cp[0].name))
     text = (f"No configuration meets every bound at any measured rate. Closest: {config.name} at "
             f"{point.offered_rate:.3g} req/s ({point.verdict.describe()}; worst bound exceeded "

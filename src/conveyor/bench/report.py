@@ -206,7 +206,8 @@ def fixed_lines(analysis: Analysis) -> list[str]:
                 + "; ".join(d.describe() for d in analysis.fixed_differences)]
     runs = analysis.runs()
     fixed = dict(runs[0].summary.get("fixed") or {}) if runs else {}
-    shown = ", ".join(f"{k}={str(v)[:16]}" for k, v in fixed.items() if k != "server_flags" and v is not None)
+    shown = ", ".join(f"{k}={str(v)[:12] if k.endswith('sha256') else v}" for k, v in fixed.items()
+                      if k != "server_flags" and v is not None)
     unknown = f"; unknown: {', '.join(analysis.fixed_unknown)}" if analysis.fixed_unknown else ""
     return [f"Fixed across all runs: {shown or 'nothing recorded'}{unknown}"]
 

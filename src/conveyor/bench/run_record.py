@@ -40,11 +40,11 @@ def extend_summary(summary: dict[str, Any], records: Sequence[RequestRecord], bo
     """Add intervals, validity, fixed things and retries to a run's summary (in place)."""
     cfg = IntervalConfig()
     by_id = {r.request_id: r for r in records}
-    accept = None
-    if bounds is not None and not bounds.is_empty():
-        def accept(sample: RequestSample) -> bool:
-            return meets_bounds(by_id[sample.request_id], bounds) if sample.request_id in by_id else False
 
+    def meets(sample: RequestSample) -> bool:
+        return bounds is not None and sample.request_id in by_id and meets_bounds(by_id[sample.request_id], bounds)
+
+    accept = meets if bounds is not None and not bounds.is_empty() else None
     samples = [RequestSample.from_json(r.to_json()) for r in records]
     summary["ci"] = {k: v.to_json() for k, v in sample_intervals(samples, accept, cfg).items()}
     for name, intervals in class_intervals(samples, cfg).items():
