@@ -121,3 +121,15 @@ def test_run_and_pooled_intervals_use_summary_keys() -> None:
     assert pooled["p95_ttft_ms"].method is IntervalMethod.BOOTSTRAP_REPEATS
     # the second repeat is 1.5x slower: the pooled interval reaches both repeats' own p95s
     assert pooled["p95_ttft_ms"].high - pooled["p95_ttft_ms"].low > one["p95_ttft_ms"].high - one["p95_ttft_ms"].low
+
+
+def test_per_class_intervals_cover_what_per_class_reports() -> None:
+    from conveyor.bench.run_stats import class_intervals
+
+    samples = _run(60, 3)
+    samples = [s if i % 3 else RequestSample(**{**s.__dict__, "request_class": "long"}) for i, s in enumerate(samples)]
+    by_class = class_intervals(samples, FAST)
+    assert set(by_class) == {"chat", "long"}
+    assert {"p50_ttft_ms", "p99_e2el_ms", "p95_itl_ms", "error_rate", "request_throughput"} <= set(by_class["chat"])
+    total = sample_intervals(samples, None, FAST)["request_throughput"].estimate
+    assert sum(c["request_throughput"].estimate for c in by_class.values()) == pytest.approx(total)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import pathlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import matplotlib
 
@@ -164,12 +165,26 @@ def plot_per_class(configs: list[ConfigEval], path: pathlib.Path) -> pathlib.Pat
         for i, (name, run) in enumerate(runs):
             per_class = run.summary.get("per_class") or {}
             values = [float((per_class.get(c) or {}).get(metric) or 0.0) for c in classes]
-            ax.bar(np.arange(len(classes)) + i * width, values, width, label=f"{name} @ {run.offered_rate:.3g}")
+            errors = _class_errors(per_class, classes, metric, values)
+            ax.bar(np.arange(len(classes)) + i * width, values, width, yerr=errors, capsize=3,
+                   label=f"{name} @ {run.offered_rate:.3g}")
         ax.set_xticks(np.arange(len(classes)) + width * (len(runs) - 1) / 2, classes)
-        ax.set(ylabel="ms", title=f"{metric} per request class (operating point)")
+        ax.set(ylabel="ms", title=f"{metric} per request class (operating point; bars: 95% interval)")
         ax.grid(alpha=0.3, axis="y")
         _legend(ax)
     return _save(fig, path)
+
+
+def _class_errors(per_class: dict[str, Any], classes: list[str], metric: str,
+                  values: list[float]) -> list[list[float]]:
+    """[below, above] error bars from each class's recorded interval (none above an unbounded one)."""
+    below, above = [], []
+    for name, value in zip(classes, values, strict=True):
+        data = ((per_class.get(name) or {}).get("ci") or {}).get(metric)
+        interval = Interval.from_json(data) if isinstance(data, dict) else None
+        below.append(0.0 if interval is None else max(0.0, value - interval.low))
+        above.append(0.0 if interval is None or math.isinf(interval.high) else max(0.0, interval.high - value))
+    return [below, above]
 
 
 def _legend(ax: Axes) -> None:

@@ -147,15 +147,27 @@ def _intervals(repeats: Sequence[Sequence[RequestSample]], accept: AcceptFn | No
 
 
 def class_intervals(samples: Sequence[RequestSample], cfg: IntervalConfig) -> dict[str, dict[str, Interval]]:
-    """Per request class: p95 TTFT and E2E, and the error rate."""
+    """Per request class, the keys summary.json's per_class reports: p50/p95/p99 TTFT and E2E, p50/p95 ITL,
+    the error rate, and completed and output throughput over the whole run's duration (so they add up)."""
+    rows = _rate_rows(samples)
+    gaps = [gap for gap, _ in rows]
     out: dict[str, dict[str, Interval]] = {}
     for name in sorted({s.request_class for s in samples}):
         members = [s for s in samples if s.request_class == name]
         entry: dict[str, Interval] = {}
         for key in ("ttft", "e2el"):
-            found = percentile_intervals(_latencies(members, key), [0.95], cfg)
-            if found:
-                entry[f"p95_{key}_ms"] = found[0]
+            found = percentile_intervals(_latencies(members, key), [0.5, 0.95, 0.99], cfg)
+            entry.update({f"p{p}_{key}_ms": i for p, i in zip((50, 95, 99), found)})
+        itl = grouped_percentile_intervals([[1000.0 * g for g in s.itl_s] for s in members if s.completed],
+                                           [0.5, 0.95], cfg)
+        entry.update({f"p{p}_itl_ms": i for p, i in zip((50, 95), itl)})
+        mine = [s.request_class == name for _, s in rows]
+        for key, numerators in (("request_throughput", [float(m and s.completed) for m, (_, s) in zip(mine, rows)]),
+                                ("output_throughput", [float(s.output_tokens) if m and s.completed else 0.0
+                                                       for m, (_, s) in zip(mine, rows)])):
+            found_rate = ratio_interval(numerators, gaps, cfg)
+            if found_rate is not None:
+                entry[key] = found_rate
         counted = [s for s in members if s.status != "cancelled"]
         error = proportion_interval(sum(s.status == "failed" for s in counted), len(counted), cfg)
         if error is not None:
