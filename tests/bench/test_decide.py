@@ -169,3 +169,43 @@ def test_unknown_fixed_things_never_differ_but_leave_q4_unknown(tmp_path: pathli
     _fixed_run(tmp_path, "a", 2.0, weights_sha256=None)  # type: ignore[arg-type]
     analysis = analyze(ReportInputs((tmp_path,), SLO_TTFT))
     assert analysis.fixed_differences == [] and "weights_sha256" in analysis.fixed_unknown
+
+
+def _context_run(root: pathlib.Path, config: str, context: int) -> None:
+    summary = _summary(f"{config}@1", 1.0, (300, 250, 350), server={"num_preemptions": 0, "kv_cache_usage_max": 0.6})
+    (root / config).mkdir(parents=True)
+    (root / config / "sweep.json").write_text("{}")
+    run_dir = root / config / "rate-1-rep0"
+    _write(run_dir, summary)
+    rows = [{"request_id": str(i), "status": "completed", "prompt_tokens": context - 10, "output_tokens": 10}
+            for i in range(3)]
+    (run_dir / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_kv_question_is_answered_at_the_planned_context_length(tmp_path: pathlib.Path) -> None:
+    from conveyor.bench.decision_checklist import Answer, ChecklistInputs, kv_stability
+
+    _context_run(tmp_path, "base", 400)
+    configs, _ = _decide(tmp_path)
+    short = kv_stability(configs, configs[0], 8192)
+    assert short.answer is Answer.UNKNOWN and "planned 8,192 tokens were not reached" in short.evidence
+    assert kv_stability(configs, configs[0], None).answer is Answer.YES
+    _context_run(tmp_path, "ctx8k", 9000)  # a study variant whose trace reaches the planned context
+    configs, rec = _decide(tmp_path)
+    answer = kv_stability(configs, configs[0], 8192)
+    assert answer.answer is Answer.YES and answer.evidence.startswith("ctx8k") and "9,000 tokens" in answer.evidence
+    assert isinstance(ChecklistInputs(planned_context_len=8192).planned_context_len, int)
+
+
+def test_a_variant_may_change_the_trace_and_is_exempt_for_it() -> None:
+    from conveyor.bench.study import spec_from_mapping, study_record
+
+    spec = spec_from_mapping({"command": "x {port} {args}", "trace": "short.jsonl", "planned_context_len": 8192,
+                              "baseline": {"max_num_seqs": 8},
+                              "variants": [{"name": "ctx8k", "trace": "long.jsonl"},
+                                           {"name": "h100", "max_num_seqs": 4, "price_per_gpu_hour": 2.0}]}, "t")
+    ctx, h100 = spec.variants[1], spec.variants[2]
+    assert (ctx.changed, ctx.trace_path, ctx.args) == ("trace", "long.jsonl", {"max_num_seqs": 8})
+    assert ctx.varied_fixed_keys() == ["trace_sha256"] and h100.varied_fixed_keys() == ["gpu_name", "gpu_count"]
+    record = study_record(spec)
+    assert record["planned_context_len"] == 8192 and record["configs"]["ctx8k"]["trace"] == "long.jsonl"
