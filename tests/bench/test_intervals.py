@@ -112,7 +112,7 @@ def _run(num: int, seed: int, ttft_scale: float = 1.0) -> list[RequestSample]:
 def test_run_and_pooled_intervals_use_summary_keys() -> None:
     one = sample_intervals(_run(100, 0), None, FAST)
     for key in ("p95_ttft_ms", "p99_e2el_ms", "median_itl_ms", "request_throughput", "output_throughput",
-                "error_rate"):
+                "total_token_throughput", "error_rate"):
         assert key in one and one[key].low <= one[key].estimate <= one[key].high, key
     assert one["error_rate"].estimate == pytest.approx(4 / 100)
     pooled = pooled_intervals([_run(100, 0), _run(100, 1, ttft_scale=1.5)], None, FAST,

@@ -49,6 +49,8 @@ class RequestSample:
     """Inter-token gaps."""
     output_tokens: int = 0
     """Output tokens."""
+    prompt_tokens: int = 0
+    """Prompt tokens."""
     request_class: str = ""
     """Trace class."""
     request_id: str = ""
@@ -64,7 +66,8 @@ class RequestSample:
         return cls(status=str(row.get("status")), sent_s=float(row.get("sent_s") or 0.0), end_s=opt("end_s"),
                    ttft_s=opt("ttft_s"), tpot_s=opt("tpot_s"), e2e_s=opt("e2e_s"),
                    itl_s=tuple(float(v) for v in row.get("itl_s") or ()),
-                   output_tokens=int(row.get("output_tokens") or 0), request_class=str(row.get("request_class", "")),
+                   output_tokens=int(row.get("output_tokens") or 0), prompt_tokens=int(row.get("prompt_tokens") or 0),
+                   request_class=str(row.get("request_class", "")),
                    request_id=str(row.get("request_id", "")))
 
     @property
@@ -106,7 +109,9 @@ def rate_intervals(repeats: Sequence[Sequence[RequestSample]], accept: AcceptFn 
     rows = [row for samples in repeats for row in _rate_rows(samples)]
     gaps = [gap for gap, _ in rows]
     columns = {"request_throughput": [float(s.completed) for _, s in rows],
-               "output_throughput": [float(s.output_tokens if s.completed else 0) for _, s in rows]}
+               "output_throughput": [float(s.output_tokens if s.completed else 0) for _, s in rows],
+               "total_token_throughput": [float(s.output_tokens + s.prompt_tokens if s.completed else 0)
+                                          for _, s in rows]}
     if accept is not None:
         columns["goodput"] = [float(s.completed and accept(s)) for _, s in rows]
     out = {}
