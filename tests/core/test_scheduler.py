@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conveyor.core.scheduler_base import SchedulerBase
+from conveyor.core.scheduler import Scheduler
 from conveyor.request import FinishReason
 from core_builders import Driver, make_request, make_scheduler
 
@@ -115,7 +115,7 @@ def test_prefix_caching_off_never_hits() -> None:
     assert result.stats.prefix_cache_queries == 0
 
 
-def _fill_pool_then_grow(policy: str, priorities: tuple[int, int, int]) -> tuple[Driver, SchedulerBase]:
+def _fill_pool_then_grow(policy: str, priorities: tuple[int, int, int]) -> tuple[Driver, Scheduler]:
     """Three requests of 8 prompt tokens in a 7-block pool (block 4): the third decode block triggers
     preemption."""
     scheduler = make_scheduler(num_blocks=7, block_size=4, policy=policy, enable_prefix_caching=False)

@@ -20,7 +20,7 @@ nothing). `finished_req_ids` and `preempted_req_ids` tell it which states to dro
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 from conveyor.request import FinishReason, RequestTimings
 from conveyor.sampling_params import SamplingParams
@@ -41,8 +41,9 @@ class NewRequestData:
 
 
 PLACEHOLDER_TOKEN_ID = -1
-"""Async scheduling: an output token sampled by a step whose result is not back yet (never a real id).
-The scheduler appends it to a request's outputs, the worker to its token ids; both replace it later."""
+"""Async scheduling: an input token sampled by a step whose result is not back yet (never a real id).
+The worker appends it to its token ids and fills it from the pending step's sampled tensor; the
+scheduler holds no placeholder tokens, it counts them (`Request.num_output_placeholders`)."""
 
 NO_NEW_BLOCKS: tuple[int, ...] = ()
 """`CachedRequestData.new_block_ids` entry of a request that got no block this step (shared, immutable)."""
@@ -132,6 +133,7 @@ class EngineCoreOutput:
 
     request_id: str
     new_token_ids: list[int]
+    _: KW_ONLY  # the rest by keyword: three ints in a row would swap silently
     new_logprobs: list[TokenLogprobs] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
@@ -175,5 +177,5 @@ class EngineCoreOutputs:
         """The going-on requests (in batch order), then the finished ones."""
         new_logprobs = self.new_logprobs
         for request_id, token_ids in zip(self.req_ids, self.new_token_ids):
-            yield EngineCoreOutput(request_id, token_ids, new_logprobs.get(request_id, []))
+            yield EngineCoreOutput(request_id, token_ids, new_logprobs=new_logprobs.get(request_id, []))
         yield from self.finished_outputs
