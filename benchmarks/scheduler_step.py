@@ -11,17 +11,26 @@ so `x floor` compares the scheduler with the least any implementation of the con
 same load at the same moment.
 
     PYTHONPATH=src python benchmarks/scheduler_step.py --num-steps 500
+
+Before/after: `--compare BASE_SRC NEW_SRC` runs this benchmark on two source trees (each a `src`
+folder, e.g. one exported with `git archive`), alternating them for `--rounds` rounds (the order flips
+each round), and prints per population the median of the rounds' medians with their min-max spread:
+
+    PYTHONPATH=src python3 benchmarks/scheduler_step.py --compare /tmp/base/src src --rounds 6 --num-steps 500
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import random
 import statistics
+import subprocess
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from conveyor.config import CacheConfig, SchedulerConfig
 from conveyor.core.fake_runner import FakeModelRunner
@@ -153,14 +162,24 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-steps", type=int, default=500, help="timed steps per population")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024], help="running decodes")
-    args = parser.parse_args(argv)
-    populations = [Population(f"{n} decodes", n, 128, max(2048, n)) for n in args.sizes]
+def _populations(sizes: list[int]) -> list[Population]:
+    populations = [Population(f"{n} decodes", n, 128, max(2048, n)) for n in sizes]
     populations.append(Population("256 decodes + 1024-token prefills", 256, 128, 2048, long_prompt_len=1024))
+    return populations
+
+
+def _goal(population: Population) -> str:
+    return "-" if population.mixed else f"{GOAL_MS.get(population.num_decodes, float('nan')):.1f}"
+
+
+def _run_one(args: argparse.Namespace) -> int:
+    populations = _populations(args.sizes)
+    if args.json:
+        import conveyor  # noqa: PLC0415 -- which source tree this run measures
+
+        rows = {p.name: asdict(measure(p, args.num_steps, args.seed)) for p in populations}
+        print(json.dumps({"source": os.path.dirname(conveyor.__file__), "rows": rows}))
+        return 0
     print(f"CPU: {_cpu_model()} ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}); "
           f"Python {platform.python_version()}; {args.num_steps} steps per row; "
           f"calibration loop {loop_ns_per_iteration():.0f} ns/iteration")
@@ -168,10 +187,54 @@ def main(argv: list[str] | None = None) -> int:
           f"{'x floor':>7} {'goal ms':>7}")
     for population in populations:
         t = measure(population, args.num_steps, args.seed)
-        goal = "-" if population.mixed else f"{GOAL_MS.get(population.num_decodes, float('nan')):.1f}"
         print(f"{population.name:<34} {t.tokens_per_step:>8.0f} {t.cpu_ms:>7.3f} {t.cpu_min_ms:>7.3f} "
-              f"{t.wall_ms:>8.3f} {t.floor_ms:>8.3f} {t.cpu_ms / t.floor_ms:>7.1f} {goal:>7}")
+              f"{t.wall_ms:>8.3f} {t.floor_ms:>8.3f} {t.cpu_ms / t.floor_ms:>7.1f} {_goal(population):>7}")
     return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    """Alternate the two source trees, flipping the order each round; the spread is across rounds."""
+    sources = [os.path.abspath(path) for path in args.compare]
+    medians: dict[str, dict[str, list[float]]] = {source: {} for source in sources}
+    for round_index in range(args.rounds):
+        for source in sources if round_index % 2 == 0 else sources[::-1]:
+            command = [sys.executable, os.path.abspath(__file__), "--json", "--num-steps", str(args.num_steps),
+                       "--seed", str(args.seed), "--sizes", *map(str, args.sizes)]
+            result = subprocess.run(command, env={**os.environ, "PYTHONPATH": source}, check=True,
+                                    capture_output=True, text=True)
+            run = json.loads(result.stdout)
+            if not run["source"].startswith(source):
+                raise SystemExit(f"--compare {source}: the run imported conveyor from {run['source']}")
+            for name, timing in run["rows"].items():
+                medians[source].setdefault(name, []).append(timing["cpu_ms"])
+    base, new = sources
+    print(f"CPU: {_cpu_model()} ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}); Python "
+          f"{platform.python_version()}; {args.rounds} rounds x {args.num_steps} steps, alternating\n"
+          f"  A = {base}\n  B = {new}\ncpu ms per step (schedule + update): median of the rounds' medians "
+          "[min-max]")
+    print(f"{'population':<34} {'A':>21} {'B':>21} {'B/A':>5} {'goal ms':>7}")
+    for population in _populations(args.sizes):
+        a, b = medians[base][population.name], medians[new][population.name]
+        print(f"{population.name:<34} {_spread(a):>21} {_spread(b):>21} "
+              f"{statistics.median(b) / statistics.median(a):>5.2f} {_goal(population):>7}")
+    return 0
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-steps", type=int, default=500, help="timed steps per population")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024], help="running decodes")
+    parser.add_argument("--json", action="store_true", help="one JSON line of timings (used by --compare)")
+    parser.add_argument("--compare", nargs=2, metavar=("BASE_SRC", "NEW_SRC"),
+                        help="alternate two source trees (each the folder holding conveyor/)")
+    parser.add_argument("--rounds", type=int, default=6, help="with --compare: runs of each tree")
+    args = parser.parse_args(argv)
+    return _compare(args) if args.compare else _run_one(args)
 
 
 if __name__ == "__main__":

@@ -267,6 +267,7 @@ class Scheduler:
         outputs = EngineCoreOutputs(finished_outputs=self.pending_outputs)
         self.pending_outputs = []
         requests, stop_specs, logprobs = self.requests, self.stop_specs, model_runner_output.logprobs
+        add_req_id, add_token_ids = outputs.req_ids.append, outputs.new_token_ids.append
         num_unfinished, num_generated = len(requests), 0
         for request_id, token_ids in model_runner_output.sampled_token_ids.items():
             request = requests.get(request_id)
@@ -292,8 +293,8 @@ class Scheduler:
             if reason is not None:
                 outputs.finished_outputs.append(self._finish(request, reason, now_s, token_ids, new_logprobs))
                 continue
-            outputs.req_ids.append(request_id)
-            outputs.new_token_ids.append(token_ids)
+            add_req_id(request_id)  # going on: one index of the parallel lists
+            add_token_ids(token_ids)
             if new_logprobs:
                 outputs.new_logprobs[request_id] = new_logprobs
         if len(requests) != num_unfinished:  # some finished: they leave the running list
