@@ -172,7 +172,7 @@ class Scheduler:
                 appended = self._append_slots_or_preempt(request, num_new_tokens, step)
                 if appended is None:
                     break  # it preempted itself: nothing after it is served this step
-                new_block_ids = appended
+                new_block_ids, budget = appended, step.token_budget  # victims gave their tokens back
             if unsent and request_id in unsent:
                 step.add_new(request, self.kv_cache_manager.get_block_ids(request_id))
             else:  # the worker holds it: only the blocks appended this step travel (three parallel lists)
