@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_properties import MAX_STEPS, Arrival, Run, _arrive, _check_final, _check_step, _collect, arrivals, configs
@@ -108,10 +109,11 @@ def test_stop_tokens_end_requests_where_the_synchronous_scheduler_does(
     assert results[0] == results[1]
 
 
-def _pipelined_driver(scheduler_config: SchedulerConfig, num_blocks: int = 32) -> tuple[Run, list[
+def _pipelined_driver(scheduler_config: SchedulerConfig, block_size: int = 4) -> tuple[Run, list[
         tuple[SchedulerOutput, ModelRunnerOutput]]]:
-    scheduler = make_scheduler(scheduler_config, CacheConfig(block_size=4), num_blocks, clock=lambda: 0.0)
-    return Run(scheduler, FakeModelRunner(4, check_kv=True), {}, {}, {}), []
+    scheduler = make_scheduler(scheduler_config, CacheConfig(block_size=block_size), 128 // block_size,
+                               clock=lambda: 0.0)
+    return Run(scheduler, FakeModelRunner(block_size, check_kv=True), {}, {}, {}), []
 
 
 def test_in_flight_tokens_are_a_count_on_the_request_not_tokens_in_its_outputs() -> None:
@@ -134,15 +136,17 @@ def test_in_flight_tokens_are_a_count_on_the_request_not_tokens_in_its_outputs()
     _check_final(run)
 
 
-def test_async_scheduling_caches_the_same_prefix_blocks_as_sync() -> None:
-    """Step 2 computes position 3 (the prefill's sampled token, still in flight), which fills block 0:
-    the block is indexed only under its real tokens, so a later prompt with the same tokens hits both
-    full blocks, as without async scheduling."""
+@pytest.mark.parametrize("block_size", [1, 4])
+def test_async_scheduling_caches_the_same_prefix_blocks_as_sync(block_size: int) -> None:
+    """Step 2 computes position 3 (the prefill's sampled token, still in flight), which fills a block
+    when block_size is 1: a block is indexed only under known tokens (it once was under the -1
+    placeholder, breaking the hash chain), so a later prompt with the same tokens hits all 8 tokens'
+    blocks, as without async scheduling."""
     results = []
     for async_scheduling in (False, True):
         config = SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=16, max_model_len=32,
                                  async_scheduling=async_scheduling)
-        run, in_flight = _pipelined_driver(config)
+        run, in_flight = _pipelined_driver(config, block_size)
         first = Request("a", [10, 11, 12], SamplingParams(max_tokens=6, ignore_eos=True), 0.0)
         run.scheduler.add_request(first)
         run.accepted["a"] = first
