@@ -151,6 +151,8 @@ class Scheduler:
         block once every block_size steps) makes no call; a request that needs blocks may preempt."""
         threshold, num_slots = self.long_prefill_token_threshold, self.kv_cache_manager.num_slots
         unsent, cached, num_scheduled_tokens = self.unsent_req_ids, step.cached_reqs, step.num_scheduled_tokens
+        add_id, add_blocks, add_computed = (cached.req_ids.append, cached.new_block_ids.append,
+                                            cached.num_computed_tokens.append)  # three parallel lists
         for request in requests:
             budget = step.token_budget
             if budget <= 0:
@@ -175,10 +177,10 @@ class Scheduler:
                 new_block_ids, budget = appended, step.token_budget  # victims gave their tokens back
             if unsent and request_id in unsent:
                 step.add_new(request, self.kv_cache_manager.get_block_ids(request_id))
-            else:  # the worker holds it: only the blocks appended this step travel (three parallel lists)
-                cached.req_ids.append(request_id)
-                cached.new_block_ids.append(new_block_ids)
-                cached.num_computed_tokens.append(num_computed)
+            else:  # the worker holds it: only the blocks appended this step travel
+                add_id(request_id)
+                add_blocks(new_block_ids)
+                add_computed(num_computed)
             num_scheduled_tokens[request_id] = num_new_tokens
             step.token_budget = budget - num_new_tokens
             if num_computed < num_prompt:
