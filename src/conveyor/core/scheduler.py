@@ -26,10 +26,10 @@ from conveyor.core.invariants import check_scheduler_invariants
 from conveyor.core.kv_cache_manager import KVCacheManager, PrefixHit
 from conveyor.core.lifecycle import KVPoolSize, StopSpec, check_admission, check_stop, make_stop_spec
 from conveyor.core.outputs import (
+    NO_NEW_BLOCKS,
     CachedRequestData,
     EngineCoreOutput,
     EngineCoreOutputs,
-    NO_NEW_BLOCKS,
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
