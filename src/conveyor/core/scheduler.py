@@ -145,10 +145,9 @@ class Scheduler:
         return scheduler_output
 
     def _schedule_running(self, step: StepBuilder, requests: list[Request]) -> None:
-        """Give each request, in order, what closes its gap within the budget: the running requests in
-        admission order, then each one the waiting pass starts. This loop runs for every running request
-        at every step, so its common case (the request's blocks have room: a decode crosses into a new
-        block once every block_size steps) makes no call; a request that needs blocks may preempt."""
+        """Give each request, in order (running ones in admission order; then each one the waiting pass
+        starts), what closes its gap within the budget. Runs for every running request at every step:
+        the common case (its blocks have room; a decode needs a block every block_size steps) calls nothing."""
         threshold, num_slots = self.long_prefill_token_threshold, self.kv_cache_manager.num_slots
         unsent, cached, num_scheduled_tokens = self.unsent_req_ids, step.cached_reqs, step.num_scheduled_tokens
         add_id, add_blocks, add_computed = (cached.req_ids.append, cached.new_block_ids.append,
@@ -160,13 +159,14 @@ class Scheduler:
             if request.status is not _RUNNING:
                 continue  # preempted earlier in this step
             request_id, num_computed = request.request_id, request.num_computed_tokens
-            num_prompt = len(request.prompt_token_ids)
+            num_prompt = len(request.prompt_token_ids)  # the gap: known + in-flight tokens - computed ones
             num_new_tokens = num_prompt + len(request.output_token_ids) + request.num_output_placeholders - num_computed
-            if threshold is not None and num_new_tokens > threshold:
-                num_new_tokens = threshold
-            if num_new_tokens > budget:
-                num_new_tokens = budget
-            if num_new_tokens <= 0:
+            if num_new_tokens > 1:  # the caps can bind (threshold and budget are both >= 1 here)
+                if threshold is not None and num_new_tokens > threshold:
+                    num_new_tokens = threshold
+                if num_new_tokens > budget:
+                    num_new_tokens = budget
+            elif num_new_tokens <= 0:
                 continue  # nothing to compute until its sampled token is back
             if num_computed + num_new_tokens <= num_slots[request_id]:
                 new_block_ids: Sequence[int] = NO_NEW_BLOCKS
@@ -262,15 +262,15 @@ class Scheduler:
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            model_runner_output: ModelRunnerOutput) -> tuple[EngineCoreOutputs, SchedulerStats]:
-        """Append each request's sampled tokens, checking its stops after each; finish (free) the
-        stopped ones; report every request with news. This loop runs for every running request at every
-        step: a token that cannot stop its request costs one set lookup and one comparison, no call."""
+        """Append each request's sampled tokens with the stop checks, finish (free) the stopped ones, and
+        report every request with news. Runs for every running request at every step: a token that
+        cannot stop its request costs one set lookup, one comparison and no call."""
         now_s = self.clock()
         outputs = EngineCoreOutputs(finished_outputs=self.pending_outputs)
         self.pending_outputs = []
         requests, stop_specs, logprobs = self.requests, self.stop_specs, model_runner_output.logprobs
         add_req_id, add_token_ids = outputs.req_ids.append, outputs.new_token_ids.append
-        num_unfinished, num_generated = len(requests), 0
+        num_unfinished = len(requests)
         for request_id, token_ids in model_runner_output.sampled_token_ids.items():
             request = requests.get(request_id)
             if not token_ids or request is None or request.status is not _RUNNING:
@@ -287,20 +287,20 @@ class Scheduler:
                 timings.token_times_s.append(now_s)
                 if token_id in spec.stop_token_ids or len(output_token_ids) >= spec.max_num_output_tokens:
                     reason = check_stop(request, token_id, spec)
-                    if reason is not None:  # the tokens after the stop are dropped
-                        token_ids = token_ids[:len(output_token_ids) - num_before]
+                    if reason is not None:
                         break
-            num_generated += len(token_ids)
-            new_logprobs = logprobs.get(request_id) if logprobs else None
-            if reason is not None:
-                outputs.finished_outputs.append(self._finish(request, reason, now_s, token_ids, new_logprobs))
-                continue
-            add_req_id(request_id)  # going on: one index of the parallel lists
-            add_token_ids(token_ids)
-            if new_logprobs:
-                outputs.new_logprobs[request_id] = new_logprobs
+            if reason is None:  # it goes on: one index of the parallel lists
+                add_req_id(request_id)
+                add_token_ids(token_ids)
+                if logprobs and request_id in logprobs:
+                    outputs.new_logprobs[request_id] = logprobs[request_id]
+            else:  # the tokens after the stop are dropped
+                outputs.finished_outputs.append(self._finish(
+                    request, reason, now_s, token_ids[:len(output_token_ids) - num_before], logprobs.get(request_id)))
         if len(requests) != num_unfinished:  # some finished: they leave the running list
             self.running = [request for request in self.running if request.status is _RUNNING]
+        num_generated = (sum(map(len, outputs.new_token_ids))  # every kept token is reported once
+                         + sum(len(output.new_token_ids) for output in outputs.finished_outputs))
         return outputs, self._take_stats(scheduler_output, num_generated, now_s)
 
     def finish_requests(self, request_ids: Iterable[str], reason: FinishReason) -> list[EngineCoreOutput]:
