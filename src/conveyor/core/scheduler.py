@@ -161,13 +161,13 @@ class Scheduler:
             request_id, num_computed = request.request_id, request.num_computed_tokens
             num_prompt = len(request.prompt_token_ids)  # the gap: known + in-flight tokens - computed ones
             num_new_tokens = num_prompt + len(request.output_token_ids) + request.num_output_placeholders - num_computed
-            if num_new_tokens > 1:  # the caps can bind (threshold and budget are both >= 1 here)
+            if num_new_tokens != 1:  # (one token always fits: the threshold and the budget are >= 1)
+                if num_new_tokens <= 0:
+                    continue  # nothing to compute until its sampled token is back
                 if threshold is not None and num_new_tokens > threshold:
                     num_new_tokens = threshold
                 if num_new_tokens > budget:
                     num_new_tokens = budget
-            elif num_new_tokens <= 0:
-                continue  # nothing to compute until its sampled token is back
             if num_computed + num_new_tokens <= num_slots[request_id]:
                 new_block_ids: Sequence[int] = NO_NEW_BLOCKS
             else:
