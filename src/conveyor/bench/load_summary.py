@@ -25,7 +25,8 @@ class LoadOutcome:
     """Every request's record and what each load-generator process cost."""
 
     records: list[RequestRecord]
-    """All requests sent (warm-up and cool-down included)."""
+    """All requests sent (warm-up and cool-down included), in plan order: the trace's order, a session's
+    turns together at its first turn's place."""
     t0: float
     """This process's perf_counter() at the common start; record times are relative to it."""
     workers: list[WorkerStats] = field(default_factory=list)
@@ -38,16 +39,20 @@ async def drive(session: aiohttp.ClientSession, cfg: ClientConfig, plan: LoadPla
                 show_progress: bool) -> LoadOutcome:
     """Run the plan here (one worker) or split over num_workers spawned processes."""
     loop = type(asyncio.get_running_loop()).__module__.split(".")[0]  # uvloop or asyncio, as in the workers
+    order = {r.request_id: i for i, r in enumerate(r for unit in plan.units for r in unit)}
     if num_workers == 1:
         cpu0 = time.process_time()
         result = await run_load(session, cfg, plan, progress=Progress(plan.num_requests, show_progress))
-        stats = WorkerStats(worker=0, num_requests=len(result.records), cpu_s=time.process_time() - cpu0)
-        return LoadOutcome(records=result.records, t0=result.t0, workers=[stats], event_loop=loop)
-    pool = WorkerPool(cfg, split_plan(plan, num_workers), show_progress)
-    pool.start()
-    starts: list[float] = []
-    records, stats_list = await pool.run(starts.append)
-    return LoadOutcome(records=records, t0=starts[0], workers=stats_list, event_loop=loop)
+        stats = [WorkerStats(worker=0, num_requests=len(result.records), cpu_s=time.process_time() - cpu0)]
+        records, t0 = result.records, result.t0
+    else:
+        pool = WorkerPool(cfg, split_plan(plan, num_workers), show_progress)
+        pool.start()
+        starts: list[float] = []
+        records, stats = await pool.run(starts.append)
+        t0 = starts[0]
+    records.sort(key=lambda r: order[r.request_id])
+    return LoadOutcome(records=records, t0=t0, workers=stats, event_loop=loop)
 
 
 def lag_p99_ms(records: Sequence[RequestRecord]) -> float:

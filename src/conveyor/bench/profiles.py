@@ -62,12 +62,6 @@ class LoadShape:
     max_concurrency: int | None
     """Cap on requests in flight (None: open loop)."""
 
-    @property
-    def closed_loop(self) -> bool:
-        """Everything due at once under a cap: each send waits for a free slot."""
-        return self.max_concurrency is not None and math.isinf(self.arrival.request_rate) and \
-            self.arrival.process is not ArrivalProcess.REPLAY
-
 
 def resolve_load(flags: LoadFlags) -> LoadShape:
     """Flags -> arrival process and cap; raises LoadProfileError naming a contradicting flag."""
