@@ -9,7 +9,7 @@ import tempfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conveyor.bench.trace_import import ImportConfig, import_log
+from conveyor.bench.trace_import import ImportConfig, import_trace as import_log
 from conveyor.bench.traces import TraceError
 
 ORIGINAL_WORDS = ["the", "patient", "secret", "alice", "bob", "password", "42", "x", "which", "account"]
