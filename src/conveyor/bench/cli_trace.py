@@ -15,7 +15,7 @@ from conveyor.bench.trace_gen import CLASSES, TraceMakeConfig, make_mixed_trace
 from conveyor.bench.trace_import import ImportConfig, ImportFormat, Turns, import_trace
 from conveyor.bench.trace_synthetic import RandomParams
 from conveyor.bench.tokenize_lengths import with_exact_lengths
-from conveyor.bench.traces import Trace, TraceError, make_trace, read_trace, write_trace
+from conveyor.bench.traces import Trace, TraceError, dispatch_units, make_trace, read_trace, write_trace
 
 
 def parse_mix(text: str) -> dict[str, float]:
@@ -157,6 +157,10 @@ def describe(trace: Trace) -> str:
         span = max(stamps) - min(stamps)
         rate = (len(stamps) - 1) / span if span > 0 else math.inf
         lines.append(f"arrivals: {span:.1f} s span, {rate:.2f} req/s mean")
+    turns = [len(u) for u in dispatch_units(trace.requests) if u[0].turn is not None]
+    if turns:
+        lines.append(f"sessions: {len(turns)}, {sum(turns)} turns, {sum(turns) / len(turns):.1f} per session "
+                     f"(max {max(turns)})")
     for c in sorted(h.classes):
         rs = [r for r in trace.requests if r.request_class == c]
         cancels = sum(r.cancel_after_s is not None or r.cancel_after_tokens is not None for r in rs)
