@@ -263,7 +263,9 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 def dashboard_row(s: dict[str, Any]) -> list[str]:
     server = s.get("server") or {}
-    row = [str(s.get("label", "")) + ("" if s.get("valid", True) else " (INVALID)"), _fmt(s.get("request_rate"), 2),
+    cap = s.get("max_concurrency")
+    offered = _fmt(s.get("request_rate"), 2) + (f" (<= {cap} in flight)" if cap else "")
+    row = [str(s.get("label", "")) + ("" if s.get("valid", True) else " (INVALID)"), offered,
            _fmt(s.get("request_throughput"), 2), _fmt(s.get("p95_ttft_ms")) + " ms",
            _fmt(server.get("queue_time_p95_ms")) + " ms", _fmt(s.get("p95_e2el_ms")) + " ms",
            f"{100.0 * float(s.get('error_rate') or 0.0):.1f}%", _fmt(server.get("num_preemptions"), 0)]
