@@ -62,6 +62,21 @@ def test_async_scheduling_flag_and_its_static_conflict(capsys: pytest.CaptureFix
     assert "--async-scheduling" in err and "--batching" in err
 
 
+def test_cuda_takes_vllms_gpu_defaults_and_async_scheduling() -> None:
+    cuda = build_engine_config(parse(["--device", "cuda"])).scheduler
+    assert (cuda.max_num_seqs, cuda.max_num_batched_tokens, cuda.async_scheduling) == (1024, 8192, True)
+    cpu = build_engine_config(parse([])).scheduler
+    assert (cpu.max_num_seqs, cpu.max_num_batched_tokens, cpu.async_scheduling) == (128, 2048, False)
+
+
+def test_given_flags_win_over_the_cuda_defaults() -> None:
+    config = build_engine_config(parse(["--device", "cuda", "--no-async-scheduling", "--max-num-seqs", "256",
+                                        "--max-num-batched-tokens", "2048"])).scheduler
+    assert (config.max_num_seqs, config.max_num_batched_tokens, config.async_scheduling) == (256, 2048, False)
+    static = build_engine_config(parse(["--device", "cuda", "--batching", "static"])).scheduler
+    assert not static.async_scheduling  # async needs continuous batching: not defaulted on there
+
+
 def test_zero_threshold_means_no_cap_as_in_vllm() -> None:
     assert build_engine_config(parse(["--long-prefill-token-threshold", "0"])).scheduler \
         .long_prefill_token_threshold is None
