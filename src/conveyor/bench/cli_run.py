@@ -12,6 +12,7 @@ from conveyor.bench.metrics import parse_goodput
 from conveyor.bench.profiles import LoadProfile
 from conveyor.bench.runner import BenchError, BenchRunConfig, dashboard_table, run_benchmark
 from conveyor.bench.traces import TraceError
+from conveyor.bench.workers import WorkerError
 
 
 def parse_rate(text: str) -> float:
@@ -90,7 +91,7 @@ def config_from_args(args: argparse.Namespace) -> BenchRunConfig:
 def run(args: argparse.Namespace) -> int:
     try:
         summary = run_benchmark(config_from_args(args))
-    except (BenchError, TraceError, ValueError) as exc:
+    except (BenchError, TraceError, ValueError, WorkerError) as exc:
         print(f"conveyor bench run: error: {exc}", file=sys.stderr)
         return 2
     print(dashboard_table([summary]))

@@ -120,8 +120,20 @@ class SweepResult:
         return max(passing, default=None)
 
 
+def run_dir_name(cfg: SweepConfig, value: float, repeat: int) -> str:
+    """`rate-<r>-rep<k>`, or `concurrency-<n>-rep<k>` over concurrency."""
+    return f"rate-{value:.4g}-rep{repeat}" if cfg.axis is SweepAxis.RATE else f"concurrency-{value:g}-rep{repeat}"
+
+
+def axis_unit(cfg: SweepConfig) -> str:
+    return "req/s" if cfg.axis is SweepAxis.RATE else "concurrent"
+
+
 def runaway_reason(summary: dict[str, Any], rate: float, cfg: SweepConfig) -> str | None:
-    """Why this run shows a backlog that would never drain (None: it does not)."""
+    """Why this run shows a backlog that would never drain (None: it does not). Over concurrency there is
+    no offered rate to fall short of: only the error-rate and queue rules apply."""
+    if cfg.axis is SweepAxis.CONCURRENCY:
+        rate = math.inf
     error_rate = float(summary.get("error_rate") or 0.0)
     if error_rate >= cfg.runaway_error_rate:
         return f"runaway: error rate {error_rate:.0%} >= {cfg.runaway_error_rate:.0%}"
@@ -173,15 +185,14 @@ class Sweeper:
 
     def run_point(self, rate: float) -> SweepPoint:
         summaries, failures, dirs, runaway = [], [], [], False
-        by_rate = self.cfg.axis is SweepAxis.RATE
         for repeat in range(self.cfg.num_repeats):
-            run_dir = self.out_dir / (f"rate-{rate:.4g}-rep{repeat}" if by_rate else f"concurrency-{rate:g}-rep{repeat}")
+            run_dir = self.out_dir / run_dir_name(self.cfg, rate, repeat)
             summary = self.run_fn(rate, repeat, run_dir)
             self.server_versions.add(_server_version(run_dir))
             summaries.append(summary)
             dirs.append(run_dir.name)
             verdict = self.cfg.slo.evaluate(summary)
-            reason = runaway_reason(summary, rate if by_rate else math.inf, self.cfg)
+            reason = runaway_reason(summary, rate, self.cfg)
             if not verdict.passed:
                 failures.append(f"rep{repeat}: {'; '.join(c.describe() for c in verdict.failures)}")
             if reason is not None:
@@ -191,8 +202,7 @@ class Sweeper:
         point = SweepPoint(rate, not failures, runaway, dirs, failures, _spread(summaries))
         self.points.append(point)
         self.summaries.extend(summaries)
-        unit = "req/s" if by_rate else "concurrent"
-        self.progress(f"[sweep {self.name}] {rate:.4g} {unit}: {'PASS' if point.passed else 'FAIL'}"
+        self.progress(f"[sweep {self.name}] {rate:.4g} {axis_unit(self.cfg)}: {'PASS' if point.passed else 'FAIL'}"
                       + (f" ({failures[0]})" if failures else ""))
         self.write()
         return point
