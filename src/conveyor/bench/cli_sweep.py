@@ -1,6 +1,7 @@
-"""`conveyor bench sweep`: one server, offered rates rising until the objective breaks, the boundary
-bisected, repeats per point; then the dashboard and recommendation, and an HTML report in OUT/report/.
-With --server-command the sweep starts (and stops) the server itself from a command template."""
+"""`conveyor bench sweep`: one server, offered rates (or, with --over concurrency, closed-loop concurrency
+levels) rising until the objective breaks, the boundary bisected, repeats per point; then the dashboard
+and recommendation, and an HTML report in OUT/report/. With --server-command the sweep starts (and
+stops) the server itself from a command template."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from typing import Any
 from conveyor.bench.launch import LaunchError, ServerProcess, ServerSpec
 from conveyor.bench.report import ReportInputs, analyze, format_terminal, write_report
 from conveyor.bench.slo import SLOError, parse_slo_flag
-from conveyor.bench.sweep import RunTemplate, SweepConfig, SweepError, make_run_fn, run_sweep
+from conveyor.bench.cli_run import add_window_arguments, parse_rate
+from conveyor.bench.sweep import RunTemplate, SweepAxis, SweepConfig, SweepError, make_run_fn, run_sweep
 
 _RUN_OPTIONS = ("endpoint", "model", "burstiness", "arrival", "seed", "num_requests", "request_timeout_s",
-                "max_send_lag_p99_ms", "scrape_interval_s", "api_key")
+                "max_send_lag_p99_ms", "scrape_interval_s", "api_key", "num_workers", "warmup_requests",
+                "warmup_s", "cooldown_requests", "cooldown_s")
 
 
 def add_run_option_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,10 +36,20 @@ def add_run_option_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-send-lag-ms", dest="max_send_lag_p99_ms", type=float)
     group.add_argument("--scrape-interval-s", type=float)
     group.add_argument("--api-key")
+    group.add_argument("--workers", dest="num_workers", type=int, help="load-generator processes per run")
+    group.add_argument("--max-concurrency", type=int,
+                       help="cap each run at N in flight (a concurrency sweep: the highest level tried)")
+    add_window_arguments(parser)
 
 
 def run_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: getattr(args, k) for k in _RUN_OPTIONS if getattr(args, k, None) is not None}
+    options = {k: getattr(args, k) for k in _RUN_OPTIONS if getattr(args, k, None) is not None}
+    by_concurrency = getattr(args, "over", SweepAxis.RATE.value) == SweepAxis.CONCURRENCY.value
+    if not by_concurrency and args.max_concurrency is not None:
+        options["max_concurrency"] = args.max_concurrency
+    if by_concurrency and args.rate is not None:
+        options["request_rate"] = args.rate
+    return {k: v for k, v in options.items() if not (k.startswith(("warmup", "cooldown")) and not v)}
 
 
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +64,12 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
 
 def sweep_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("start_rate", "growth_factor", "max_rate", "max_points", "bisect_steps", "num_repeats")
-    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+    options: dict[str, Any] = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+    if getattr(args, "over", SweepAxis.RATE.value) == SweepAxis.CONCURRENCY.value:  # bench sweep only
+        options.update(axis=SweepAxis.CONCURRENCY, start_rate=float(args.start_concurrency or 1))
+        if args.max_concurrency is not None:
+            options["max_rate"] = float(args.max_concurrency)
+    return options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,6 +82,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=pathlib.Path, help="sweep directory to write")
     parser.add_argument("--name", help="configuration name (default: the --out directory name)")
     add_sweep_arguments(parser)
+    group = parser.add_argument_group("concurrency search (bench sweep only)")
+    group.add_argument("--over", default=SweepAxis.RATE.value, choices=[a.value for a in SweepAxis],
+                       help="sweep the offered rate (default) or the concurrency of a closed loop (vLLM's "
+                            "--max-concurrency, GuideLLM's concurrent profile)")
+    group.add_argument("--start-concurrency", type=int, help="first concurrency level (default 1)")
+    group.add_argument("--rate", type=parse_rate, help="also rate-limit each run of a concurrency sweep")
     add_run_option_arguments(parser)
 
 
@@ -86,11 +110,17 @@ def run(args: argparse.Namespace) -> int:
         slo = parse_slo_flag(args.slo)
         cfg = SweepConfig(slo=slo, **sweep_options_from_args(args))
         with _server(args, name) as base_url:
-            template = RunTemplate(base_url, args.trace, name, slo, run_options_from_args(args))
+            template = RunTemplate(base_url, args.trace, name, slo, run_options_from_args(args), cfg.axis)
             result = run_sweep(name, cfg, make_run_fn(template), args.out, progress=lambda m: print(m, file=sys.stderr))
     except (SLOError, SweepError, LaunchError) as error:
         print(f"conveyor bench sweep: {error}", file=sys.stderr)
         return 2
+    if cfg.axis is SweepAxis.CONCURRENCY:  # the report groups runs by offered rate, which is inf for every level
+        for point in result.points:
+            print(f"concurrency {point.rate:g}: {'PASS' if point.passed else 'FAIL'}  "
+                  + "; ".join(f"{k} {v['median']:.4g}" for k, v in point.spread.items()))
+        print(f"\nHighest concurrency meeting the objective: {result.max_rate_meeting}; runs in {args.out}")
+        return 0
     analysis = analyze(ReportInputs((args.out,), slo))
     print(format_terminal(analysis))
     paths = write_report(analysis, args.out / "report")
