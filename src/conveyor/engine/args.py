@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import re
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from conveyor.config import (
     ModelConfig,
     SchedulerConfig,
     SchedulingPolicy,
+    SpeculativeConfig,
 )
 
 _PARSER_KEY = "engine_args_parser"
@@ -77,6 +79,7 @@ FLAGS: tuple[_Flag, ...] = (
     _Flag("--max-cudagraph-capture-size", "device", "max_cudagraph_capture_size"),
     _Flag("--num-threads", "device", "num_threads"),
     _Flag("--check-invariants", "", "check_invariants"),
+    _Flag("--speculative-config", "", "speculative_config"),
 )
 
 
@@ -96,6 +99,21 @@ def _threshold(text: str) -> int | None:
     """vLLM spells 'no cap' as 0."""
     value = int(text)
     return None if value == 0 else value
+
+
+def parse_speculative_config(text: str) -> SpeculativeConfig:
+    """`--speculative-config '{"method": "ngram", "num_speculative_tokens": 3}'` (vLLM's JSON keys)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({error.msg}): {text!r}") from None
+    if not isinstance(data, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as "
+                                         f'{{"method": "ngram", "num_speculative_tokens": 3}} (got {text!r})')
+    try:
+        return SpeculativeConfig.from_dict(data)
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("speculative_config: ")) from None
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -152,6 +170,10 @@ def _add_cache_and_device_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--num-threads", type=int, help="torch CPU threads")
     group.add_argument("--check-invariants", action="store_true", default=None,
                        help="check scheduler and block-pool invariants after every step (slow)")
+    group.add_argument("--speculative-config", type=parse_speculative_config, metavar="JSON",
+                       help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 3, '
+                            '"prompt_lookup_max": 4}\' or \'{"method": "draft_model", "model": PATH, '
+                            '"num_speculative_tokens": 3}\'')
 
 
 def _converted(flag: _Flag, value: object) -> object:
@@ -223,6 +245,8 @@ def engine_config_to_flags(config: EngineConfig) -> dict[str, str]:
 def _as_text(value: object) -> str:
     if isinstance(value, (LoadFormat, SchedulingPolicy, Batching, CUDAGraphMode)):
         return value.value
+    if isinstance(value, SpeculativeConfig):
+        return json.dumps(value.to_dict())
     if value is None:
         return "none"
     if isinstance(value, bool):
