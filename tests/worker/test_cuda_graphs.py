@@ -100,7 +100,7 @@ def test_padded_mixed_step_equals_the_real_step_on_real_rows(seed: int) -> None:
     real = build_attention_metadata(specs, BLOCK, "cpu")
     host = _host_of(real, sampling)
     inputs = StaticInputs(GraphGeometry(max_tokens=64, max_seqs=7, max_blocks_per_seq=5, block_size=BLOCK,
-                                        max_model_len=20), torch.device("cpu"))
+                                        max_model_len=20, max_logits_rows=7), torch.device("cpu"))
     inputs.reset_for_capture()
     inputs.stage(host, 48, mixed=True)
     padded = inputs.mixed_metadata(48)
@@ -119,7 +119,7 @@ def test_padded_mixed_step_equals_the_real_step_on_real_rows(seed: int) -> None:
 def test_padded_decode_step_pairs_token_i_with_sequence_i() -> None:
     specs = [SequenceSpec(1, 5, [0, 1]), SequenceSpec(1, 9, [2, 3, 4]), SequenceSpec(1, 1, [5])]
     real = build_attention_metadata(specs, BLOCK, "cpu")
-    inputs = StaticInputs(GraphGeometry(16, 9, 5, BLOCK, 20), torch.device("cpu"))
+    inputs = StaticInputs(GraphGeometry(16, 9, 5, BLOCK, 20, 9), torch.device("cpu"))
     inputs.stage(_host_of(real, [0, 1, 2]), 8, mixed=False)
     padded = inputs.decode_metadata(8)
     assert padded.seq_lens.tolist() == [5, 9, 1, 0, 0, 0, 0, 0] and padded.slot_mapping[3:].eq(-1).all()

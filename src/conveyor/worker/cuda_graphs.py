@@ -6,8 +6,9 @@ graph_inputs.py (which also explains the padding):
 - a *pure-decode* step (every request computes one token and samples) of n requests replays the
   decode graph of the smallest bucket B >= n (1, 2, 4, 8, then multiples of 16 up to max_num_seqs, at
   most 512), with the small-tile attention launch that decode wants;
-- any other step of n <= max_cudagraph_capture_size tokens (prefill chunks, with or without decodes)
-  replays the *mixed* graph of the smallest token bucket T >= n. The unified attention kernel's grid
+- any other step of n <= max_cudagraph_capture_size tokens (prefill chunks, with or without decodes,
+  and speculative verification steps: 1 + K query tokens and logits rows per request) replays the
+  *mixed* graph of the smallest token bucket T >= n. The unified attention kernel's grid
   depends only on the token and sequence counts, which the padding fixes, so the whole forward --
   attention included -- is one graph (vLLM's FULL mode). Bigger steps run eagerly: there the GPU
   work dwarfs the launches.
@@ -87,13 +88,17 @@ class GraphPlan:
     mode: CUDAGraphMode
     max_cudagraph_capture_size: int
     """Largest mixed-graph token bucket (capped by max_num_batched_tokens)."""
+    num_speculative_tokens: int = 0
+    """K under speculative decoding: a verifying request has 1 + K logits rows."""
 
     def geometry(self) -> GraphGeometry:
         decode, mixed = capture_sizes(self.max_num_seqs), self.mixed_sizes()
+        max_tokens = max(decode[-1], mixed[-1] if mixed else 0)
         return GraphGeometry(
-            max_tokens=max(decode[-1], mixed[-1] if mixed else 0), max_seqs=self.max_num_seqs + 1,
+            max_tokens=max_tokens, max_seqs=self.max_num_seqs + 1,
             max_blocks_per_seq=-(-self.max_model_len // self.block_size), block_size=self.block_size,
             max_model_len=self.max_model_len,
+            max_logits_rows=min(max_tokens, (self.max_num_seqs + 1) * (1 + self.num_speculative_tokens)),
         )
 
     def mixed_sizes(self) -> list[int]:
