@@ -34,13 +34,13 @@ class SpecStats:
 
 
 def make_spec_runner(model_dir: pathlib.Path, speculative_config: SpeculativeConfig | None,
-                     num_blocks: int = 256) -> ModelRunner:
+                     num_blocks: int = 256, device: str = "cpu", dtype: str = "auto") -> ModelRunner:
     """The runner_harness tiny runner with speculative decoding; a draft model is sharpened like the target."""
     runner = ModelRunner(
-        ModelConfig(model=str(model_dir), load_format=LoadFormat.DUMMY, seed=0),
+        ModelConfig(model=str(model_dir), load_format=LoadFormat.DUMMY, seed=0, dtype=dtype),
         CacheConfig(block_size=BLOCK_SIZE, num_blocks_override=num_blocks),
         SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=256, max_model_len=256),
-        DeviceConfig(device="cpu"), speculative_config,
+        DeviceConfig(device=device), speculative_config,
     )
     sharpen(runner.model)
     draft = draft_model_of(runner)
@@ -65,6 +65,10 @@ class SpecScheduler(ToyScheduler):
         self.stats = SpecStats()
         self.last_output: ModelRunnerOutput | None = None
         """The runner's output of the latest step."""
+
+    def preempt(self, request_id: str) -> None:
+        super().preempt(request_id)
+        self.drafts.pop(request_id, None)  # a resumed request starts without drafts
 
     def schedule(self, only: set[str] | None = None) -> SchedulerOutput:
         new, cached, num_tokens, spec_tokens = [], CachedRequestData(), {}, {}

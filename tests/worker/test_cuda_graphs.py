@@ -159,3 +159,21 @@ def test_graph_replay_matches_eager_forward() -> None:
         replayed = graphs.run(host, lambda ids: None).clone()
         eager = forward(torch.from_numpy(host.input_ids).cuda(), torch.from_numpy(host.positions).cuda(), meta)
         assert torch.equal(replayed, eager[torch.from_numpy(host.logits_indices).cuda()])
+
+
+def test_verification_steps_fit_mixed_graphs_with_all_their_logits_rows() -> None:
+    """A step verifying K drafts per request has 1 + K query tokens and logits rows per request: the
+    mixed graphs' token buckets cover it and the static logits_indices hold every row."""
+    plan = GraphPlan(max_num_seqs=8, max_num_batched_tokens=512, max_model_len=16, block_size=BLOCK,
+                     mode=CUDAGraphMode.FULL, max_cudagraph_capture_size=256, num_speculative_tokens=3)
+    geometry = plan.geometry()
+    assert geometry.max_logits_rows == 9 * 4
+    specs = [SequenceSpec(4, 8, [0, 1]), SequenceSpec(1, 3, [2]), SequenceSpec(3, 12, [3, 4, 5])]
+    real = build_attention_metadata(specs, BLOCK, "cpu")
+    host = _host_of(real, [0, 1, 2])
+    host = HostBatch(**{**host.__dict__, "logits_indices": np.array([0, 1, 2, 3, 4, 5, 6, 7])})  # every token
+    size = mixed_bucket(host, plan.mixed_sizes(), geometry)
+    assert size == 16 and decode_bucket(host, capture_sizes(8), geometry.max_blocks_per_seq) is None
+    inputs = StaticInputs(geometry, torch.device("cpu"))
+    inputs.stage(host, size, mixed=True)
+    assert inputs.device_view("logits_indices")[:8].tolist() == list(range(8))

@@ -112,3 +112,78 @@ def test_logprobs_of_kept_tokens_match_plain_decoding(model_dir: pathlib.Path) -
     assert len(plain) == 12 and [r[0] for r in speculative] == [r[0] for r in plain]
     assert [r[2] for r in speculative] == [r[2] for r in plain]
     assert [r[1] for r in speculative] == pytest.approx([r[1] for r in plain], abs=1e-4)
+
+
+@pytest.mark.parametrize("config_name", ["ngram", "draft"])
+def test_preemption_and_resumption_change_nothing(model_dir: pathlib.Path, config_name: str) -> None:
+    reference, _ = generate(model_dir, None)
+    config = NGRAM if config_name == "ngram" else draft_config(model_dir)
+    runner, scheduler = make_spec_runner(model_dir, config), SpecScheduler(lookahead=config.num_lookahead_tokens)
+    for request_id, prompt in PROMPTS.items():
+        scheduler.add(request_id, prompt, GREEDY)
+    for step in range(40):
+        if step in (4, 9):
+            scheduler.preempt("b")
+            scheduler.preempt("d")
+        scheduler.step(runner)
+    assert scheduler.run(runner) == reference
+
+
+def test_prefix_cached_blocks_hold_the_draft_models_kv_too(model_dir: pathlib.Path) -> None:
+    """A prefix-cache hit skips the draft model's prefill as well: its KV sits in the same blocks."""
+    config = draft_config(model_dir)
+    runner, first = make_spec_runner(model_dir, config), SpecScheduler(lookahead=3)
+    first.add("a", PROMPTS["a"], GREEDY)
+    expected = first.run(runner)["a"]
+    again = SpecScheduler(lookahead=3)
+    again.next_block = first.next_block
+    again.add("a2", PROMPTS["a"], GREEDY, cached_blocks=first.requests["a"].block_ids[:5], num_computed=20)
+    assert again.run(runner)["a2"] == expected
+    assert again.stats.num_drafts > 20 and again.stats.acceptance_rate == 1.0  # garbage KV would reject drafts
+
+
+def test_contract_violations_are_reported(model_dir: pathlib.Path) -> None:
+    plain = make_spec_runner(model_dir, None)
+    scheduler = SpecScheduler()
+    scheduler.add("b", PROMPTS["b"], GREEDY)
+    scheduler.step(plain)
+    scheduler.drafts["b"] = [7, 8]
+    with pytest.raises(ValueError, match="speculative decoding is off"):
+        plain.execute(scheduler.schedule())
+
+    runner, scheduler = make_spec_runner(model_dir, NGRAM), SpecScheduler()
+    scheduler.add("b", PROMPTS["b"], GREEDY)
+    while not scheduler.drafts.get("b"):
+        scheduler.step(runner)
+    request = scheduler.requests["b"]
+    state = runner.states["b"]
+    drafts = scheduler.drafts["b"]
+    cached = CachedRequestData()
+    cached.append("b", [200, 201], request.num_computed)  # slots for all, but the range stops short
+    short = SchedulerOutput([], cached, {"b": len(drafts)}, len(drafts), scheduled_spec_decode_tokens={"b": drafts})
+    with pytest.raises(ValueError, match="range ends before them"):
+        runner.execute(short)
+    assert runner.states["b"] is state and len(state.token_ids) == request.num_tokens
+    no_rollback = CachedRequestData()
+    no_rollback.append("b", [], request.num_computed + 2)  # as if two rejected drafts had been kept
+    with pytest.raises(ValueError, match="known tokens"):
+        runner.execute(SchedulerOutput([], no_rollback, {"b": 1}, 1))
+
+
+def test_kv_cache_sizing_counts_the_draft_models_cache(model_dir: pathlib.Path) -> None:
+    from conveyor.config import CacheConfig, DeviceConfig, LoadFormat, ModelConfig, SchedulerConfig
+    from conveyor.worker.model_runner import ModelRunner
+
+    def capacity(config: SpeculativeConfig | None):  # noqa: ANN202
+        runner = ModelRunner(ModelConfig(model=str(model_dir), load_format=LoadFormat.DUMMY),
+                             CacheConfig(block_size=4, kv_cache_memory_bytes=1 << 20),
+                             SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64),
+                             DeviceConfig(), config)
+        return runner, runner.initialize_kv_cache()
+
+    _, alone = capacity(None)
+    runner, shared = capacity(draft_config(model_dir))
+    assert shared.num_blocks == alone.num_blocks // 2  # the draft is the target's shape: twice the bytes per block
+    draft = runner.spec_decoder.proposer  # type: ignore[union-attr]
+    assert draft.kv_caches[0].shape == runner.kv_caches[0].shape  # type: ignore[attr-defined]
+    assert shared.num_bytes == 2 * shared.num_blocks * runner.kv_cache_spec.bytes_per_block

@@ -37,8 +37,7 @@ from conveyor.worker.sampler import Sampler
 from conveyor.worker.sampling_metadata import (
     SamplingBatch, SamplingRequest, VocabInfo, build_sampling_batch, has_penalty,
 )
-from conveyor.worker.spec_decode.proposer import ProposalInputs
-from conveyor.worker.spec_decode.spec_decoder import ProposerSetup, SpecDecoder, make_proposer
+from conveyor.worker.spec_decode.spec_decoder import ProposerSetup, SpecDecoder, TargetModel, make_proposer
 from conveyor.worker.step_handle import StepHandle, fill_placeholders, placeholder_inputs
 
 
@@ -76,17 +75,20 @@ class ModelRunner:
         self._pending: StepHandle | None = None
         """The launched step whose tokens are not collected yet (async scheduling), if any."""
         self.speculative_config = speculative_config
-        self.spec_decoder = self._make_spec_decoder(model_config) if speculative_config is not None else None
+        self.spec_decoder = self._spec_decoder(model_config) if speculative_config is not None else None
         """Verification and the proposer (None: speculative decoding off)."""
 
-    def _make_spec_decoder(self, model_config: ModelConfig) -> SpecDecoder:
+    def _spec_decoder(self, model_config: ModelConfig) -> SpecDecoder:
         assert self.speculative_config is not None
         setup = ProposerSetup(
             target=model_config, target_vocab_size=self.vocab_size, max_model_len=self.max_model_len,
             block_size=self.block_size, device=self.device, dtype=self.dtype,
             attention_backend=self.attention_backend,
         )
-        return SpecDecoder(make_proposer(self.speculative_config, setup), self._new_generator)
+        target = TargetModel(forward=lambda host: self._forward(host, _no_placeholders),
+                             compute_logits=self.model.compute_logits, sampler=self.sampler, vocab=self.vocab,
+                             device=self.device, block_size=self.block_size)
+        return SpecDecoder(make_proposer(self.speculative_config, setup), target, self._new_generator)
 
     @property
     def max_model_len(self) -> int:
@@ -177,7 +179,7 @@ class ModelRunner:
         if not self.kv_caches:
             raise RuntimeError("initialize_kv_cache() must run before execute()")
         if self.spec_decoder is not None:
-            return StepHandle.done(self._speculative_step(batch, scheduler_output))
+            return StepHandle.done(self.spec_decoder.execute(batch, scheduler_output))
         if self._pending is not None and any(has_penalty(state.sampling_params) for state in batch):
             self.collect(self._pending)  # penalties read the real previous token, not its placeholder
         host = prepare_host_batch(batch, scheduler_output.num_scheduled_tokens, self.block_size)
@@ -210,28 +212,6 @@ class ModelRunner:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attention)  # [T, H]
             rows = hidden[inputs.logits_indices]
         return rows
-
-    def _speculative_step(self, batch: list[RequestState], scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Verify the step's drafts, append what each request keeps, propose the next drafts."""
-        spec, drafts = self.spec_decoder, scheduler_output.scheduled_spec_decode_tokens
-        assert spec is not None
-        host = prepare_host_batch(batch, scheduler_output.num_scheduled_tokens, self.block_size, drafts)
-        sampling = [batch[row] for row in host.sampling_rows]
-        plan = spec.plan(sampling, drafts, self.vocab, self.device) if sampling else None
-        rows = self._forward(host, _no_placeholders)
-        sampled: dict[str, list[int]] = {state.request_id: [] for state in batch}
-        logprobs: dict[str, list[TokenLogprobs]] = {}
-        if plan is not None:
-            verified = spec.verify(self.sampler, self.model.compute_logits(rows).float(), plan)  # [R, V]
-            for state, tokens, token_logprobs in zip(sampling, verified.token_ids, verified.logprobs):
-                state.token_ids.extend(tokens)
-                sampled[state.request_id] = tokens
-                if token_logprobs is not None:
-                    logprobs[state.request_id] = token_logprobs
-        ends = [len(s.token_ids) if sampled[s.request_id] else
-                s.num_computed_tokens + scheduler_output.num_scheduled_tokens[s.request_id] for s in batch]
-        proposals = spec.propose(ProposalInputs(batch, ends, host.sampling_rows))
-        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, spec_token_ids=proposals)
 
     def _launch_sampling(self, request_ids: list[str], sampling: list[RequestState], logits: torch.Tensor,
                          sampling_batch: SamplingBatch) -> StepHandle:

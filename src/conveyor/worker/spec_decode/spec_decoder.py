@@ -19,8 +19,9 @@ from typing import overload
 import torch
 
 from conveyor.config import LoadFormat, ModelConfig, SpeculativeConfig, SpeculativeMethod
-from conveyor.core.outputs import TokenLogprobs
+from conveyor.core.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 from conveyor.model.loader import load_model
+from conveyor.worker.input_batch import HostBatch, prepare_host_batch
 from conveyor.worker.request_state import RequestState
 from conveyor.worker.sampler import Sampler, gather_logprobs, raw_logprobs
 from conveyor.worker.sampling_metadata import SamplingBatch, SamplingRequest, VocabInfo, build_sampling_batch
@@ -68,15 +69,51 @@ class Verified:
     """Per request, one entry per kept token (None: the request asked for no logprobs)."""
 
 
+@dataclass(frozen=True)
+class TargetModel:
+    """What a speculative step borrows from the runner."""
+
+    forward: Callable[[HostBatch], torch.Tensor]
+    """host -> hidden rows [N, H] of host.logits_indices (a CUDA graph or an eager forward)."""
+    compute_logits: Callable[[torch.Tensor], torch.Tensor]
+    """hidden [N, H] -> logits [N, V]."""
+    sampler: Sampler
+    vocab: VocabInfo
+    device: torch.device
+    block_size: int
+
+
 class SpecDecoder:
     """The runner's speculative-decoding half: a proposer and the per-position sampling around it."""
 
-    def __init__(self, proposer: Proposer, new_generator: Callable[[], torch.Generator]) -> None:
+    def __init__(self, proposer: Proposer, target: TargetModel, new_generator: Callable[[], torch.Generator]) -> None:
         self.proposer = proposer
+        self.target = target
         self._new_generator = new_generator
 
-    def plan(self, sampling: Sequence[RequestState], spec_tokens: Mapping[str, list[int]],
-             vocab: VocabInfo, device: torch.device) -> VerifyPlan:
+    def execute(self, batch: list[RequestState], scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """One whole step: verify its drafts, append what each request keeps, propose the next drafts."""
+        target, drafts = self.target, scheduler_output.scheduled_spec_decode_tokens
+        host = prepare_host_batch(batch, scheduler_output.num_scheduled_tokens, target.block_size, drafts)
+        sampling = [batch[row] for row in host.sampling_rows]
+        plan = self.plan(sampling, drafts) if sampling else None
+        rows = target.forward(host)
+        sampled: dict[str, list[int]] = {state.request_id: [] for state in batch}
+        logprobs: dict[str, list[TokenLogprobs]] = {}
+        if plan is not None:
+            verified = self.verify(target.compute_logits(rows).float(), plan)  # logits [R, V]
+            for state, tokens, token_logprobs in zip(sampling, verified.token_ids, verified.logprobs):
+                state.token_ids.extend(tokens)
+                sampled[state.request_id] = tokens
+                if token_logprobs is not None:
+                    logprobs[state.request_id] = token_logprobs
+        ends = [len(s.token_ids) if sampled[s.request_id] else
+                s.num_computed_tokens + scheduler_output.num_scheduled_tokens[s.request_id] for s in batch]
+        proposals = self.propose(ProposalInputs(batch, ends, host.sampling_rows))
+        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, spec_token_ids=proposals)
+
+    def plan(self, sampling: Sequence[RequestState], spec_tokens: Mapping[str, list[int]]) -> VerifyPlan:
+        """One sampling row per verified position of each sampling request, in the layout's order."""
         drafts = [spec_tokens.get(state.request_id, []) for state in sampling]
         requests: list[SamplingRequest] = []
         for state, request_drafts in zip(sampling, drafts):
@@ -87,7 +124,9 @@ class SpecDecoder:
                 history = TokensWithDrafts(state.token_ids, request_drafts, position)
                 requests.append(SamplingRequest(state.sampling_params, history, state.num_prompt_tokens,
                                                 generators[position - 1]))
-        return VerifyPlan(drafts, build_sampling_batch(requests, vocab, device), draft_layout(drafts, device))
+        device = self.target.device
+        return VerifyPlan(drafts, build_sampling_batch(requests, self.target.vocab, device),
+                          draft_layout(drafts, device))
 
     def _generators(self, state: RequestState, num_drafts: int) -> list[torch.Generator | None]:
         """The generators of a request's draft positions 1..num_drafts (None for unseeded requests)."""
@@ -97,10 +136,10 @@ class SpecDecoder:
             state.draft_generators.append(self._new_generator())
         return list(state.draft_generators[:num_drafts])
 
-    def verify(self, sampler: Sampler, logits: torch.Tensor, plan: VerifyPlan) -> Verified:
+    def verify(self, logits: torch.Tensor, plan: VerifyPlan) -> Verified:
         """logits [R, V] of every verified position (modified in place) -> what each request keeps."""
         raw = raw_logprobs(logits, plan.sampling_batch)
-        targets = sampler.sample(logits, plan.sampling_batch)  # [R] on the device
+        targets = self.target.sampler.sample(logits, plan.sampling_batch)  # [R] on the device
         kept = verify_drafts(targets, plan.layout).to_lists()
         if raw is None:
             return Verified(kept, [None] * len(kept))
