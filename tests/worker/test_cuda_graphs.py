@@ -177,3 +177,8 @@ def test_verification_steps_fit_mixed_graphs_with_all_their_logits_rows() -> Non
     inputs = StaticInputs(geometry, torch.device("cpu"))
     inputs.stage(host, size, mixed=True)
     assert inputs.device_view("logits_indices")[:8].tolist() == list(range(8))
+    fewer_rows = GraphPlan(8, 512, 16, BLOCK, CUDAGraphMode.FULL, 256, num_speculative_tokens=0).geometry()
+    assert fewer_rows.max_logits_rows == 9 and mixed_bucket(host, plan.mixed_sizes(), fewer_rows) == 16
+    verify_all = HostBatch(**{**_host([4, 4, 4]).__dict__, "logits_indices": np.arange(12)})  # 3 drafts each
+    assert mixed_bucket(verify_all, plan.mixed_sizes(), geometry) == 16
+    assert mixed_bucket(verify_all, plan.mixed_sizes(), fewer_rows) is None  # more rows than captured: eager

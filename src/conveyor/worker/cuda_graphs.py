@@ -70,6 +70,8 @@ def mixed_bucket(host: HostBatch, sizes: list[int], geometry: GraphGeometry) -> 
     """The token bucket of a step that fits a mixed graph (room for its padding sequence), else None."""
     if not sizes or host.num_tokens > sizes[-1] or host.seq_lens.shape[0] >= geometry.max_seqs:
         return None
+    if len(host.logits_indices) > geometry.max_logits_rows:  # more drafts than the graphs were built for
+        return None
     if host.block_tables.shape[1] > geometry.max_blocks_per_seq:
         return None
     return next(size for size in sizes if size >= host.num_tokens)

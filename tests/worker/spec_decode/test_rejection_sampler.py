@@ -97,6 +97,23 @@ def test_sampled_verification_preserves_the_target_distribution(params: Sampling
     assert chi_square_ok(Counter(tuple(k) for k in kept), exact_outcomes(target_probs(params), DRAFTS), num_requests)
 
 
+def test_seeded_verification_preserves_the_target_distribution_and_repeats() -> None:
+    """Requests with seeds 0..N-1 (each position from its own seeded stream): the pooled outputs follow
+    the target distribution, and a second run gives every request the same tokens."""
+    num_requests = 4000
+
+    def run() -> list[list[int]]:
+        requests = [SamplingRequest(SamplingParams(temperature=1.0, seed=seed), [0] * (1 + position), 1,
+                                    torch.Generator()) for seed in range(num_requests) for position in range(3)]
+        batch = build_sampling_batch(requests, VocabInfo(VOCAB, frozenset()), CPU)
+        targets = Sampler(torch.Generator().manual_seed(0)).sample(LOGITS.repeat(num_requests, 1), batch)
+        return verify_drafts(targets, draft_layout([DRAFTS] * num_requests, CPU)).to_lists()
+
+    kept = run()
+    assert kept == run()
+    assert chi_square_ok(Counter(tuple(k) for k in kept), exact_outcomes(LOGITS.softmax(dim=-1), DRAFTS), num_requests)
+
+
 def test_textbook_rejection_sampler_preserves_the_target_distribution() -> None:
     probs = LOGITS.softmax(dim=-1)
     generator = torch.Generator().manual_seed(99)
