@@ -157,6 +157,26 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class DeviceDefaults:
+    """Scheduler defaults that depend on the device, applied where a flag was not given."""
+
+    max_num_seqs: int
+    """Default `max_num_seqs` on this device."""
+    max_num_batched_tokens: int
+    """Default `max_num_batched_tokens` on this device."""
+    async_scheduling: bool
+    """Whether async scheduling is on unless `--no-async-scheduling` (continuous batching only)."""
+
+
+CUDA_DEFAULTS = DeviceDefaults(max_num_seqs=1024, max_num_batched_tokens=8192, async_scheduling=True)
+"""`vllm serve`'s defaults on an H100/H200-class GPU (>= 70 GiB: `_get_default_max_num_seqs_and_batched_
+tokens` in vllm/engine/arg_utils.py gives the OpenAI server 8192 tokens and 1024 sequences there), and
+async scheduling on, as vLLM >= 0.24 has it. On the CPU, SchedulerConfig's own defaults are vLLM's CPU
+ones (128 sequences, 2048 tokens) and async scheduling is off: with no device to overlap, it only
+delays every token by one step."""
+
+
+@dataclass(frozen=True)
 class DeviceConfig:
     """Where the model runs."""
 

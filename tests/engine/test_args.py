@@ -65,6 +65,21 @@ def test_async_scheduling_flag_and_its_static_conflict(capsys: pytest.CaptureFix
     assert "--async-scheduling" in err and "--batching" in err
 
 
+def test_cuda_takes_vllms_gpu_defaults_and_async_scheduling() -> None:
+    cuda = build_engine_config(parse(["--device", "cuda"])).scheduler
+    assert (cuda.max_num_seqs, cuda.max_num_batched_tokens, cuda.async_scheduling) == (1024, 8192, True)
+    cpu = build_engine_config(parse([])).scheduler
+    assert (cpu.max_num_seqs, cpu.max_num_batched_tokens, cpu.async_scheduling) == (128, 2048, False)
+
+
+def test_given_flags_win_over_the_cuda_defaults() -> None:
+    config = build_engine_config(parse(["--device", "cuda", "--no-async-scheduling", "--max-num-seqs", "256",
+                                        "--max-num-batched-tokens", "2048"])).scheduler
+    assert (config.max_num_seqs, config.max_num_batched_tokens, config.async_scheduling) == (256, 2048, False)
+    static = build_engine_config(parse(["--device", "cuda", "--batching", "static"])).scheduler
+    assert not static.async_scheduling  # async needs continuous batching: not defaulted on there
+
+
 def test_zero_threshold_means_no_cap_as_in_vllm() -> None:
     assert build_engine_config(parse(["--long-prefill-token-threshold", "0"])).scheduler \
         .long_prefill_token_threshold is None
@@ -138,8 +153,11 @@ def test_bad_speculative_config_names_the_flag_and_the_key(capsys: pytest.Captur
 
 
 def test_speculative_decoding_refuses_async_scheduling(capsys: pytest.CaptureFixture[str]) -> None:
+    ngram = ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']
     with pytest.raises(SystemExit):
-        engine_config_from_args(parse(["--async-scheduling", "--speculative-config",
-                                       '{"method": "ngram", "num_speculative_tokens": 3}']))
+        engine_config_from_args(parse(["--async-scheduling", *ngram]))
     err = capsys.readouterr().err
     assert "--speculative-config" in err and "--async-scheduling" in err
+    on_cuda = build_engine_config(parse(["--device", "cuda", *ngram]))  # CUDA's async default steps aside
+    assert not on_cuda.scheduler.async_scheduling and on_cuda.scheduler.max_num_seqs == 1024
+    assert build_engine_config(parse(["--device", "cuda"])).scheduler.async_scheduling

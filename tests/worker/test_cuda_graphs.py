@@ -43,7 +43,8 @@ def _host_of(metadata: AttentionMetadata, sampling: list[int]) -> HostBatch:
 def test_capture_sizes_cover_max_num_seqs() -> None:
     assert capture_sizes(1) == [1]
     assert capture_sizes(20) == [1, 2, 4, 8, 16, 20]
-    assert capture_sizes(256)[-3:] == [224, 240, 256]
+    assert capture_sizes(300)[:6] == [1, 2, 4, 8, 16, 24] and capture_sizes(300)[-4:] == [256, 272, 288, 300]
+    assert capture_sizes(256)[-3:] == [240, 248, 256]
     assert capture_sizes(4096)[-1] == 512
 
 

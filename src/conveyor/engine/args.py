@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 from conveyor.config import (
+    CUDA_DEFAULTS,
     Batching,
     CacheConfig,
     CUDAGraphMode,
@@ -150,8 +151,9 @@ def _add_scheduler_flags(group: argparse._ArgumentGroup) -> None:
                        help="continuous (default) or static fixed batches, for A/B comparison")
     group.add_argument("--max-num-queued-reqs", type=int, help="bound on waiting requests (503 beyond)")
     group.add_argument("--queue-timeout", type=float, help="seconds a request may wait before it fails")
-    group.add_argument("--async-scheduling", action="store_true", default=None,
-                       help="launch step N+1 before step N's tokens are back (overlaps host work with the GPU)")
+    group.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                       help="launch step N+1 before step N's tokens are back (overlaps host work with the GPU; "
+                            "default: on for CUDA, off for CPU)")
 
 
 def _add_cache_and_device_flags(group: argparse._ArgumentGroup) -> None:
@@ -200,6 +202,8 @@ def build_engine_config(args: argparse.Namespace) -> EngineConfig:
     given = _given_values(args)
     if tag is not None:
         given["model"]["model"] = tag
+    if given["device"].get("device") == "cuda":
+        _apply_cuda_defaults(given)
     try:
         return EngineConfig(
             model=ModelConfig(**given["model"]),
@@ -210,6 +214,17 @@ def build_engine_config(args: argparse.Namespace) -> EngineConfig:
         )
     except ConfigError as error:
         raise ConfigError(fields_to_flags(str(error))) from None
+
+
+def _apply_cuda_defaults(given: dict[str, dict[str, object]]) -> None:
+    """vLLM's GPU defaults (config.CUDA_DEFAULTS) for the scheduler flags not given; async scheduling only
+    where it applies (continuous batching, no speculative decoding)."""
+    scheduler = given["scheduler"]
+    scheduler.setdefault("max_num_seqs", CUDA_DEFAULTS.max_num_seqs)
+    scheduler.setdefault("max_num_batched_tokens", CUDA_DEFAULTS.max_num_batched_tokens)
+    continuous = scheduler.get("batching", Batching.CONTINUOUS) is Batching.CONTINUOUS
+    if continuous and given[""].get("speculative_config") is None:
+        scheduler.setdefault("async_scheduling", CUDA_DEFAULTS.async_scheduling)
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:

@@ -4,8 +4,8 @@ The model: eager steps of a model on a fast GPU are CPU-bound -- hundreds of ker
 from Python -- while a replay is one launch. Two kinds of graphs, both over the static inputs of
 graph_inputs.py (which also explains the padding):
 - a *pure-decode* step (every request computes one token and samples) of n requests replays the
-  decode graph of the smallest bucket B >= n (1, 2, 4, 8, then multiples of 16 up to max_num_seqs, at
-  most 512), with the small-tile attention launch that decode wants;
+  decode graph of the smallest bucket B >= n (vLLM's sizes: 1, 2, 4, multiples of 8 below 256, then
+  of 16, up to max_num_seqs, at most 512), with the small-tile attention launch that decode wants;
 - any other step of n <= max_cudagraph_capture_size tokens (prefill chunks, with or without decodes,
   and speculative verification steps: 1 + K query tokens and logits rows per request) replays the
   *mixed* graph of the smallest token bucket T >= n. The unified attention kernel's grid
@@ -37,9 +37,11 @@ ForwardFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tens
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
-    """Decode buckets 1, 2, 4, 8, 16, 32, 48, ... up to min(max_num_seqs, 512), that limit included."""
+    """Decode buckets as vLLM's default capture sizes: 1, 2, 4, multiples of 8 below 256, multiples of
+    16 up to min(max_num_seqs, 512), that limit included."""
     limit = min(max_num_seqs, MAX_CAPTURE_SIZE)
-    sizes = [s for s in [1, 2, 4, 8, *range(16, MAX_CAPTURE_SIZE + 1, 16)] if s <= limit]
+    candidates = [1, 2, 4, *range(8, 256, 8), *range(256, MAX_CAPTURE_SIZE + 1, 16)]
+    sizes = [s for s in candidates if s <= limit]
     if sizes[-1] != limit:
         sizes.append(limit)
     return sizes

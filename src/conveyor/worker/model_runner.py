@@ -39,6 +39,7 @@ from conveyor.worker.sampling_metadata import (
 )
 from conveyor.worker.spec_decode.spec_decoder import ProposerSetup, SpecDecoder, TargetModel, make_proposer
 from conveyor.worker.step_handle import StepHandle, fill_placeholders, placeholder_inputs
+from conveyor.worker.warmup import warm_up
 
 
 def attention_backend_for(device: torch.device, dtype: torch.dtype) -> str:
@@ -141,6 +142,7 @@ class ModelRunner:
         )
         check_fits_max_model_len(capacity)
         self.cuda_graphs = self._capture_cuda_graphs(capacity.max_model_len)
+        warm_up(self)  # every eager kernel variant compiled now, not in the first requests
         return capacity
 
     def _capture_cuda_graphs(self, max_model_len: int) -> CudaGraphRunner | None:
