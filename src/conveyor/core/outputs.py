@@ -90,8 +90,14 @@ class SchedulerOutput:
     """Requests preempted this step: the worker drops their state; they return as new later."""
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     """Speculative decoding: the draft tokens each request verifies this step. They are the last
-    `len(drafts)` of its `num_scheduled_tokens` (which is 1 + len(drafts) for a decode); the worker
-    feeds them as inputs, samples at every one of those positions and keeps the accepted prefix."""
+    `len(drafts)` of its `num_scheduled_tokens` (which is 1 + len(drafts) for a decode), so its range
+    must reach them: num_computed_tokens + num_scheduled_tokens = its token count + len(drafts). The
+    worker feeds them as inputs, samples at every one of those positions and keeps the accepted
+    prefix. Rollback is the scheduler's: after the step it sets num_computed_tokens = before +
+    num_scheduled_tokens - (len(drafts) - num_accepted), num_accepted = len(sampled_token_ids) - 1,
+    which is the request's token count after the step minus one (the token just sampled has no KV
+    yet); the KV slots of rejected drafts hold stale values the next step overwrites, and the worker
+    keeps no drafts (its token ids are prompt + kept outputs)."""
 
     @property
     def is_empty(self) -> bool:
@@ -122,8 +128,12 @@ class ModelRunnerOutput:
     sampled_token_ids: dict[str, list[int]]
     logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
-    """Speculative decoding: draft tokens proposed for each request's next step (absent: none). The
-    scheduler stores them on the request and schedules them with its next decode."""
+    """Speculative decoding: draft tokens proposed for each request's next step (absent: none), at
+    most num_speculative_tokens and never at or past max_model_len. The scheduler stores them on the
+    request and schedules them with its next decode (it may trim them, e.g. to the budget or to
+    max_tokens). With a draft model it must also reserve `SpeculativeConfig.num_lookahead_tokens`
+    KV slots past the scheduled tokens (the draft writes its proposals' KV there); a request with
+    fewer slots gets fewer drafts."""
 
 
 @dataclass(frozen=True)
