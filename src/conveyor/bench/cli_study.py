@@ -11,10 +11,8 @@ The study is a JSON/TOML file (see docs/decision.md) or flags; flags override th
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
-import tomllib
 from typing import Any
 
 from conveyor.bench.cli_sweep import (
@@ -32,6 +30,7 @@ from conveyor.bench.rundirs import RunDirError, prepare_out_dir
 from conveyor.bench.slo import SLOError, parse_slo_flag
 from conveyor.bench.study import StudyError, run_study, spec_from_mapping
 from conveyor.bench.sweep import RunTemplate, SweepError, make_run_fn
+from conveyor.bench.table_file import read_table_file
 
 
 def parse_value(text: str) -> Any:
@@ -89,7 +88,7 @@ def _load_file(path: pathlib.Path | None) -> dict[str, Any]:
         return {}
     if not path.is_file():
         raise StudyError(f"study file {path} does not exist")
-    return tomllib.loads(path.read_text()) if path.suffix == ".toml" else json.loads(path.read_text())
+    return dict(read_table_file(path))
 
 
 def study_mapping(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,6 +1,7 @@
-"""`conveyor bench sweep`: one server, offered rates rising until the objective breaks, the boundary
-bisected, repeats per point; then the dashboard and recommendation, and an HTML report in OUT/report/.
-With --server-command the sweep starts (and stops) the server itself from a command template."""
+"""`conveyor bench sweep`: one server, offered rates (or, with --over concurrency, closed-loop concurrency
+levels) rising until the objective breaks, the boundary bisected, repeats per point; then the dashboard
+and recommendation, and an HTML report in OUT/report/. With --server-command the sweep starts (and
+stops) the server itself from a command template."""
 
 from __future__ import annotations
 
@@ -17,10 +18,21 @@ from conveyor.bench.report import MixedRunsError, ReportInputs, analyze, format_
 from conveyor.bench.retry import add_retry_arguments, policy_from_args
 from conveyor.bench.rundirs import RunDirError, prepare_out_dir
 from conveyor.bench.slo import SLOError, parse_slo_flag
-from conveyor.bench.sweep import RunFn, RunTemplate, SweepConfig, SweepError, make_run_fn, run_sweep
+from conveyor.bench.cli_run import add_window_arguments, parse_rate
+from conveyor.bench.sweep import (
+    RunFn,
+    RunTemplate,
+    SweepAxis,
+    SweepConfig,
+    SweepError,
+    SweepResult,
+    make_run_fn,
+    run_sweep,
+)
 
 _RUN_OPTIONS = ("endpoint", "model", "burstiness", "arrival", "seed", "num_requests", "request_timeout_s",
-                "max_send_lag_p99_ms", "scrape_interval_s", "api_key")
+                "max_send_lag_p99_ms", "scrape_interval_s", "api_key", "num_workers", "warmup_requests",
+                "warmup_s", "cooldown_requests", "cooldown_s")
 
 
 def add_run_option_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,16 +48,26 @@ def add_run_option_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-send-lag-ms", dest="max_send_lag_p99_ms", type=float)
     group.add_argument("--scrape-interval-s", type=float)
     group.add_argument("--api-key")
+    group.add_argument("--workers", dest="num_workers", type=int, help="load-generator processes per run")
+    group.add_argument("--max-concurrency", type=int,
+                       help="cap each run at N in flight (a concurrency sweep: the highest level tried)")
     add_retry_arguments(group)
+    add_window_arguments(parser)
 
 
 def run_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The runs' options; the per-run progress line is off (the sweep's own progress replaces it)."""
     options = {k: getattr(args, k) for k in _RUN_OPTIONS if getattr(args, k, None) is not None}
+    options["show_progress"] = False
     policy = policy_from_args(args)
     if policy is not None:
         options["retry"] = policy
-    return options | {"show_progress": False}
+    by_concurrency = getattr(args, "over", SweepAxis.RATE.value) == SweepAxis.CONCURRENCY.value
+    if not by_concurrency and args.max_concurrency is not None:
+        options["max_concurrency"] = args.max_concurrency
+    if by_concurrency and args.rate is not None:
+        options["request_rate"] = args.rate
+    return {k: v for k, v in options.items() if not (k.startswith(("warmup", "cooldown")) and not v)}
 
 
 def counting(run_fn: RunFn, reporter: ProgressReporter) -> RunFn:
@@ -84,7 +106,12 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
 def sweep_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("start_rate", "growth_factor", "max_rate", "max_points", "bisect_steps", "num_repeats", "max_repeats",
             "max_duration_s", "max_invalid_reruns")
-    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+    options: dict[str, Any] = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+    if getattr(args, "over", SweepAxis.RATE.value) == SweepAxis.CONCURRENCY.value:  # bench sweep only
+        options.update(axis=SweepAxis.CONCURRENCY, start_rate=float(args.start_concurrency or 1))
+        if args.max_concurrency is not None:
+            options["max_rate"] = float(args.max_concurrency)
+    return options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,6 +125,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", help="configuration name (default: the --out directory name)")
     parser.add_argument("--force", action="store_true", help="replace an existing sweep in --out")
     add_sweep_arguments(parser)
+    group = parser.add_argument_group("concurrency search (bench sweep only)")
+    group.add_argument("--over", default=SweepAxis.RATE.value, choices=[a.value for a in SweepAxis],
+                       help="sweep the offered rate (default) or the concurrency of a closed loop (vLLM's "
+                            "--max-concurrency, GuideLLM's concurrent profile)")
+    group.add_argument("--start-concurrency", type=int, help="first concurrency level (default 1)")
+    group.add_argument("--rate", type=parse_rate, help="also rate-limit each run of a concurrency sweep")
     add_run_option_arguments(parser)
 
 
@@ -122,9 +155,11 @@ def run(args: argparse.Namespace) -> int:
         cfg = SweepConfig(slo=slo, **sweep_options_from_args(args))
         reporter = ProgressReporter(estimated_runs(cfg))
         with _server(args, name) as base_url:
-            template = RunTemplate(base_url, args.trace, name, slo, run_options_from_args(args))
+            template = RunTemplate(base_url, args.trace, name, slo, run_options_from_args(args), cfg.axis)
             result = run_sweep(name, cfg, counting(make_run_fn(template), reporter), args.out, progress=reporter)
         reporter.close()
+        if cfg.axis is SweepAxis.CONCURRENCY:  # the report groups runs by offered rate, inf for every level
+            return _concurrency_lines(result, args.out)
         analysis = analyze(ReportInputs((args.out,), slo))
     except (SLOError, SweepError, LaunchError, RunDirError, MixedRunsError, ValueError) as error:
         print(f"conveyor bench sweep: {error}", file=sys.stderr)
@@ -135,4 +170,13 @@ def run(args: argparse.Namespace) -> int:
     found = "none met" if result.max_rate_meeting is None else f"{result.max_rate_meeting:.3g} req/s"
     capacity = f" (capacity {config.capacity.describe()})" if config is not None else ""
     print(f"\nHighest rate meeting the objective: {found}{capacity}; report: {paths['html']}")
+    return 0
+
+
+def _concurrency_lines(result: SweepResult, out: pathlib.Path) -> int:
+    for point in result.points:
+        print(f"concurrency {point.rate:g}: {point.status.upper()}  "
+              + "; ".join(f"{k} {v['median']:.4g}" for k, v in point.spread.items()))
+    found = "none met" if result.max_rate_meeting is None else str(result.max_rate_meeting)
+    print(f"\nHighest concurrency meeting the objective: {found}; runs in {out}")
     return 0

@@ -56,7 +56,7 @@ def accepted_responses(run: RunResult, slo: SLO) -> int:
     completed = int(run.summary.get("completed") or 0)
     if not slo.goodput_bounds():
         return completed
-    records = run.requests()
+    records = [r for r in run.requests() if r.get("in_window", True)]  # the steady-state window only
     if records:
         return sum(1 for r in records if request_meets_goodput(slo, r))
     goodput, duration = run.summary.get("goodput"), run.summary.get("duration")

@@ -49,7 +49,7 @@ def valid_runs(runs: Sequence[RunResult]) -> list[RunResult]:
 
 
 def _samples(run: RunResult) -> list[RequestSample] | None:
-    rows = run.requests()
+    rows = [row for row in run.requests() if row.get("in_window", True)]  # warm-up / cool-down are not measured
     return [RequestSample.from_json(row) for row in rows] if rows else None
 
 

@@ -50,7 +50,8 @@ def extend_summary(summary: dict[str, Any], records: Sequence[RequestRecord], bo
     for name, intervals in class_intervals(samples, cfg).items():
         if name in summary.get("per_class", {}):
             summary["per_class"][name]["ci"] = {k: v.to_json() for k, v in intervals.items()}
-    verdict = assess(records, float(summary.get("send_lag_p99_ms") or 0.0), context.client_cpu, validity_bounds)
+    prior = [str(summary["invalid_reason"])] if summary.get("valid") is False and summary.get("invalid_reason") else []
+    verdict = assess(records, prior, context.client_cpu, validity_bounds)
     summary.update(valid=verdict.valid, invalid_reason=verdict.reason, invalid_reasons=list(verdict.reasons),
                    client_cpu_utilization=verdict.client_cpu_utilization,
                    num_client_side_errors=verdict.num_client_side_errors, fixed=context.fixed)

@@ -14,14 +14,13 @@ met. A summary recorded without intervals is decided on its value alone.
 from __future__ import annotations
 
 import enum
-import json
 import math
 import pathlib
-import tomllib
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from conveyor.bench.intervals import Interval, IntervalMethod
+from conveyor.bench.table_file import read_table_file
 
 
 class SLOError(ValueError):
@@ -273,8 +272,7 @@ def load_slo_file(path: pathlib.Path) -> SLO:
     """An SLO from a JSON or TOML file, either flat or under an `slo` key/table."""
     if not path.is_file():
         raise SLOError(f"--slo: file {path} does not exist")
-    text = path.read_text()
-    data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    data = read_table_file(path)
     if isinstance(data, dict) and isinstance(data.get("slo"), dict):
         data = data["slo"]
     if not isinstance(data, dict):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import pathlib
-import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ContextManager
@@ -23,6 +22,7 @@ from conveyor.bench.launch import ServerProcess, ServerSpec
 from conveyor.bench.rundirs import STUDY_FILE
 from conveyor.bench.slo import SLO, slo_from_mapping
 from conveyor.bench.sweep import RunFn, RunTemplate, SweepConfig, Sweeper, SweepResult, make_run_fn
+from conveyor.bench.table_file import read_table_file
 
 _COST_KEYS = {"price_per_gpu_hour", "num_gpus"}
 _SWEEP_KEYS = {f.name for f in fields(SweepConfig)} - {"slo"}
@@ -130,8 +130,7 @@ def spec_from_mapping(data: dict[str, Any], origin: str) -> StudySpec:
 def load_study_file(path: pathlib.Path) -> StudySpec:
     if not path.is_file():
         raise StudyError(f"study file {path} does not exist")
-    text = path.read_text()
-    data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    data = read_table_file(path)
     return spec_from_mapping(data, str(path))
 
 

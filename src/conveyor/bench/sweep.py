@@ -19,6 +19,7 @@ without a server; `make_run_fn` wires it to `conveyor.bench.runner.run_benchmark
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import os
@@ -29,7 +30,7 @@ from typing import Any
 
 from conveyor.bench.intervals import IntervalConfig
 from conveyor.bench.point_verdict import PointStatus, point_verdict
-from conveyor.bench.rundirs import SPREAD_METRICS, SWEEP_FILE, load_run
+from conveyor.bench.rundirs import SPREAD_METRICS, SWEEP_FILE, RunResult
 from conveyor.bench.slo import SLO
 
 RunFn = Callable[[float, int, pathlib.Path], dict[str, Any]]
@@ -42,6 +43,14 @@ _MIN_PROMPTS_FOR_QUEUE_RULE = 20
 
 class SweepError(ValueError):
     """A sweep setting that cannot work; names the flag."""
+
+
+class SweepAxis(str, enum.Enum):
+    """What the search varies: the offered rate (req/s), or the concurrency cap of a closed loop (an integer,
+    vLLM's --max-concurrency; each run sends as slots free up). Everything else about the search is the same."""
+
+    RATE = "rate"
+    CONCURRENCY = "concurrency"
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,8 @@ class SweepConfig:
     """Error rate that stops the sweep at once."""
     runaway_completion_ratio: float = 0.5
     """Completed req/s below this fraction of the offered rate stops the sweep at once."""
+    axis: SweepAxis = SweepAxis.RATE
+    """rate, or concurrency (then start_rate / max_rate are concurrency levels)."""
 
     def __post_init__(self) -> None:
         if self.start_rate <= 0:
@@ -132,8 +143,20 @@ class SweepResult:
         return max(passing, default=None)
 
 
+def run_dir_name(cfg: SweepConfig, value: float, repeat: int) -> str:
+    """`rate-<r>-rep<k>`, or `concurrency-<n>-rep<k>` over concurrency."""
+    return f"rate-{value:.4g}-rep{repeat}" if cfg.axis is SweepAxis.RATE else f"concurrency-{value:g}-rep{repeat}"
+
+
+def axis_unit(cfg: SweepConfig) -> str:
+    return "req/s" if cfg.axis is SweepAxis.RATE else "concurrent"
+
+
 def runaway_reason(summary: dict[str, Any], rate: float, cfg: SweepConfig) -> str | None:
-    """Why this run shows a backlog that would never drain (None: it does not)."""
+    """Why this run shows a backlog that would never drain (None: it does not). Over concurrency there is
+    no offered rate to fall short of: only the error-rate and queue rules apply."""
+    if cfg.axis is SweepAxis.CONCURRENCY:
+        rate = math.inf
     error_rate = float(summary.get("error_rate") or 0.0)
     if error_rate >= cfg.runaway_error_rate:
         return f"runaway: error rate {error_rate:.0%} >= {cfg.runaway_error_rate:.0%}"
@@ -185,6 +208,8 @@ class PointProgress:
     """Valid repeats' summaries."""
     dirs: list[str] = field(default_factory=list)
     """Valid repeats' directories."""
+    results: list[RunResult] = field(default_factory=list)
+    """Valid repeats, as the verdict reads them."""
     invalid_dirs: list[str] = field(default_factory=list)
     """Invalid runs, set aside."""
     spent_s: float = 0.0
@@ -210,7 +235,7 @@ class Sweeper:
 
     def run_repeat(self, rate: float, repeat: int) -> tuple[pathlib.Path, dict[str, Any], list[str]]:
         """One repeat, re-run while invalid (up to max_invalid_reruns); returns (dir, summary, invalid dirs)."""
-        run_dir = self.out_dir / f"rate-{rate:.4g}-rep{repeat}"
+        run_dir = self.out_dir / run_dir_name(self.cfg, rate, repeat)
         invalid: list[str] = []
         while True:
             summary = self.run_fn(rate, repeat, run_dir)
@@ -220,7 +245,7 @@ class Sweeper:
             aside = run_dir.with_name(f"{run_dir.name}-invalid{len(invalid) + 1}")
             run_dir.rename(aside)
             invalid.append(aside.name)
-            self.progress(f"[sweep {self.name}] {rate:.4g} req/s repeat {repeat}: INVALID "
+            self.progress(f"[sweep {self.name}] {rate:.4g} {axis_unit(self.cfg)} repeat {repeat}: INVALID "
                           f"({summary.get('invalid_reason')}); running it again")
 
     def wants_more(self, state: PointProgress) -> bool:
@@ -245,8 +270,8 @@ class Sweeper:
             return
         state.summaries.append(summary)
         state.dirs.append(run_dir.name)
-        runs = [load_run(self.out_dir / d) for d in state.dirs]
-        state.status, verdict = point_verdict(runs, self.cfg.slo, self.intervals)
+        state.results.append(RunResult(run_dir, self.name, summary))  # requests.jsonl is read from run_dir
+        state.status, verdict = point_verdict(state.results, self.cfg.slo, self.intervals)
         state.description = verdict.describe()
         state.runaway = runaway_reason(summary, state.rate, self.cfg)
         if state.runaway is not None:
@@ -261,7 +286,7 @@ class Sweeper:
         self.points.append(point)
         self.summaries.extend(state.summaries)
         invalid = f", {len(state.invalid_dirs)} invalid" if state.invalid_dirs else ""
-        self.progress(f"[sweep {self.name}] {state.rate:.4g} req/s: {state.status.value.upper()} after "
+        self.progress(f"[sweep {self.name}] {state.rate:.4g} {axis_unit(self.cfg)}: {state.status.value.upper()} after "
                       f"{len(state.dirs)} valid repeat(s){invalid} ({state.description})"
                       + (f"; {state.runaway}" if state.runaway else ""))
         self.write()
@@ -277,15 +302,32 @@ class Sweeper:
     def _capped(self, rate: float) -> float:
         return rate if self.cfg.max_rate is None else min(rate, self.cfg.max_rate)
 
+    def _step(self, value: float, factor: float) -> float:
+        """The next value to try: value x factor, a whole number >= 1 (and a new one) over concurrency."""
+        if self.cfg.axis is SweepAxis.RATE:
+            return self._capped(value * factor)
+        nxt = max(1.0, float(round(value * factor)))
+        if nxt == value:
+            nxt = value + (1.0 if factor > 1 else -1.0)
+        return max(1.0, self._capped(nxt))
+
+    def _midpoint(self, good: float, bad: float) -> float | None:
+        """Geometric midpoint of the bracket (rounded over concurrency; None once nothing lies between)."""
+        mid = math.sqrt(good * bad)
+        if self.cfg.axis is SweepAxis.CONCURRENCY:
+            mid = float(round(mid))
+            return mid if good < mid < bad else None
+        return mid
+
     def bracket(self) -> tuple[float | None, float | None]:
         """(last passing, first failing) rate after the geometric search."""
-        rate = self._capped(self.cfg.start_rate)
+        rate = self._capped(self.cfg.start_rate if self.cfg.axis is SweepAxis.RATE else float(round(self.cfg.start_rate)))
         first = self.run_point(rate)
         step = self.cfg.growth_factor if first.passed else 1.0 / self.cfg.growth_factor
         good, bad = (rate, None) if first.passed else (None, rate)
         while len(self.points) < self.cfg.max_points:
-            nxt = self._capped(rate * step)
-            if nxt == rate:
+            nxt = self._step(rate, step)
+            if nxt == rate or any(p.rate == nxt for p in self.points):
                 break
             rate = nxt
             point = self.run_point(rate)
@@ -305,9 +347,9 @@ class Sweeper:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         good, bad = self.bracket()
         for _ in range(self.cfg.bisect_steps):
-            if good is None or bad is None:
+            mid = None if good is None or bad is None else self._midpoint(good, bad)
+            if mid is None:
                 break
-            mid = math.sqrt(good * bad)
             if self.run_point(mid).passed:
                 good = mid
             else:
@@ -346,6 +388,8 @@ class RunTemplate:
     """Passed to the run for goodput."""
     options: dict[str, Any] = field(default_factory=dict)
     """Further BenchRunConfig fields (seed, num_requests, endpoint, model, burstiness, ...)."""
+    axis: SweepAxis = SweepAxis.RATE
+    """What the swept value sets: request_rate, or max_concurrency (a closed loop unless options give a rate)."""
 
 
 def make_run_fn(template: RunTemplate) -> RunFn:
@@ -356,10 +400,13 @@ def make_run_fn(template: RunTemplate) -> RunFn:
 
         options = dict(template.options)
         seed = int(options.pop("seed", 0)) + repeat
+        if template.axis is SweepAxis.CONCURRENCY:
+            options["max_concurrency"], label = int(rate), f"{template.label}@c{rate:g}#{repeat}"
+        else:
+            options["request_rate"], label = rate, f"{template.label}@{rate:.4g}#{repeat}"
         cfg = runner.BenchRunConfig(
-            base_url=template.base_url, trace_path=template.trace_path, request_rate=rate,
-            out_dir=str(run_dir), label=f"{template.label}@{rate:.4g}#{repeat}", seed=seed,
-            slo=template.slo, **options)
+            base_url=template.base_url, trace_path=template.trace_path, out_dir=str(run_dir), label=label,
+            seed=seed, slo=template.slo, **options)
         return runner.run_benchmark(cfg)
 
     return run

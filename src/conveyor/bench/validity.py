@@ -2,7 +2,8 @@
 
 The model: a run is *invalid* when the load generator could not do what the run claims, so that its
 numbers say nothing about the server either way:
-- send lag: the p99 of (actual − scheduled send time) exceeds its bound: arrivals were late;
+- send lag: the p99 of (actual − scheduled send time) exceeds its bound: arrivals were late (judged by
+  the load side, load_summary.load_validity, per worker; passed in as a prior reason);
 - client CPU saturated: the benchmark process used at least `max_client_cpu` of one core over the run
   (the asyncio client runs on one core; at that point its own timestamps queue behind its work);
 - client-side errors: requests that failed on the client's side of the wire: the client could not
@@ -32,8 +33,6 @@ LOCAL_CONNECTION_ERRORS = ("too many open files", "cannot assign requested addre
 class ValidityBounds:
     """When a run is invalid."""
 
-    max_send_lag_p99_ms: float = 10.0
-    """p99 send lag above this: the client fell behind its arrival schedule."""
     max_client_cpu: float = 0.9
     """Benchmark process CPU time / wall time (cores) at or above this: the client saturated its core."""
 
@@ -94,14 +93,11 @@ class Validity:
         return "; ".join(self.reasons) if self.reasons else None
 
 
-def assess(records: Sequence[RequestRecord], lag_p99_ms: float, cpu: ClientCpu | None,
+def assess(records: Sequence[RequestRecord], prior: Sequence[str], cpu: ClientCpu | None,
            bounds: ValidityBounds) -> Validity:
-    """Every reason this run did not measure the server (send lag, client CPU, client-side errors)."""
-    reasons = []
-    if lag_p99_ms > bounds.max_send_lag_p99_ms:
-        reasons.append(f"p99 send lag {lag_p99_ms:.2f} ms exceeds the {bounds.max_send_lag_p99_ms:g} ms bound: the "
-                       "load generator could not keep up with the offered rate; lower --rate or use a bigger "
-                       "client machine")
+    """Every reason this run did not measure the server: `prior` (the load side's: send lag per worker, an
+    empty steady-state window), then client CPU and client-side errors."""
+    reasons = list(prior)
     utilization = None if cpu is None else cpu.utilization
     if utilization is not None and utilization >= bounds.max_client_cpu:
         reasons.append(f"client CPU saturated: the benchmark used {utilization:.0%} of a core (bound "
