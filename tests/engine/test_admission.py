@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conveyor.config import SchedulerConfig
-from conveyor.core.lifecycle import KVCapacity
+from conveyor.core.lifecycle import KVPoolSize
 from conveyor.engine.admission import (
     AdmissionControl,
     QueueLimits,
@@ -17,7 +17,7 @@ from conveyor.engine.admission import (
 from conveyor.engine.types import EngineOverloadedError, OverloadReason, RequestRejectedError
 from conveyor.sampling_params import SamplingParams
 
-LIMITS = RequestLimits(SchedulerConfig(max_model_len=10), KVCapacity(num_blocks=64, block_size=16), vocab_size=100)
+LIMITS = RequestLimits(SchedulerConfig(max_model_len=10), KVPoolSize(num_blocks=64, block_size=16), vocab_size=100)
 
 
 @pytest.mark.parametrize(("prompt_len", "max_tokens", "field"), [
@@ -39,7 +39,7 @@ def test_out_of_vocab_token_and_exact_fit() -> None:
 
 
 def test_kv_capacity_is_part_of_the_rule() -> None:
-    small = RequestLimits(SchedulerConfig(max_model_len=2048), KVCapacity(num_blocks=2, block_size=16), 100)
+    small = RequestLimits(SchedulerConfig(max_model_len=2048), KVPoolSize(num_blocks=2, block_size=16), 100)
     with pytest.raises(RequestRejectedError) as info:
         check_request([1] * 40, SamplingParams(max_tokens=1), small)
     assert info.value.field == "prompt" and "KV cache" in str(info.value)

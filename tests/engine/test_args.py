@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
-from conveyor.config import Batching, CUDAGraphMode, EngineConfig, LoadFormat, SchedulingPolicy
+from conveyor.config import (
+    Batching, CUDAGraphMode, EngineConfig, LoadFormat, SchedulingPolicy, SpeculativeConfig, SpeculativeMethod,
+)
 from conveyor.engine.args import (
     add_engine_arguments,
     build_engine_config,
@@ -117,3 +120,44 @@ def test_resolved_config_as_flag_strings() -> None:
     flat = engine_config_to_flags(EngineConfig())
     assert flat["max-num-seqs"] == "128" and flat["batching"] == "continuous"
     assert flat["enable-prefix-caching"] == "true" and flat["queue-timeout"] == "none"
+
+
+def test_speculative_config_flag_takes_vllm_json(capsys: pytest.CaptureFixture[str]) -> None:
+    config = build_engine_config(parse(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4, '
+                                        '"prompt_lookup_min": 2, "prompt_lookup_max": 5}']))
+    spec = config.speculative_config
+    assert spec is not None and spec.method is SpeculativeMethod.NGRAM
+    assert (spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max) == (4, 2, 5)
+    assert json.loads(engine_config_to_flags(config)["speculative-config"]) == {
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+    draft = build_engine_config(parse(["--speculative-config",
+                                       '{"method": "draft_model", "model": "d.gguf", "num_speculative_tokens": 3}']))
+    assert draft.speculative_config == SpeculativeConfig(SpeculativeMethod.DRAFT_MODEL, 3, model="d.gguf")
+    assert engine_config_to_flags(EngineConfig())["speculative-config"] == "none"
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ('{"method": "ngram", "num_speculative_tokens": 3, "lookahead": 2}', "unknown key 'lookahead'"),
+    ('{"method": "eagle", "num_speculative_tokens": 3}', "'method' 'eagle' is a vLLM method"),
+    ('{"method": "ngram", "num_speculative_tokens": 0}', "'num_speculative_tokens' must be in 1..128"),
+    ('{"method": "ngram"}', "'num_speculative_tokens' is required"),
+    ("[1, 2]", "expected a JSON object"),
+    ("{method: ngram}", "not valid JSON"),
+])
+def test_bad_speculative_config_names_the_flag_and_the_key(capsys: pytest.CaptureFixture[str], value: str,
+                                                            message: str) -> None:
+    with pytest.raises(SystemExit):
+        parse(["--speculative-config", value])
+    err = capsys.readouterr().err
+    assert "--speculative-config" in err and message in err
+
+
+def test_speculative_decoding_refuses_async_scheduling(capsys: pytest.CaptureFixture[str]) -> None:
+    ngram = ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']
+    with pytest.raises(SystemExit):
+        engine_config_from_args(parse(["--async-scheduling", *ngram]))
+    err = capsys.readouterr().err
+    assert "--speculative-config" in err and "--async-scheduling" in err
+    on_cuda = build_engine_config(parse(["--device", "cuda", *ngram]))  # CUDA's async default steps aside
+    assert not on_cuda.scheduler.async_scheduling and on_cuda.scheduler.max_num_seqs == 1024
+    assert build_engine_config(parse(["--device", "cuda"])).scheduler.async_scheduling

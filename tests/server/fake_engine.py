@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from conveyor.config import SchedulerConfig
-from conveyor.core.lifecycle import KVCapacity
+from conveyor.core.lifecycle import KVPoolSize
 from conveyor.engine.admission import AdmissionControl, QueueLimits, RequestLimits, check_request
 from conveyor.engine.types import (
     EngineDeadError,
@@ -80,7 +80,7 @@ class FakeEngine:
         self._dead_listeners: list = []
         self._slots = asyncio.Semaphore(config.max_num_seqs)
         self._limits = RequestLimits(SchedulerConfig(max_model_len=config.max_model_len),
-                                     KVCapacity(config.num_kv_blocks, config.block_size), config.vocab_size)
+                                     KVPoolSize(config.num_kv_blocks, config.block_size), config.vocab_size)
         self.admission = AdmissionControl(QueueLimits(config.max_num_queued_reqs, config.max_num_queued_tokens))
 
     @property

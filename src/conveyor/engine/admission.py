@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from conveyor.config import SchedulerConfig
 from conveyor.core.errors import AdmissionError
-from conveyor.core.lifecycle import KVCapacity, check_admission
+from conveyor.core.lifecycle import KVPoolSize, check_admission
 from conveyor.engine.types import EngineOverloadedError, OverloadReason, RequestRejectedError
 from conveyor.request import Request
 from conveyor.sampling_params import SamplingParams
@@ -41,7 +41,7 @@ class RequestLimits:
 
     scheduler: SchedulerConfig
     """The scheduler's configuration with the resolved max_model_len."""
-    kv_capacity: KVCapacity
+    kv_capacity: KVPoolSize
     """The KV pool the scheduler was built over."""
     vocab_size: int
     """Token ids must be in [0, vocab_size)."""

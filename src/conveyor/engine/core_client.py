@@ -28,7 +28,7 @@ import zmq
 import zmq.asyncio
 
 from conveyor.config import EngineConfig
-from conveyor.core.lifecycle import KVCapacity
+from conveyor.core.lifecycle import KVPoolSize
 from conveyor.core.outputs import EngineCoreOutputs
 from conveyor.engine.admission import AdmissionControl, QueueLimits, RequestLimits, SharedCounts, check_request
 from conveyor.engine.async_tokenizer import AsyncTokenizer
@@ -78,7 +78,7 @@ class ClientConfig:
                    client_index: int = 0) -> ClientConfig:
         """The client configuration for front end `client_index` of an engine that reported `info`."""
         scheduler = dataclasses.replace(engine_config.scheduler, max_model_len=info.max_model_len)
-        limits = RequestLimits(scheduler, KVCapacity(info.num_kv_blocks, info.block_size), info.vocab_size)
+        limits = RequestLimits(scheduler, KVPoolSize(info.num_kv_blocks, info.block_size), info.vocab_size)
         return cls(info, limits, addresses, client_index, engine_config.scheduler.queue_timeout_s)
 
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from conveyor.config import CacheConfig, DeviceConfig, EngineConfig, ModelConfig, SchedulerConfig
-from conveyor.core.lifecycle import KVCapacity
+from conveyor.core.lifecycle import KVPoolSize
 from conveyor.core.stats import SchedulerStats
 from conveyor.engine.admission import AdmissionControl, QueueLimits, RequestLimits, check_request
 from conveyor.engine.async_tokenizer import TextTokenizer
@@ -134,7 +134,7 @@ class LLM:
         self.last_run = RunSummary()
         scheduler = config.scheduler
         self._limits = RequestLimits(dataclasses.replace(scheduler, max_model_len=core.limits.max_model_len),
-                                     KVCapacity(core.limits.num_kv_blocks, config.cache.block_size),
+                                     KVPoolSize(core.limits.num_kv_blocks, config.cache.block_size),
                                      core.limits.vocab_size)
         self._admission = AdmissionControl(QueueLimits(scheduler.max_num_queued_reqs, scheduler.max_num_queued_tokens))
         self._processor = OutputProcessor(tokenizer, scheduler.queue_timeout_s)
