@@ -61,3 +61,17 @@ def test_engine_start_up_failure_is_one_clean_line_and_exit_1(tmp_path: pathlib.
     line = [x for x in result.stderr.splitlines() if x.startswith("conveyor serve: error:")]
     assert len(line) == 1 and "the engine failed to start" in line[0] and str(missing) in line[0], result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_on_cpu_the_engine_leaves_a_core_per_api_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    from conveyor.server.cli import leave_cores_to_api_servers
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda _: {0, 1, 2, 3})
+    config = engine_config_from_args(parse())
+    assert leave_cores_to_api_servers(config, 1).device.num_threads == 3
+    assert leave_cores_to_api_servers(config, 2).device.num_threads == 2
+    assert leave_cores_to_api_servers(config, 8).device.num_threads == 1
+    given = engine_config_from_args(parse("--num-threads", "4"))
+    assert leave_cores_to_api_servers(given, 1).device.num_threads == 4  # the flag wins
+    cuda = engine_config_from_args(parse("--device", "cuda"))
+    assert leave_cores_to_api_servers(cuda, 1).device.num_threads is None

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 MAX_NUM_SEQS = 8
 MAX_NUM_QUEUED = 32
-GRACE_S = 4
+GRACE_S = 8
 SERVE_ARGS = ["--max-model-len", "512", "--max-num-seqs", str(MAX_NUM_SEQS), "--max-num-queued-reqs",
               str(MAX_NUM_QUEUED), "--shutdown-grace", str(GRACE_S)]
 

@@ -25,7 +25,7 @@ import prometheus_client
 import uvicorn
 
 from conveyor.config import ConfigError, EngineConfig, ServerConfig
-from conveyor.engine.args import add_engine_arguments, engine_config_from_args
+from conveyor.engine.args import add_engine_arguments, engine_config_from_args, with_overrides
 from conveyor.engine.core_client import AsyncEngineClient, ClientConfig
 from conveyor.engine.launcher import LOG_FORMAT, EngineProcess, EngineStartupError
 from conveyor.engine.types import EngineClient, EngineInfo
@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"conveyor serve: error: {error}", file=sys.stderr)
         return 2
     prometheus_client.disable_created_metrics()  # as vLLM: no `*_created` series
+    engine_config = leave_cores_to_api_servers(engine_config, server_config.api_server_count)
     if server_config.api_server_count > 1:
         from conveyor.server.api_servers import run_api_servers
 
@@ -115,6 +116,20 @@ def run(args: argparse.Namespace) -> int:
         logger.error("the engine core exited with code %s", engine_code)
         return 1
     return code
+
+
+def leave_cores_to_api_servers(engine_config: EngineConfig, api_server_count: int) -> EngineConfig:
+    """On CPU, without --num-threads, the engine process gets the cores minus one per API server (as vLLM
+    CPU keeps a core for its API server): torch's default, one thread per core, makes the step loop's
+    OpenMP threads fight the API process for the cores, and every parallel region waits for the thread
+    that lost (measured on 2 cores: median ITL 0.27-0.34 s against 0.09-0.11 s with one thread)."""
+    if engine_config.device.device != "cpu" or engine_config.device.num_threads is not None:
+        return engine_config
+    num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    num_threads = max(1, num_cores - api_server_count)
+    logger.info("CPU: the engine core uses %d torch thread(s), leaving %d core(s) to the API server(s) "
+                "(--num-threads overrides)", num_threads, num_cores - num_threads)
+    return with_overrides(engine_config, "device", num_threads=num_threads)
 
 
 async def _serve_with_engine(engine: EngineProcess, engine_config: EngineConfig, server_config: ServerConfig) -> int:
