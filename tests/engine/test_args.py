@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from conveyor.config import Batching, CUDAGraphMode, EngineConfig, LoadFormat, SchedulingPolicy
+from conveyor.config import Batching, CUDAGraphMode, EngineConfig, LoadFormat, Quantization, SchedulingPolicy
 from conveyor.engine.args import (
     add_engine_arguments,
     build_engine_config,
@@ -102,3 +102,13 @@ def test_resolved_config_as_flag_strings() -> None:
     flat = engine_config_to_flags(EngineConfig())
     assert flat["max-num-seqs"] == "128" and flat["batching"] == "continuous"
     assert flat["enable-prefix-caching"] == "true" and flat["queue-timeout"] == "none"
+
+
+def test_quantization_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert EngineConfig().model.quantization is Quantization.AUTO
+    assert build_engine_config(parse(["--quantization", "none"])).model.quantization is Quantization.NONE
+    assert build_engine_config(parse(["-q", "gguf"])).model.quantization is Quantization.GGUF
+    assert engine_config_to_flags(EngineConfig())["quantization"] == "auto"
+    with pytest.raises(SystemExit):
+        parse(["--quantization", "awq"])
+    assert "--quantization" in capsys.readouterr().err

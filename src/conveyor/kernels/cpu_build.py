@@ -35,7 +35,10 @@ _SIGNATURES: dict[str, list[type]] = {
     "q8_0_matmul": [_P, _I64, _I64, _P, _P, _I64, _P, _I32],
     "q4_dequantize": [_P, _P, _P, _I64, _I64, _P, _I32],
     "q8_0_dequantize": [_P, _P, _I64, _I64, _P, _I32],
+    "paged_decode_attention": [_P, _P, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _P, _I32],
 }
+_RETURNS: dict[str, type | None] = {"paged_decode_attention": _I32}
+"""Functions that return a status (0: done); the others return nothing."""
 """Exported C functions and their argument types (pointers are tensors' data_ptr())."""
 
 
@@ -68,7 +71,7 @@ def cpu_kernels() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(library))
     for name, argtypes in _SIGNATURES.items():
         function = getattr(lib, name)
-        function.argtypes, function.restype = argtypes, None
+        function.argtypes, function.restype = argtypes, _RETURNS.get(name)
     return lib
 
 

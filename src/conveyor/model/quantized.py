@@ -152,9 +152,9 @@ def quantize_modules(model: nn.Module, formats: dict[str, BlockFormat]) -> None:
 
 
 def _quantized_twin(name: str, old: nn.Module, block_format: BlockFormat) -> nn.Module:
+    if not isinstance(old, (nn.Linear, nn.Embedding)):
+        raise ValueError(f"{name} is a {type(old).__name__}; only Linear and Embedding can be quantized")
     with torch.device(old.weight.device):  # the meta device: nothing is allocated yet
         if isinstance(old, nn.Embedding):
             return QuantizedEmbedding(old.num_embeddings, old.embedding_dim, block_format)
-        if isinstance(old, nn.Linear):
-            return QuantizedLinear(old.in_features, old.out_features, block_format, bias=old.bias is not None)
-    raise ValueError(f"{name} is a {type(old).__name__}; only Linear and Embedding can be quantized")
+        return QuantizedLinear(old.in_features, old.out_features, block_format, bias=old.bias is not None)
