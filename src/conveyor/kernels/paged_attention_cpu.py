@@ -12,8 +12,16 @@ import torch.nn.functional as F
 
 from conveyor.kernels.cpu_build import cpu_kernels
 
-MAX_BLOCK_SIZE = 256
-"""Largest KV block the C kernel takes (its per-block score buffer)."""
+MAX_HEAD_DIM = 256
+"""Largest head_dim the C kernel takes (a multiple of 16)."""
+MAX_GROUP = 16
+"""Most query heads per KV head the C kernel takes."""
+
+
+def kernel_supports(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether `paged_decode_attention` takes this geometry."""
+    return (head_dim % 16 == 0 and head_dim <= MAX_HEAD_DIM and num_heads % num_kv_heads == 0
+            and num_heads // num_kv_heads <= MAX_GROUP)
 
 
 def paged_decode_attention(
@@ -27,8 +35,8 @@ def paged_decode_attention(
     """
     num_tokens, num_heads, head_dim = query.shape
     _, num_blocks, block_size, num_kv_heads, cache_head_dim = kv_cache.shape
-    assert cache_head_dim == head_dim and head_dim % 16 == 0 and num_heads % num_kv_heads == 0
-    assert block_size <= MAX_BLOCK_SIZE, f"block_size {block_size} > {MAX_BLOCK_SIZE}"
+    assert cache_head_dim == head_dim and kernel_supports(num_heads, num_kv_heads, head_dim), (
+        f"{num_heads} heads, {num_kv_heads} KV heads, head_dim {head_dim}")
     assert query.dtype == kv_cache.dtype == out.dtype == torch.float32
     assert query.is_contiguous() and kv_cache.is_contiguous() and out.is_contiguous() and out.shape == query.shape
     assert token_rows.dtype == seq_rows.dtype == torch.int64 and token_rows.shape == seq_rows.shape

@@ -6,7 +6,8 @@ again by SDPA. Here every decode of the step goes to `paged_decode_attention` in
 walks each sequence's blocks with an online softmax, reading each K/V byte once. Prefill chunks
 (several query tokens) are compute-bound and keep the torch path (gather + fused SDPA). The step's
 index tensors are planned once, by the first layer, and reused by the other layers. Geometries the
-kernel does not take (head_dim not a multiple of 16, blocks over 256 tokens) run the torch backend.
+kernel does not take (head_dim not a multiple of 16 or over 256, over 16 query heads per KV head)
+run the torch backend.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from conveyor.kernels.paged_attention_cpu import MAX_BLOCK_SIZE, paged_decode_attention
+from conveyor.kernels.paged_attention_cpu import kernel_supports, paged_decode_attention
 from conveyor.model.attention import (
     PrefillChunk,
     TorchAttentionBackend,
@@ -80,7 +81,7 @@ class CPUAttentionBackend(TorchAttentionBackend):
         if kv_cache.dtype != torch.float32 or kv_cache.device.type != "cpu":
             raise ValueError(f"the cpu attention backend needs a float32 CPU KV cache (got {kv_cache.dtype} on "
                              f"{kv_cache.device}); use the torch backend")
-        if query.shape[-1] % 16 or metadata.block_size > MAX_BLOCK_SIZE:
+        if not kernel_supports(query.shape[1], kv_cache.shape[-2], query.shape[-1]):
             return paged_attention_torch(query, kv_cache, metadata, scale)
         plan = metadata.backend_plan
         if not isinstance(plan, CPUAttentionPlan):  # first layer of the step: plan once
