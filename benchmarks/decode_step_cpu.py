@@ -7,7 +7,9 @@ Each variant gets its own ModelRunner and KV cache; B requests with `--context` 
 prefilled, then rounds alternate the variants, each timing `--steps` decode steps through
 `ModelRunner.execute` (the engine's call: host inputs, forward, LM head, greedy sampling). Alternation
 is what makes the comparison hold on a shared machine: a noisy minute hits every variant alike.
-Per batch size and variant it prints the median step and the spread of the round medians.
+Per batch size and variant it prints the median step and the spread of the round medians. With one
+thread the clock is this process's CPU time (waiting for a core shared with other jobs does not
+count; wall time on the loaded 2-core VM varied 3x between rounds), with more it is wall time.
 
     PYTHONPATH=src python benchmarks/decode_step_cpu.py --variants none:torch gguf:torch gguf:cpu \\
         --batch-sizes 1 8 --context 800 --num-threads 1
@@ -50,11 +52,12 @@ def build_runner(variant: str, args: argparse.Namespace) -> ModelRunner:
 
 def time_steps(driver: DecodeDriver, num_steps: int) -> float:
     """Median milliseconds of `num_steps` decode steps."""
+    clock = time.process_time if torch.get_num_threads() == 1 else time.perf_counter
     times = []
     for _ in range(num_steps):
-        start = time.perf_counter()
+        start = clock()
         driver.step()
-        times.append((time.perf_counter() - start) * 1e3)
+        times.append((clock() - start) * 1e3)
     return statistics.median(times)
 
 
@@ -71,6 +74,7 @@ def measure(runners: dict[str, ModelRunner], batch_size: int, args: argparse.Nam
     for name, values in rounds.items():
         print("RESULT " + json.dumps({
             "variant": name, "batch_size": batch_size, "context": args.context, "threads": torch.get_num_threads(),
+            "clock": "cpu" if torch.get_num_threads() == 1 else "wall",
             "step_ms": round(statistics.median(values), 2),
             "round_medians_ms": [round(v, 1) for v in values],
         }), flush=True)

@@ -6,6 +6,14 @@ import pytest
 import torch
 
 from conveyor.kernels import cpu_build
+from conveyor.kernels.elementwise_cpu import (
+    rms_norm_cpu,
+    rms_norm_ref,
+    rotary_cpu_,
+    rotary_ref,
+    silu_and_mul_cpu,
+    silu_and_mul_ref,
+)
 from conveyor.kernels.gguf_matmul import (
     q4_dequantize,
     q4_dequantize_ref,
@@ -94,3 +102,29 @@ def test_a_failed_build_reports_the_compiler_error(tmp_path, monkeypatch: pytest
     monkeypatch.setattr(cpu_build, "_cache_dir", lambda: tmp_path)
     with pytest.raises(cpu_build.CPUKernelsUnavailable, match="building the CPU kernels failed"):
         cpu_build.cpu_kernels.__wrapped__()
+
+
+@pytest.mark.parametrize("num_rows", [1, 7, 80])
+@pytest.mark.parametrize("cols", [576, 64, 40])
+def test_rms_norm_matches_the_eager_formula_on_strided_rows(num_rows: int, cols: int) -> None:
+    x = torch.randn(num_rows, 3, cols)[:, 1]  # rows 3 * cols apart
+    weight = torch.randn(cols)
+    torch.testing.assert_close(rms_norm_cpu(x, weight, 1e-5), rms_norm_ref(x, weight, 1e-5), atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("num_tokens", "head_dim"), [(1, 64), (9, 128), (70, 40)])
+def test_rotary_in_place_matches_rotate_half(num_tokens: int, head_dim: int) -> None:
+    qkv = torch.randn(num_tokens, 7 * head_dim)
+    q = qkv[:, : 4 * head_dim].view(num_tokens, 4, head_dim)  # a view into the fused output
+    cos, sin = torch.randn(num_tokens, head_dim), torch.randn(num_tokens, head_dim)
+    expected = rotary_ref(q.clone(), cos, sin)
+    untouched = qkv[:, 4 * head_dim :].clone()
+    rotary_cpu_(q, cos, sin)
+    torch.testing.assert_close(q, expected, atol=1e-6, rtol=1e-6)
+    assert torch.equal(qkv[:, 4 * head_dim :], untouched)
+
+
+@pytest.mark.parametrize(("num_rows", "inner"), [(1, 1536), (5, 24), (65, 100)])
+def test_silu_and_mul_matches_torch(num_rows: int, inner: int) -> None:
+    gate_up = torch.randn(num_rows, 2 * inner) * 6
+    torch.testing.assert_close(silu_and_mul_cpu(gate_up), silu_and_mul_ref(gate_up), atol=1e-6, rtol=1e-5)

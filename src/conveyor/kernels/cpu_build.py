@@ -25,7 +25,7 @@ import subprocess
 import tempfile
 
 SOURCE_DIR = pathlib.Path(__file__).with_name("cpu")
-"""Where the C sources live (package data)."""
+"""Where the C sources (*.c, and the *.h they include) live (package data)."""
 COMPILE_FLAGS = ("-O3", "-std=gnu11", "-fopenmp", "-shared", "-fPIC")
 """Flags every build uses; `-march=native` is added where the compiler accepts it."""
 
@@ -36,6 +36,9 @@ _SIGNATURES: dict[str, list[type]] = {
     "q4_dequantize": [_P, _P, _P, _I64, _I64, _P, _I32],
     "q8_0_dequantize": [_P, _P, _I64, _I64, _P, _I32],
     "paged_decode_attention": [_P, _P, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _P, _I32],
+    "rms_norm": [_P, _I64, _I64, _I64, _P, _F32, _P, _I32],
+    "rotary_": [_P, _I64, _I64, _I64, _I64, _P, _P, _I32],
+    "silu_and_mul": [_P, _I64, _I64, _P, _I32],
 }
 _RETURNS: dict[str, type | None] = {"paged_decode_attention": _I32}
 """Functions that return a status (0: done); the others return nothing."""
@@ -63,7 +66,7 @@ def cpu_kernels() -> ctypes.CDLL:
         raise CPUKernelsUnavailable("no C compiler (cc, gcc or clang) on PATH to build the CPU kernels")
     sources = sorted(SOURCE_DIR.glob("*.c"))
     digest = hashlib.sha256(compiler.encode() + platform.machine().encode() + platform.node().encode())
-    for source in sources:
+    for source in sorted([*sources, *SOURCE_DIR.glob("*.h")]):
         digest.update(source.read_bytes())
     library = _cache_dir() / f"conveyor_cpu_{digest.hexdigest()[:16]}.so"
     if not library.is_file():

@@ -13,21 +13,19 @@
  * Written with GCC vector extensions (AVX-512 with -march=native on x86, NEON on ARM); OpenMP splits
  * the output rows over `num_threads` threads.
  */
-#include <stdint.h>
-#include <string.h>
+#include "vec.h"
 
-typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
 typedef uint8_t v16u8 __attribute__((vector_size(16)));
-typedef int8_t v16i8 __attribute__((vector_size(16)));
 #define QK 32
-#define TILE_N 4
-#define TILE_M 4
-#define INLINE static inline __attribute__((always_inline))
+#ifndef TILE_N
+#define TILE_N 2
+#endif
+#ifndef TILE_M
+#define TILE_M 8
+#endif
 /* Two steps: a direct u8 -> float conversion is scalarized by GCC 12. */
 #define TO_FLOAT(v) __builtin_convertvector(__builtin_convertvector((v), v16i), v16f)
 
-INLINE v16f load16(const float* p) { v16f v; memcpy(&v, p, sizeof v); return v; }
 INLINE float hsum(v16f v) { float s = 0.0f; for (int i = 0; i < 16; i++) s += v[i]; return s; }
 
 /* The weights of block b of row n as two vectors: elements [0, 16) and [16, 32). */
@@ -42,18 +40,21 @@ INLINE void q4_block(const uint8_t* qs, const float* d, const float* m, int64_t 
 }
 
 INLINE void q8_block(const int8_t* qs, const float* d, int64_t K, int64_t n, int64_t b, v16f* lo, v16f* hi) {
-  v16i8 q0, q1;
+  /* GCC 12 scalarizes int8 -> int32 conversions, so the codes are read as bytes biased by 128
+   * (q + 128 = byte ^ 0x80, zero-extended like the Q4 nibbles) and w = d (q + 128) - 128 d, which is
+   * d q exactly (every term fits float32's 24 bits). */
+  v16u8 q0, q1;
   memcpy(&q0, qs + n * K + b * QK, 16);
   memcpy(&q1, qs + n * K + b * QK + 16, 16);
-  const float scale = d[n * (K / QK) + b];
-  *lo = TO_FLOAT(q0) * scale;
-  *hi = TO_FLOAT(q1) * scale;
+  const float scale = d[n * (K / QK) + b], offset = -128.0f * scale;
+  *lo = TO_FLOAT(q0 ^ 0x80) * scale + offset;
+  *hi = TO_FLOAT(q1 ^ 0x80) * scale + offset;
 }
 
 /* out rows [0, rows) x columns [n0, n0 + cols) of one tile; cols, rows compile-time after inlining. */
 INLINE void tile(const float* x, int64_t K, const void* qs, const float* d, const float* m,
                  int64_t n0, int64_t N, float* out, const int cols, const int rows) {
-  v16f acc[TILE_N][TILE_M];
+  v16f acc[TILE_N][TILE_M > 8 ? 8 : TILE_M];
   for (int j = 0; j < cols; j++)
     for (int r = 0; r < rows; r++) acc[j][r] = (v16f){0};
   for (int64_t b = 0; b < K / QK; b++) {
@@ -71,12 +72,11 @@ INLINE void tile(const float* x, int64_t K, const void* qs, const float* d, cons
     for (int r = 0; r < rows; r++) out[r * N + n0 + j] = hsum(acc[j][r]);
 }
 
-#define ROWS_CASES(COLS)                                              \
-  switch (rows) {                                                     \
-    case 1: tile(xr, K, qs, d, m, n0, N, outr, COLS, 1); break;       \
-    case 2: tile(xr, K, qs, d, m, n0, N, outr, COLS, 2); break;       \
-    case 3: tile(xr, K, qs, d, m, n0, N, outr, COLS, 3); break;       \
-    default: tile(xr, K, qs, d, m, n0, N, outr, COLS, 4); break;      \
+#define ROW_CASE(COLS, R) case R: if (R <= TILE_M) tile(xr, K, qs, d, m, n0, N, outr, COLS, R <= TILE_M ? R : 1); break;
+#define ROWS_CASES(COLS)                                                                          \
+  switch (rows) {                                                                                 \
+    ROW_CASE(COLS, 1) ROW_CASE(COLS, 2) ROW_CASE(COLS, 3) ROW_CASE(COLS, 4)                       \
+    ROW_CASE(COLS, 5) ROW_CASE(COLS, 6) ROW_CASE(COLS, 7) ROW_CASE(COLS, 8)                       \
   }
 
 /* m == NULL selects Q8_0 blocks, else Q4 blocks (one specialized copy each after inlining). */
