@@ -63,19 +63,29 @@ def q8_0_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) ->
     return out
 
 
-def q4_dequantize(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
-    """The Q4 weight as float32 [N, K] (one pass, for prefill-sized inputs that go to BLAS)."""
+def _dequantized_out(n: int, k: int, out: torch.Tensor | None) -> torch.Tensor:
+    if out is None:
+        return torch.empty((n, k), dtype=torch.float32)
+    assert out.dtype == torch.float32 and out.is_contiguous() and tuple(out.shape) == (n, k), f"out {tuple(out.shape)}"
+    return out
+
+
+def q4_dequantize(
+    qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The Q4 weight as float32 [N, K] (one pass, for prefill-sized inputs that go to BLAS), into
+    `out` when given (a reused buffer: a fresh multi-megabyte one is page-faulted in on every call)."""
     n, k = _check_q4(qweight, scales, mins)
-    out = torch.empty((n, k), dtype=torch.float32)
+    out = _dequantized_out(n, k, out)
     cpu_kernels().q4_dequantize(qweight.data_ptr(), scales.data_ptr(), mins.data_ptr(), n, k,
                                 out.data_ptr(), torch.get_num_threads())
     return out
 
 
-def q8_0_dequantize(qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """The Q8_0 weight as float32 [N, K]."""
+def q8_0_dequantize(qweight: torch.Tensor, scales: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The Q8_0 weight as float32 [N, K] (into `out` when given)."""
     n, k = _check_q8(qweight, scales)
-    out = torch.empty((n, k), dtype=torch.float32)
+    out = _dequantized_out(n, k, out)
     cpu_kernels().q8_0_dequantize(qweight.data_ptr(), scales.data_ptr(), n, k, out.data_ptr(),
                                   torch.get_num_threads())
     return out

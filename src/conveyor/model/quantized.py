@@ -30,11 +30,11 @@ from conveyor.kernels.gguf_matmul import (
     q8_0_matmul,
 )
 
-MAX_KERNEL_ROWS = 16
-"""Inputs with at most this many rows use the block kernel; more rows dequantize the weight and use
-BLAS (measured on SmolLM2 shapes, 1 thread: the kernel is 2-6x faster at 1-8 rows, level at 16-32,
-slower beyond, since it is compute-bound while float32 BLAS is bandwidth-bound; see
-docs/performance.md)."""
+MAX_KERNEL_ROWS = 32
+"""Inputs with at most this many rows use the block kernel; more rows dequantize the weight into a
+reused buffer and use BLAS. The kernel is compute-bound (~3.5 ms per row over SmolLM2's 30 layers'
+projections, 1 thread) while dequantize + BLAS costs ~35 ms plus ~2.7 ms per row: 56 vs 67 ms at
+16 rows, level at 32-64, BLAS ahead from ~96 (docs/performance.md)."""
 
 
 class BlockFormat(enum.Enum):
@@ -68,12 +68,26 @@ class QuantizedWeight:
         mins = None if self.mins is None else fn(self.mins).contiguous()
         return QuantizedWeight(self.block_format, fn(self.qweight).contiguous(), fn(self.scales).contiguous(), mins)
 
-    def dequantize(self) -> torch.Tensor:
-        """[N, K] float32."""
+    def dequantize(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """[N, K] float32 (into `out` when given)."""
         if self.block_format == BlockFormat.Q4:
             assert self.mins is not None
-            return q4_dequantize(self.qweight, self.scales, self.mins)
-        return q8_0_dequantize(self.qweight, self.scales)
+            return q4_dequantize(self.qweight, self.scales, self.mins, out)
+        return q8_0_dequantize(self.qweight, self.scales, out)
+
+
+class DequantScratch:
+    """One float32 buffer every quantized layer of a model dequantizes into for prefill-sized inputs
+    (layers run one after another, so one buffer of the largest weight serves them all)."""
+
+    def __init__(self) -> None:
+        self._buffer = torch.empty(0)
+
+    def weight(self, num_rows: int, num_cols: int) -> torch.Tensor:
+        """A [num_rows, num_cols] float32 view of the buffer (grown when too small)."""
+        if self._buffer.numel() < num_rows * num_cols:
+            self._buffer = torch.empty(num_rows * num_cols)
+        return self._buffer[: num_rows * num_cols].view(num_rows, num_cols)
 
 
 class QuantizedLinear(nn.Module):
@@ -91,6 +105,8 @@ class QuantizedLinear(nn.Module):
         mins = torch.empty(out_features, in_features // BLOCK) if block_format == BlockFormat.Q4 else None
         self.register_buffer("mins", mins)
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.scratch = DequantScratch()
+        """Where prefill-sized calls dequantize (quantize_modules gives all layers of a model one)."""
 
     def weight_parts(self) -> QuantizedWeight:
         """The buffers as a QuantizedWeight (views, no copy)."""
@@ -111,7 +127,8 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] float32 -> [T, out] float32."""
         if x.shape[0] > MAX_KERNEL_ROWS:
-            return F.linear(x, self.weight_parts().dequantize(), self.bias)
+            weight = self.weight_parts().dequantize(self.scratch.weight(self.out_features, self.in_features))
+            return F.linear(x, weight, self.bias)
         x = x.contiguous()
         if self.block_format == BlockFormat.Q4:
             out = q4_matmul(x, self.qweight, self.scales, self.mins)
@@ -143,12 +160,15 @@ def quantize_modules(model: nn.Module, formats: dict[str, BlockFormat]) -> None:
     """Replace each nn.Linear / nn.Embedding named in `formats` by its block-quantized twin, in place.
 
     Called on the meta-device model before it is materialized, so the float32 weights of the replaced
-    modules are never allocated.
+    modules are never allocated. The new modules share one DequantScratch.
     """
+    scratch = DequantScratch()
     for name, block_format in formats.items():
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name)
-        setattr(parent, attr, _quantized_twin(name, getattr(parent, attr), block_format))
+        twin = _quantized_twin(name, getattr(parent, attr), block_format)
+        twin.scratch = scratch
+        setattr(parent, attr, twin)
 
 
 def _quantized_twin(name: str, old: nn.Module, block_format: BlockFormat) -> nn.Module:
