@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# CPU head to head: `conveyor serve` vs `vllm serve` (and llama.cpp as an anchor when installed), the same
-# weights, the same traces, one server after the other, RUNS (2) times. conveyor serves the embedded
-# SmolLM2 GGUF (its Q4_1/Q8_0 blocks as they are: --quantization auto); vLLM serves $PEER_DIR/smollm2-hf,
-# the same GGUF dequantized to float32 by the peer's setup; llama.cpp serves the same GGUF file.
+# CPU head to head: `conveyor serve` vs `vllm serve`, the same weights, the same traces, one server after
+# the other, RUNS (2) times. conveyor serves the embedded SmolLM2 GGUF (its Q4_1/Q8_0 blocks as they are:
+# --quantization auto); vLLM serves $PEER_DIR/smollm2-hf, the same GGUF dequantized to float32 by the
+# peer's setup.
 # Every server runs with --max-num-seqs $MAX_NUM_SEQS (8) and, per run:
 #   - makespan: one mixed trace of MAKESPAN_N (40) requests sent at once (rate inf): the time to finish
 #     all of them (duration), median ITL, output tok/s, TTFT p95;
 #   - rates: per offered rate in RATES ("0.5 1 2") its own N (16)-request mixed trace, Poisson arrivals.
-# Needs the peer: bash ../shared/peers/vllm-cpu/setup.sh. Optional anchor: LLAMA_CPP_PY=/path/to/python
-# with `llama-cpp-python[server]` (its server decodes one request at a time: an ITL anchor, not a batcher).
+# Needs the peer: bash ../shared/peers/vllm-cpu/setup.sh. (llama.cpp is not an anchor here: see the CPU
+# section of docs/performance.md.)
 # Usage: benchmarks/cpu_vs_vllm.sh [OUT_DIR]     (~25 min a run on 2 quiet cores)
-# SERVERS="conveyor vllm" (default; add llamacpp), CONVEYOR_ARGS (e.g. "--quantization none" for the
+# SERVERS="conveyor vllm" (default), CONVEYOR_ARGS (e.g. "--quantization none" for the
 # float32 path), SERVERS= re-reads an earlier OUT_DIR's results. Last, per server and run, the highest
 # offered rate within SLO_TTFT_P95_S (8) and SLO_E2E_P95_S (40) with no failed request, as a sweep reads it.
 # Each rate gets its own trace (same for all servers): replaying one trace at every rate would let the
@@ -20,12 +20,11 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 source "$here/../shared/peers/vllm-cpu/env.sh"
 OUT=${1:-/tmp/conveyor-cpu-vs-vllm}; RATES=${RATES-"0.5 1 2"}; N=${N:-16}; VLLM_DTYPE=${VLLM_DTYPE:-float32}
-RUNS=${RUNS:-2}; MAKESPAN_N=${MAKESPAN_N:-40}; MAX_NUM_SEQS=${MAX_NUM_SEQS:-8}; LLAMA_CPP_PY=${LLAMA_CPP_PY:-}
+RUNS=${RUNS:-2}; MAKESPAN_N=${MAKESPAN_N:-40}; MAX_NUM_SEQS=${MAX_NUM_SEQS:-8}
 SERVERS=${SERVERS-"conveyor vllm"}; CONVEYOR_ARGS=${CONVEYOR_ARGS:-}
 mkdir -p "$OUT"; cd "$here"
 PY="$here/.venv/bin/python"; export PYTHONPATH="$here/src"
 MODEL=$PEER_DIR/smollm2-hf
-GGUF=$($PY -c "from conveyor.model.loader import embedded_gguf_path; print(embedded_gguf_path())")
 free_port() { $PY -c "import socket;s=socket.socket();s.bind(('127.0.0.1',0));print(s.getsockname()[1])"; }
 wait_up() { for _ in $(seq 300); do curl -sf "http://127.0.0.1:$1/v1/models" >/dev/null && return 0; sleep 1; done; return 1; }
 # small mixed traces that fit a 2-core CPU: chat, shortened long prefills, agent groups with cancellations
@@ -55,9 +54,6 @@ start_server() {  # $1 = server name, $2 = port, $3 = log file; sets SERVER
     vllm)
       vllm serve "$MODEL" --host 127.0.0.1 --port "$2" --max-model-len 4096 --dtype "$VLLM_DTYPE" \
           --max-num-seqs "$MAX_NUM_SEQS" > "$3" 2>&1 & ;;
-    llamacpp)
-      "$LLAMA_CPP_PY" -m llama_cpp.server --model "$GGUF" --host 127.0.0.1 --port "$2" --n_ctx 4096 \
-          --n_threads 2 > "$3" 2>&1 & ;;
     *) echo "unknown server $1" >&2; exit 2 ;;
   esac
   SERVER=$!
