@@ -18,7 +18,7 @@
 # computes on CPU: its bf16 path has no native kernels on CPUs without AVX512-BF16.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-source "$here/../shared/peers/vllm-cpu/env.sh"
+source "${PEER_ENV:-$here/../shared/peers/vllm-cpu/env.sh}"  # PEER_ENV: where a worktree has no ../shared
 OUT=${1:-/tmp/conveyor-cpu-vs-vllm}; RATES=${RATES-"0.5 1 2"}; N=${N:-16}; VLLM_DTYPE=${VLLM_DTYPE:-float32}
 RUNS=${RUNS:-2}; MAKESPAN_N=${MAKESPAN_N:-40}; MAX_NUM_SEQS=${MAX_NUM_SEQS:-8}
 SERVERS=${SERVERS-"conveyor vllm"}; CONVEYOR_ARGS=${CONVEYOR_ARGS:-}
