@@ -70,8 +70,7 @@ SLO_TTFT_P95_S=${SLO_TTFT_P95_S:-8} SLO_E2E_P95_S=${SLO_E2E_P95_S:-40} $PY - "$O
 import json, os, pathlib, sys
 out, rates = pathlib.Path(sys.argv[1]), sys.argv[2:]
 ttft_s, e2e_s = float(os.environ["SLO_TTFT_P95_S"]), float(os.environ["SLO_E2E_P95_S"])
-runs = sorted({p.parent.parent.name + "/" + p.parent.name for p in out.glob("*/run*/makespan/summary.json")} |
-              {p.parent.parent.name + "/" + p.parent.name for p in out.glob("*/run*/rate@*/summary.json")})
+runs = sorted({f"{p.parts[-4]}/{p.parts[-3]}" for p in out.glob("*/run*/*/summary.json")})  # server/runK
 def load(path):
     try:
         return json.loads(path.read_text())
