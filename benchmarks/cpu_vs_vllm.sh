@@ -58,7 +58,7 @@ start_server() {  # $1 = server name, $2 = port, $3 = log file; sets SERVER
   esac
   SERVER=$!
 }
-SERVER=0; trap 'kill $SERVER 2>/dev/null || true' EXIT
+SERVER=0; trap '[ "$SERVER" -gt 0 ] && kill "$SERVER" 2>/dev/null; true' EXIT  # never `kill 0`: that is the process group
 for run in $(seq "$RUNS"); do
   for name in $SERVERS; do
     PORT=$(free_port)
