@@ -32,6 +32,7 @@ from conveyor.config import (CacheConfig, DeviceConfig, EngineConfig, LoadFormat
 from conveyor.engine.model_setup import build_engine_core
 from conveyor.request import Request
 from conveyor.sampling_params import SamplingParams
+from conveyor.worker.warmup import compiled_kernel_count
 
 
 def make_workload(num_requests: int = 256, min_len: int = 100, max_input: int = 1024, max_output: int = 1024,
@@ -126,11 +127,14 @@ def main() -> int:
     t_load = time.perf_counter()
     core = build_engine_core(engine_config(args))
     load_s = time.perf_counter() - t_load
+    compiled_at_ready = compiled_kernel_count()
     warm = [[1, 2, 3, 4, 5, 6, 7, 8] * 2, [9, 10, 11, 12] * 4]
     run_requests(core, warm, [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=16)] * 2, "warm")
     prompts, out_lens = make_workload(num_requests=args.num_requests, seed=args.seed)
     params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n) for n in out_lens]
+    compiled_before = compiled_kernel_count()
     wall, got, steps = run_requests(core, prompts, params, "req")
+    compiles_in_window = compiled_kernel_count() - compiled_before  # > 0: the warm-up missed a variant
     in_tok, out_tok = sum(len(p) for p in prompts), sum(out_lens)
     result = {
         "engine": "conveyor", "model": pathlib.Path(args.model).name,
@@ -139,6 +143,8 @@ def main() -> int:
         "wall_s": round(wall, 3), "output_tok_s": round(out_tok / wall, 1),
         "total_tok_s": round((in_tok + out_tok) / wall, 1), "num_steps": steps,
         "mean_step_ms": round(wall / steps * 1e3, 3), "load_and_capture_s": round(load_s, 1),
+        "compiled_kernels_at_ready": compiled_at_ready, "compiles_in_warmup_requests": compiled_before - compiled_at_ready,
+        "compiles_in_timed_window": compiles_in_window,
         "enforce_eager": args.enforce_eager, "async_scheduling": args.async_scheduling,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens, "num_kv_blocks": core.limits.num_kv_blocks,

@@ -8,6 +8,7 @@ validation error says what to change. Only stdlib here: this module is imported 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -169,6 +170,26 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class DeviceDefaults:
+    """Scheduler defaults that depend on the device, applied where a flag was not given."""
+
+    max_num_seqs: int
+    """Default `max_num_seqs` on this device."""
+    max_num_batched_tokens: int
+    """Default `max_num_batched_tokens` on this device."""
+    async_scheduling: bool
+    """Whether async scheduling is on unless `--no-async-scheduling` (continuous batching only)."""
+
+
+CUDA_DEFAULTS = DeviceDefaults(max_num_seqs=1024, max_num_batched_tokens=8192, async_scheduling=True)
+"""`vllm serve`'s defaults on an H100/H200-class GPU (>= 70 GiB: `_get_default_max_num_seqs_and_batched_
+tokens` in vllm/engine/arg_utils.py gives the OpenAI server 8192 tokens and 1024 sequences there), and
+async scheduling on, as vLLM >= 0.24 has it. On the CPU, SchedulerConfig's own defaults are vLLM's CPU
+ones (128 sequences, 2048 tokens) and async scheduling is off: with no device to overlap, it only
+delays every token by one step."""
+
+
+@dataclass(frozen=True)
 class DeviceConfig:
     """Where the model runs."""
 
@@ -193,6 +214,128 @@ class DeviceConfig:
             raise ConfigError(f"max_cudagraph_capture_size must be >= 1 (got {self.max_cudagraph_capture_size})")
 
 
+class SpeculativeMethod(enum.Enum):
+    """Where draft tokens come from (vLLM's `method` names, for the methods conveyor has)."""
+
+    NGRAM = "ngram"
+    """Prompt lookup: the tokens that followed the latest earlier occurrence of the request's last n-gram."""
+    DRAFT_MODEL = "draft_model"
+    """A smaller model with the same tokenizer, run greedily by the worker on its own KV cache."""
+
+
+MAX_NUM_SPECULATIVE_TOKENS = 128
+"""Most draft tokens per request and step (vLLM's MAX_SPEC_LEN)."""
+DEFAULT_PROMPT_LOOKUP = 5
+"""n-gram window when neither prompt_lookup_min nor prompt_lookup_max is given (vLLM's default)."""
+_VLLM_ONLY_METHODS = frozenset({"eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "suffix", "ngram_gpu",
+                                "custom_class", "dflash", "dspark", "extract_hidden_states"})
+_SPECULATIVE_KEYS: dict[str, tuple[type, ...]] = {
+    "method": (str,), "num_speculative_tokens": (int,), "prompt_lookup_min": (int,),
+    "prompt_lookup_max": (int,), "model": (str,), "num_hidden_layers_override": (int,),
+}
+"""The --speculative-config JSON keys conveyor reads and the JSON types each accepts."""
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding, as vLLM's `--speculative-config` JSON spells it; None on EngineConfig: off."""
+
+    method: SpeculativeMethod
+    """ngram or draft_model."""
+    num_speculative_tokens: int
+    """Draft tokens proposed per request and step (K), 1..128."""
+    prompt_lookup_min: int | None = None
+    """ngram: shortest suffix matched (None: prompt_lookup_max, or 5 when both are unset, as vLLM)."""
+    prompt_lookup_max: int | None = None
+    """ngram: longest suffix matched, tried first (None: prompt_lookup_min, or 5 when both are unset)."""
+    model: str | None = None
+    """draft_model: GGUF file or HF directory of the draft (loaded with the target's --load-format)."""
+    num_hidden_layers_override: int | None = None
+    """draft_model, conveyor's own key: keep only the draft's first N layers (e.g. the target itself
+    truncated, for self-speculation or tests)."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.num_speculative_tokens <= MAX_NUM_SPECULATIVE_TOKENS:
+            raise ConfigError(f"speculative_config: 'num_speculative_tokens' must be in "
+                              f"1..{MAX_NUM_SPECULATIVE_TOKENS} (got {self.num_speculative_tokens})")
+        if self.method is SpeculativeMethod.NGRAM:
+            self._resolve_prompt_lookup()
+            self._refuse_keys(("model", "num_hidden_layers_override"), "draft_model")
+        else:
+            self._refuse_keys(("prompt_lookup_min", "prompt_lookup_max"), "ngram")
+            if not self.model:
+                raise ConfigError("speculative_config: method draft_model needs 'model' (a GGUF file or "
+                                  "HF directory of a smaller model with the target's tokenizer)")
+            layers = self.num_hidden_layers_override
+            if layers is not None and layers < 1:
+                raise ConfigError(f"speculative_config: 'num_hidden_layers_override' must be >= 1 (got {layers})")
+
+    def _resolve_prompt_lookup(self) -> None:
+        """vLLM's rule for the unset bound; frozen, so resolved values are set once, here."""
+        low, high = self.prompt_lookup_min, self.prompt_lookup_max
+        if low is None and high is None:
+            low = high = DEFAULT_PROMPT_LOOKUP
+        low = high if low is None else low
+        high = low if high is None else high
+        assert low is not None and high is not None
+        for key, value in (("prompt_lookup_min", low), ("prompt_lookup_max", high)):
+            if value < 1:
+                raise ConfigError(f"speculative_config: '{key}' must be >= 1 (got {value})")
+        if low > high:
+            raise ConfigError(f"speculative_config: 'prompt_lookup_min' ({low}) must be <= "
+                              f"'prompt_lookup_max' ({high})")
+        object.__setattr__(self, "prompt_lookup_min", low)
+        object.__setattr__(self, "prompt_lookup_max", high)
+
+    def _refuse_keys(self, keys: tuple[str, ...], owner: str) -> None:
+        for key in keys:
+            if getattr(self, key) is not None:
+                raise ConfigError(f"speculative_config: '{key}' is for method {owner}, not {self.method.value}")
+
+    @property
+    def num_lookahead_tokens(self) -> int:
+        """KV slots the scheduler must reserve past a request's scheduled tokens (vLLM's name): the draft
+        model writes the KV of its own proposals there; n-gram lookup writes none."""
+        return self.num_speculative_tokens if self.method is SpeculativeMethod.DRAFT_MODEL else 0
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> SpeculativeConfig:
+        """From the parsed --speculative-config JSON object; an unknown key or bad type names the key."""
+        for key, value in data.items():
+            if key not in _SPECULATIVE_KEYS:
+                raise ConfigError(f"speculative_config: unknown key {key!r} (known: {', '.join(_SPECULATIVE_KEYS)})")
+            allowed = _SPECULATIVE_KEYS[key]
+            if value is not None and (isinstance(value, bool) or not isinstance(value, allowed)):
+                kind = "an integer" if allowed == (int,) else "a string"
+                raise ConfigError(f"speculative_config: {key!r} must be {kind} (got {value!r})")
+        if data.get("num_speculative_tokens") is None:
+            raise ConfigError("speculative_config: 'num_speculative_tokens' is required")
+        fields = {key: value for key, value in data.items() if key != "method" and value is not None}
+        return cls(method=_speculative_method(data), **fields)  # type: ignore[arg-type]
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON object `from_dict` reads back (resolved values, unset keys left out)."""
+        keys = [key for key in _SPECULATIVE_KEYS if key != "method" and getattr(self, key) is not None]
+        return {"method": self.method.value, **{key: getattr(self, key) for key in keys}}
+
+
+def _speculative_method(data: Mapping[str, object]) -> SpeculativeMethod:
+    """The method key; missing, vLLM's inference: draft_model when a model is named."""
+    name = data.get("method")
+    if name is None:
+        if data.get("model") is None:
+            raise ConfigError("speculative_config: 'method' is required (ngram or draft_model)")
+        return SpeculativeMethod.DRAFT_MODEL
+    supported = ", ".join(m.value for m in SpeculativeMethod)
+    if name in _VLLM_ONLY_METHODS:
+        raise ConfigError(f"speculative_config: 'method' {name!r} is a vLLM method conveyor does not have "
+                          f"(supported: {supported})")
+    try:
+        return SpeculativeMethod(name)
+    except ValueError:
+        raise ConfigError(f"speculative_config: unknown 'method' {name!r} (supported: {supported})") from None
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs, bundled once at the CLI boundary."""
@@ -207,6 +350,16 @@ class EngineConfig:
     """Where to run."""
     check_invariants: bool = False
     """Check block-pool and scheduler invariants after every step (debug; slow)."""
+    speculative_config: SpeculativeConfig | None = None
+    """Speculative decoding (None: off)."""
+
+    def __post_init__(self) -> None:
+        if self.speculative_config is not None and self.scheduler.async_scheduling:
+            raise ConfigError(
+                "speculative decoding (speculative_config) cannot run with async_scheduling: a step's "
+                "drafts come from the previous step's accepted tokens, which async scheduling has not "
+                "collected yet; drop one of the two"
+            )
 
 
 @dataclass(frozen=True)

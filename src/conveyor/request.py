@@ -68,6 +68,9 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
+    # Async scheduling: output tokens being sampled by steps in flight, not yet in output_token_ids
+    # (vLLM's name). The scheduler counts them in a request's gap so the next step computes them.
+    num_output_placeholders: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first scheduling
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None

@@ -4,7 +4,10 @@ Behaviour is chosen per request by the prompt's first word (so one trace can mix
 ok (default) · http400 · http500 · http503 · stall (one token, then nothing) · break (two tokens, then
 the connection drops) · errobj (HTTP 200, then an SSE error object as vLLM sends under
 --max-num-queued-reqs) · nodone (tokens, then the stream ends without [DONE]).
-It runs on its own event loop in a thread, on a free port, and keeps vLLM-named /metrics counters.
+It runs on its own event loop in a thread, on a free port, and keeps vLLM-named /metrics counters. It
+also counts the streams open at once (in_flight / max_in_flight: the proof that a client's concurrency
+cap holds) and keeps every generation request's body with its arrival and end times (`received`), so
+tests can check what a session turn carried and when.
 """
 
 from __future__ import annotations
@@ -29,12 +32,22 @@ class FakeConfig:
 
 
 @dataclass
+class Received:
+    body: dict
+    arrived_s: float
+    ended_s: float | None = None
+
+
+@dataclass
 class FakeState:
     generation_tokens: int = 0
     prompt_tokens: int = 0
     num_requests: int = 0
     num_disconnects: int = 0
     queue_times: list[float] = field(default_factory=list)
+    in_flight: int = 0
+    max_in_flight: int = 0
+    received: list[Received] = field(default_factory=list)
 
 
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0)
@@ -113,12 +126,19 @@ class FakeServer:
         self.state.queue_times.append(self.cfg.queue_time_s)
         prompt_len = len(str(body.get("prompt") or body.get("messages")).split())
         self.state.prompt_tokens += prompt_len
+        received = Received(body=body, arrived_s=time.perf_counter())
+        self.state.received.append(received)
+        self.state.in_flight += 1
+        self.state.max_in_flight = max(self.state.max_in_flight, self.state.in_flight)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
         try:
+            await resp.prepare(request)
             await self._stream(request, resp, body, (chat, mode, prompt_len))
         except (ConnectionError, aiohttp.ClientConnectionError, asyncio.CancelledError):
             self.state.num_disconnects += 1  # the client went away (cancellation or test teardown)
+        finally:
+            self.state.in_flight -= 1
+            received.ended_s = time.perf_counter()
         return resp
 
     async def _stream(self, request: web.Request, resp: web.StreamResponse, body: dict, info: tuple) -> None:

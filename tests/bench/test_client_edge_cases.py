@@ -113,3 +113,16 @@ class _Slo:
 
     def __init__(self, ttft_ms: float, e2el_ms: float) -> None:
         self.ttft_ms, self.e2el_ms, self.tpot_ms = ttft_ms, e2el_ms, None
+
+
+def test_the_stdlib_json_fallback_gives_the_same_bytes_and_objects(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from conveyor.bench import client
+
+    monkeypatch.setitem(sys.modules, "orjson", None)  # as if orjson were not installed
+    loads, dumps, name = client._json_codec()
+    assert name == "json"
+    event = b'{"choices":[{"index":0,"text":" x"}],"usage":null}'
+    assert loads(event) == client.json_loads(event)
+    assert loads(dumps({"prompt": "é", "max_tokens": 3})) == {"prompt": "é", "max_tokens": 3}

@@ -110,8 +110,31 @@ def test_cli_sweep_end_to_end_with_fake_runs(tmp_path: pathlib.Path, monkeypatch
                               "--out", str(tmp_path / "sw"), "--repeats", "1", "--bisect-steps", "1"])
     assert cli_sweep.run(args) == 0
     out = capsys.readouterr().out
-    assert "Highest rate meeting the objective: 2.828" in out and "Recommendation" in out
+    assert "Highest rate meeting the objective: 2.83 req/s (capacity [2.83, 4) req/s)" in out
+    assert "Recommendation" in out and "Confidence: decided" in out
     assert (tmp_path / "sw" / "report" / "report.html").is_file()
     both = parser.parse_args(["--base-url", "http://x:1", "--server-command", "x {port}", "--trace", "t",
                               "--slo", "error_rate=0", "--out", str(tmp_path / "b")])
     assert cli_sweep.run(both) == 2
+
+
+def test_concurrency_sweep_searches_whole_levels_and_sets_the_cap(tmp_path: pathlib.Path) -> None:
+    from conveyor.bench.sweep import SweepAxis
+
+    levels: list[float] = []
+
+    def run(level: float, repeat: int, run_dir: pathlib.Path) -> dict:
+        levels.append(level)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        ttft = 100.0 * level  # passes up to 5 concurrent requests
+        return {"p95_ttft_ms": ttft, "error_rate": 0.0, "request_throughput": level, "num_prompts": 10}
+
+    from conveyor.bench.slo import parse_slo_flag
+    from conveyor.bench.sweep import SweepConfig, run_sweep
+
+    cfg = SweepConfig(slo=parse_slo_flag("ttft_p95_ms=500"), start_rate=1, num_repeats=1, bisect_steps=3,
+                      axis=SweepAxis.CONCURRENCY)
+    result = run_sweep("c", cfg, run, tmp_path, progress=lambda m: None)
+    assert levels[:4] == [1.0, 2.0, 4.0, 8.0] and all(v == int(v) for v in levels)
+    assert result.max_rate_meeting == 5.0 and (tmp_path / "concurrency-5-rep0").is_dir()
+    assert len(levels) == len(set(levels))  # bisection stops when no whole level is left between

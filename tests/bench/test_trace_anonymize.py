@@ -9,7 +9,7 @@ import tempfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conveyor.bench.trace_import import ImportConfig, import_log
+from conveyor.bench.trace_import import ImportConfig, import_trace
 from conveyor.bench.traces import TraceError
 
 ORIGINAL_WORDS = ["the", "patient", "secret", "alice", "bob", "password", "42", "x", "which", "account"]
@@ -38,7 +38,7 @@ def test_anonymize_keeps_structure_and_leaks_nothing(prompts: list[list[str]], s
     with tempfile.TemporaryDirectory() as d:
         log = pathlib.Path(d) / "log.jsonl"
         _write_log(log, prompts)
-        trace = import_log(ImportConfig(log_path=str(log), anonymize=True, seed=seed))
+        trace = import_trace(ImportConfig(log_path=str(log), anonymize=True, seed=seed))
     out = [str(r.prompt).split() for r in trace.requests]
     assert [len(o) for o in out] == [len(p) for p in prompts]
     for i in range(len(prompts)):
@@ -58,7 +58,7 @@ def test_messages_keep_roles_and_per_message_lengths(tmp_path: pathlib.Path) -> 
     log.write_text("\n".join(json.dumps({"timestamp": "2026-01-01T00:00:0%dZ" % i, "messages": m,
                                          "completion_tokens": 5, "class": "support"})
                              for i, m in enumerate([msgs, other])) + "\n")
-    trace = import_log(ImportConfig(log_path=str(log), anonymize=True))
+    trace = import_trace(ImportConfig(log_path=str(log), anonymize=True))
     a, b = trace.requests
     assert a.messages is not None and b.messages is not None
     assert [m["role"] for m in a.messages] == ["system", "user"]
@@ -74,7 +74,7 @@ def test_import_without_anonymize_keeps_text_and_counts(tmp_path: pathlib.Path) 
     log = tmp_path / "log.jsonl"
     log.write_text(json.dumps({"timestamp": 5, "prompt": "hello there", "output_tokens": 3, "prompt_tokens": 4,
                                "request_id": "abc"}) + "\n")
-    (r,) = import_log(ImportConfig(log_path=str(log))).requests
+    (r,) = import_trace(ImportConfig(log_path=str(log))).requests
     assert (r.prompt, r.prompt_len, r.output_len, r.request_id, r.arrival_s) == ("hello there", 4, 3, "abc", 0.0)
 
 
@@ -83,7 +83,7 @@ def test_bad_log_lines_name_file_and_line(tmp_path: pathlib.Path) -> None:
     log.write_text(json.dumps({"timestamp": 1, "prompt": "x", "output_tokens": 1}) + "\n"
                    + json.dumps({"timestamp": 2, "prompt": "y"}) + "\n")
     try:
-        import_log(ImportConfig(log_path=str(log)))
+        import_trace(ImportConfig(log_path=str(log)))
     except TraceError as exc:
         assert "log.jsonl:2" in str(exc) and "output token count" in str(exc)
     else:

@@ -9,7 +9,7 @@ import pytest
 
 from conveyor.bench.arrivals import ArrivalConfig
 from conveyor.bench.trace_gen import AgentParams, TraceMakeConfig, make_mixed_trace
-from conveyor.bench.traces import TraceError, TraceRequest, make_trace, read_trace, write_trace
+from conveyor.bench.traces import TraceError, TraceRequest, dispatch_units, make_trace, read_trace, write_trace
 
 
 def _cfg(**kw: object) -> TraceMakeConfig:
@@ -73,37 +73,42 @@ def test_lengths_are_word_counts_and_classes_differ() -> None:
     assert min(r.prompt_len for r in by_class["long"]) >= 1500
 
 
-def test_agent_groups_share_exactly_their_prefix_and_some_cancel() -> None:
+def test_agent_sessions_share_the_system_prompt_copy_from_the_prompt_and_some_cancel() -> None:
     params = AgentParams(cancel_fraction=0.5)
-    trace = make_mixed_trace(_cfg(mix={"agent": 1.0}, num_requests=60, seed=4, agent=params))
-    groups: dict[str, list[list[str]]] = {}
-    for r in trace.requests:
-        assert r.prompt is not None and r.prefix_group is not None
-        groups.setdefault(r.prefix_group, []).append(r.prompt.split())
-        assert r.shared_prefix_len == params.system_prompt_len + params.documents_len
-    multi = [g for g in groups.values() if len(g) > 1]
-    assert multi
-    shared = params.system_prompt_len + params.documents_len
-    for members in multi:
-        assert all(m[:shared] == members[0][:shared] for m in members)
-    firsts = [g[0] for g in groups.values()]
-    # every agent request starts with the same system prompt; documents differ between groups
-    assert all(f[: params.system_prompt_len] == firsts[0][: params.system_prompt_len] for f in firsts)
-    assert len({tuple(f[params.system_prompt_len:shared]) for f in firsts}) == len(firsts)
+    trace = make_mixed_trace(_cfg(mix={"agent": 1.0}, num_requests=80, seed=4, agent=params))
+    sessions = dispatch_units(trace.requests)
+    assert len(sessions) < 80 and any(len(s) >= 3 for s in sessions)  # multi-turn, 1 + Poisson(2) turns
+    firsts = [s[0] for s in sessions]
+    system = str(firsts[0].prompt).split()[: params.system_prompt_len]
+    for first in firsts:  # one system prompt for all agent traffic, then the session's own documents
+        assert first.turn == 0 and first.prefix_group == "agent-system"
+        assert first.shared_prefix_len == params.system_prompt_len and str(first.prompt).split()[:256] == system
+    docs = {tuple(str(f.prompt).split()[256:256 + params.documents_len]) for f in firsts}
+    assert len(docs) == len(firsts)
+    later = [r for s in sessions for r in s[1:]]
+    assert all(r.think_time_s is not None and r.prompt_len < 200 for r in later)  # only the new input
+    quotes = [r for r in trace.requests if "Quote exactly" in str(r.prompt)]
+    edits = [r for r in trace.requests if "Rewrite this code" in str(r.prompt)]
+    fills = [r for r in trace.requests if "Fill in every value" in str(r.prompt)]
+    assert quotes and edits and fills and len(quotes) + len(edits) + len(fills) < 80
+    for r in quotes:  # the passage to quote is in the session's context, found by its first words
+        cue = str(r.prompt).split('begin with "')[1].rstrip('"')
+        session = next(s for s in sessions if r in s)
+        assert cue in str(session[0].prompt) and r.output_len == int(str(r.prompt).split("word for word, the ")[1].split()[0])
     by_s = [r for r in trace.requests if r.cancel_after_s is not None]
     by_tokens = [r for r in trace.requests if r.cancel_after_tokens is not None]
-    assert by_s and by_tokens and len(by_s) + len(by_tokens) < 60
+    assert by_s and by_tokens and len(by_s) + len(by_tokens) < 80
 
 
-def test_stamped_arrivals_rate_duration_and_bursts() -> None:
+def test_stamped_arrivals_rate_duration_and_sessions() -> None:
     trace = make_mixed_trace(_cfg(num_requests=None, duration_s=60.0, seed=1,
                                   arrival=ArrivalConfig(request_rate=5.0, seed=1)))
-    stamps = [r.arrival_s for r in trace.requests]
+    firsts = [u[0] for u in dispatch_units(trace.requests)]
+    stamps = [r.arrival_s for r in firsts]
     assert all(s is not None for s in stamps) and stamps == sorted(stamps)  # type: ignore[type-var]
-    assert 200 < len(stamps) < 400  # ~300 arrivals in 60 s at 5 req/s
-    agents = [r for r in trace.requests if r.request_class == "agent"]
-    groups: dict[str, list[float]] = {}
-    for r in agents:
-        groups.setdefault(str(r.prefix_group), []).append(float(r.arrival_s or 0.0))
-    spans = [max(v) - min(v) for v in groups.values() if len(v) > 2]
-    assert spans and sum(spans) / len(spans) < 1.0  # a group arrives as a burst, not spread over a minute
+    assert 200 < len(trace.requests) < 400  # ~300 arrivals in 60 s at 5 req/s
+    later = [r for r in trace.requests if r.turn]
+    assert later and all(r.arrival_s is None for r in later)  # a later turn follows its answer, not the clock
+    position = {r.request_id: i for i, r in enumerate(trace.requests)}
+    for unit in dispatch_units(trace.requests):  # turns are written in order
+        assert [position[r.request_id] for r in unit] == sorted(position[r.request_id] for r in unit)

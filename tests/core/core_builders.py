@@ -7,8 +7,8 @@ from dataclasses import dataclass, field, replace
 from conveyor.config import Batching, CacheConfig, SchedulerConfig, SchedulingPolicy
 from conveyor.core.fake_runner import FakeModelRunner
 from conveyor.core.outputs import EngineCoreOutput, EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
-from conveyor.core.scheduler import make_scheduler as make_policy
-from conveyor.core.scheduler_base import SchedulerBase
+from conveyor.core.policies import make_scheduler as make_policy
+from conveyor.core.scheduler import Scheduler
 from conveyor.core.stats import SchedulerStats
 from conveyor.request import Request
 from conveyor.sampling_params import SamplingParams
@@ -43,7 +43,7 @@ def make_request(request_id: str = "r0", num_prompt_tokens: int = 8, max_tokens:
 
 
 def make_scheduler(num_blocks: int = 64, block_size: int = 4, clock: ManualClock | None = None,
-                   **config: object) -> SchedulerBase:
+                   **config: object) -> Scheduler:
     """A scheduler; `config` keys go to SchedulerConfig or CacheConfig (enable_prefix_caching)."""
     cache_fields = {k: config.pop(k) for k in ("enable_prefix_caching",) if k in config}
     defaults: dict[str, object] = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 64}
@@ -72,7 +72,7 @@ class StepResult:
 class Driver:
     """Runs schedule -> fake runner -> update, checking invariants after every half-step."""
 
-    scheduler: SchedulerBase
+    scheduler: Scheduler
     runner: FakeModelRunner = field(init=False)
     history: list[StepResult] = field(default_factory=list)
 

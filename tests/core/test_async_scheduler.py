@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_properties import MAX_STEPS, Arrival, Run, _arrive, _check_final, _check_step, _collect, arrivals, configs
@@ -19,7 +20,7 @@ from conveyor.config import Batching, CacheConfig, SchedulerConfig
 from conveyor.core.async_scheduler import AsyncScheduler
 from conveyor.core.fake_runner import FakeModelRunner, default_token_fn
 from conveyor.core.outputs import PLACEHOLDER_TOKEN_ID, ModelRunnerOutput, SchedulerOutput
-from conveyor.core.scheduler import make_scheduler
+from conveyor.core.policies import make_scheduler
 from conveyor.request import FinishReason, Request
 from conveyor.sampling_params import SamplingParams
 
@@ -106,3 +107,58 @@ def test_stop_tokens_end_requests_where_the_synchronous_scheduler_does(
         assert scheduler.kv_cache_usage == 0.0
         results.append({rid: (run.streamed.get(rid, []), out.finish_reason) for rid, out in run.finished.items()})
     assert results[0] == results[1]
+
+
+def _pipelined_driver(scheduler_config: SchedulerConfig, block_size: int = 4) -> tuple[Run, list[
+        tuple[SchedulerOutput, ModelRunnerOutput]]]:
+    scheduler = make_scheduler(scheduler_config, CacheConfig(block_size=block_size), 128 // block_size,
+                               clock=lambda: 0.0)
+    return Run(scheduler, FakeModelRunner(block_size, check_kv=True), {}, {}, {}), []
+
+
+def test_in_flight_tokens_are_a_count_on_the_request_not_tokens_in_its_outputs() -> None:
+    config = SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=16, max_model_len=32, async_scheduling=True)
+    run, in_flight = _pipelined_driver(config)
+    request = Request("r0", [10, 11, 12], SamplingParams(max_tokens=8, ignore_eos=True), 0.0)
+    run.scheduler.add_request(request)
+    run.accepted["r0"] = request
+    _pipelined_step(run, in_flight)  # the prefill is launched; nothing is applied yet
+    assert request.output_token_ids == [] and request.num_output_placeholders == 1
+    assert request.num_computed_tokens == 3
+    for _ in range(3):  # launch the next decode (it computes the in-flight position), apply the last
+        _pipelined_step(run, in_flight)
+        assert PLACEHOLDER_TOKEN_ID not in request.output_token_ids
+        assert request.num_output_placeholders == 1  # one step in flight, one token of it
+        assert request.num_computed_tokens == request.num_tokens
+    while run.scheduler.has_unfinished_requests() or in_flight:
+        _pipelined_step(run, in_flight)
+    assert request.num_output_placeholders == 0 and len(request.output_token_ids) == 8
+    _check_final(run)
+
+
+@pytest.mark.parametrize("block_size", [1, 4])
+def test_async_scheduling_caches_the_same_prefix_blocks_as_sync(block_size: int) -> None:
+    """Step 2 computes position 3 (the prefill's sampled token, still in flight), which fills a block
+    when block_size is 1: a block is indexed only under known tokens (it once was under the -1
+    placeholder, breaking the hash chain), so a later prompt with the same tokens hits all 8 tokens'
+    blocks, as without async scheduling."""
+    results = []
+    for async_scheduling in (False, True):
+        config = SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=16, max_model_len=32,
+                                 async_scheduling=async_scheduling)
+        run, in_flight = _pipelined_driver(config, block_size)
+        first = Request("a", [10, 11, 12], SamplingParams(max_tokens=6, ignore_eos=True), 0.0)
+        run.scheduler.add_request(first)
+        run.accepted["a"] = first
+        while run.scheduler.has_unfinished_requests() or in_flight:
+            if async_scheduling:
+                _pipelined_step(run, in_flight)
+            else:
+                output = run.scheduler.schedule()
+                _apply(run, output, run.runner.execute(output))
+        second = Request("b", first.prompt_token_ids + first.output_token_ids[:5] + [7],
+                         SamplingParams(max_tokens=1, ignore_eos=True), 0.0)
+        run.scheduler.add_request(second)
+        output = run.scheduler.schedule()
+        results.append(output.scheduled_new_reqs[0].num_computed_tokens)
+    assert results == [8, 8]

@@ -9,10 +9,10 @@ from core_builders import make_request
 def _admit(manager: KVCacheManager, request: Request) -> int:
     """Look up, allocate the rest of the prompt, mark it computed; returns the hit in tokens."""
     extend_block_hashes(request, manager.block_size)
-    blocks, num_hit = manager.get_computed_blocks(request)
-    assert manager.allocate_slots(request, request.num_tokens - num_hit, blocks) is not None
+    hit = manager.get_computed_blocks(request)
+    assert manager.allocate_slots(request, request.num_tokens - hit.num_tokens, hit.blocks) is not None
     request.num_computed_tokens = request.num_tokens
-    return num_hit
+    return hit.num_tokens
 
 
 def test_allocation_rounds_up_to_blocks_and_fails_cleanly() -> None:
@@ -73,10 +73,10 @@ def test_hits_on_free_blocks_count_against_free_space() -> None:
     manager.free(first)
     second = make_request("b", num_prompt_tokens=12)
     extend_block_hashes(second, 4)
-    blocks, num_hit = manager.get_computed_blocks(second)
-    assert num_hit == 8
+    hit = manager.get_computed_blocks(second)
+    assert hit.num_tokens == 8
     # 2 free hit blocks + 1 new block = all 3; asking for a lookahead of 1 more block must fail.
-    assert manager.allocate_slots(second, 4, blocks, num_lookahead_tokens=4) is None
+    assert manager.allocate_slots(second, 4, hit.blocks, num_lookahead_tokens=4) is None
     manager.check_invariants()
-    assert manager.allocate_slots(second, 4, blocks) is not None
+    assert manager.allocate_slots(second, 4, hit.blocks) is not None
     manager.check_invariants()

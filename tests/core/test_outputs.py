@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from conveyor.core.outputs import (NO_NEW_BLOCKS, CachedRequestData, EngineCoreOutput, EngineCoreOutputs,
                                    ModelRunnerOutput, TokenLogprobs)
+from conveyor.core.stats import SchedulerStats
 from conveyor.request import FinishReason
 from core_builders import Driver, make_request, make_scheduler
 
@@ -21,10 +24,10 @@ def test_cached_request_data_append_and_remove_keep_the_lists_parallel() -> None
 
 def test_engine_core_outputs_iterate_as_one_output_per_request() -> None:
     lp = TokenLogprobs(5, -0.1, 1, [5], [-0.1])
-    done = EngineCoreOutput("c", [9], [], FinishReason.LENGTH)
+    done = EngineCoreOutput("c", [9], finish_reason=FinishReason.LENGTH)
     outputs = EngineCoreOutputs(["a", "b"], [[5], [6]], {"a": [lp]}, [done])
     assert len(outputs) == 3
-    assert list(outputs) == [EngineCoreOutput("a", [5], [lp]), EngineCoreOutput("b", [6], []), done]
+    assert list(outputs) == [EngineCoreOutput("a", [5], new_logprobs=[lp]), EngineCoreOutput("b", [6]), done]
 
 
 def test_decode_steps_report_tokens_batched_and_finishes_whole() -> None:
@@ -52,3 +55,12 @@ def test_logprobs_travel_with_the_going_on_requests_only() -> None:
     outputs, _ = scheduler.update_from_output(scheduler.schedule(), ModelRunnerOutput({"a": [6], "b": [6]},
                                                                                          {"a": [lp]}))
     assert outputs.req_ids == ["a", "b"] and outputs.new_logprobs == {"a": [lp]}
+
+
+def test_wide_records_take_keywords_so_swapped_ints_cannot_pass() -> None:
+    with pytest.raises(TypeError):
+        SchedulerStats(1, 2, 0.5)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        EngineCoreOutput("a", [5], [], FinishReason.LENGTH)  # type: ignore[misc]
+    stats = SchedulerStats(num_running_reqs=1, num_waiting_reqs=2, kv_cache_usage=0.5)
+    assert (stats.num_running_reqs, stats.num_waiting_reqs) == (1, 2)

@@ -23,8 +23,8 @@ from conveyor.config import Batching, CacheConfig, SchedulerConfig, SchedulingPo
 from conveyor.core.errors import AdmissionError, QueueFullError
 from conveyor.core.fake_runner import FakeModelRunner, default_token_fn
 from conveyor.core.outputs import EngineCoreOutput, SchedulerOutput
-from conveyor.core.scheduler import make_scheduler
-from conveyor.core.scheduler_base import SchedulerBase
+from conveyor.core.policies import make_scheduler
+from conveyor.core.scheduler import Scheduler
 from conveyor.request import FinishReason, Request
 from conveyor.sampling_params import SamplingParams
 
@@ -77,7 +77,7 @@ def _prompt(index: int, arrival: Arrival) -> list[int]:
 
 @dataclass
 class Run:
-    scheduler: SchedulerBase
+    scheduler: Scheduler
     runner: FakeModelRunner
     streamed: dict[str, list[int]]
     finished: dict[str, EngineCoreOutput]
@@ -136,7 +136,7 @@ def _check_final(run: Run) -> None:
         if run.finished[request_id].finish_reason is FinishReason.LENGTH:
             assert request.max_tokens is None or request.num_output_tokens == request.max_tokens or \
                 request.num_tokens == run.scheduler.scheduler_config.max_model_len or \
-                request.num_tokens == run.scheduler.capacity.num_blocks * run.scheduler.block_size + 1
+                request.num_tokens == run.scheduler.pool_size.num_blocks * run.scheduler.block_size + 1
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conveyor.core.scheduler_base import SchedulerBase
+from conveyor.core.scheduler import Scheduler
 from conveyor.request import FinishReason
 from core_builders import Driver, make_request, make_scheduler
 
@@ -115,7 +115,7 @@ def test_prefix_caching_off_never_hits() -> None:
     assert result.stats.prefix_cache_queries == 0
 
 
-def _fill_pool_then_grow(policy: str, priorities: tuple[int, int, int]) -> tuple[Driver, SchedulerBase]:
+def _fill_pool_then_grow(policy: str, priorities: tuple[int, int, int]) -> tuple[Driver, Scheduler]:
     """Three requests of 8 prompt tokens in a 7-block pool (block 4): the third decode block triggers
     preemption."""
     scheduler = make_scheduler(num_blocks=7, block_size=4, policy=policy, enable_prefix_caching=False)
@@ -240,3 +240,20 @@ def test_blocks_filled_during_decode_are_cached_for_the_next_turn() -> None:
     new = driver.step().scheduler_output.scheduled_new_reqs[0]
     assert new.num_computed_tokens == 12
     driver.run_until_done()
+
+
+def test_a_victim_scheduled_earlier_in_the_step_gives_its_tokens_back_to_the_budget() -> None:
+    """Priority: "b" (lowest) runs first in admission order; "a" needs a block, so "b" is preempted after
+    it was scheduled this step. Its token returns to the budget, and "c"'s chunk gets it."""
+    scheduler = make_scheduler(num_blocks=4, block_size=4, policy="priority", max_num_batched_tokens=6, max_num_seqs=4,
+                               max_model_len=32, enable_prefix_caching=False)
+    driver = Driver(scheduler)
+    scheduler.add_request(make_request("b", num_prompt_tokens=4, priority=5))
+    driver.step()
+    scheduler.add_request(make_request("a", num_prompt_tokens=4, priority=0, arrival_s=1.0))
+    scheduler.add_request(make_request("c", num_prompt_tokens=12, priority=1, arrival_s=1.0))
+    assert driver.step().scheduler_output.num_scheduled_tokens == {"b": 1, "a": 4, "c": 1}
+    result = driver.step()
+    assert result.scheduler_output.preempted_req_ids == {"b"}
+    assert result.scheduler_output.num_scheduled_tokens == {"a": 1, "c": 5}
+    assert result.scheduler_output.total_num_scheduled_tokens == 6

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from conveyor.core.scheduler import Scheduler, make_scheduler
+from conveyor.core.policies import make_scheduler
+from conveyor.core.scheduler import Scheduler
 from conveyor.core.static_scheduler import StaticScheduler
 from core_builders import Driver, make_request
 from core_builders import make_scheduler as build

@@ -92,8 +92,8 @@ class FakeScheduler:
             else:
                 outputs.req_ids.append(request.request_id)
                 outputs.new_token_ids.append(list(new_ids))
-        stats = SchedulerStats(len(self.running), len(self.waiting), self.kv_usage,
-                               num_scheduled_tokens=sched.total_num_scheduled_tokens)
+        stats = SchedulerStats(num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
+                               kv_cache_usage=self.kv_usage, num_scheduled_tokens=sched.total_num_scheduled_tokens)
         return outputs, stats
 
     @property

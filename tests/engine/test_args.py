@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
-from conveyor.config import Batching, CUDAGraphMode, EngineConfig, LoadFormat, Quantization, SchedulingPolicy
+from conveyor.config import (
+    Batching, CUDAGraphMode, EngineConfig, LoadFormat, Quantization, SchedulingPolicy, SpeculativeConfig,
+    SpeculativeMethod,
+)
 from conveyor.engine.args import (
     add_engine_arguments,
     build_engine_config,
@@ -62,6 +66,21 @@ def test_async_scheduling_flag_and_its_static_conflict(capsys: pytest.CaptureFix
     assert "--async-scheduling" in err and "--batching" in err
 
 
+def test_cuda_takes_vllms_gpu_defaults_and_async_scheduling() -> None:
+    cuda = build_engine_config(parse(["--device", "cuda"])).scheduler
+    assert (cuda.max_num_seqs, cuda.max_num_batched_tokens, cuda.async_scheduling) == (1024, 8192, True)
+    cpu = build_engine_config(parse([])).scheduler
+    assert (cpu.max_num_seqs, cpu.max_num_batched_tokens, cpu.async_scheduling) == (128, 2048, False)
+
+
+def test_given_flags_win_over_the_cuda_defaults() -> None:
+    config = build_engine_config(parse(["--device", "cuda", "--no-async-scheduling", "--max-num-seqs", "256",
+                                        "--max-num-batched-tokens", "2048"])).scheduler
+    assert (config.max_num_seqs, config.max_num_batched_tokens, config.async_scheduling) == (256, 2048, False)
+    static = build_engine_config(parse(["--device", "cuda", "--batching", "static"])).scheduler
+    assert not static.async_scheduling  # async needs continuous batching: not defaulted on there
+
+
 def test_zero_threshold_means_no_cap_as_in_vllm() -> None:
     assert build_engine_config(parse(["--long-prefill-token-threshold", "0"])).scheduler \
         .long_prefill_token_threshold is None
@@ -112,3 +131,44 @@ def test_quantization_flag(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         parse(["--quantization", "awq"])
     assert "--quantization" in capsys.readouterr().err
+
+
+def test_speculative_config_flag_takes_vllm_json(capsys: pytest.CaptureFixture[str]) -> None:
+    config = build_engine_config(parse(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4, '
+                                        '"prompt_lookup_min": 2, "prompt_lookup_max": 5}']))
+    spec = config.speculative_config
+    assert spec is not None and spec.method is SpeculativeMethod.NGRAM
+    assert (spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max) == (4, 2, 5)
+    assert json.loads(engine_config_to_flags(config)["speculative-config"]) == {
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+    draft = build_engine_config(parse(["--speculative-config",
+                                       '{"method": "draft_model", "model": "d.gguf", "num_speculative_tokens": 3}']))
+    assert draft.speculative_config == SpeculativeConfig(SpeculativeMethod.DRAFT_MODEL, 3, model="d.gguf")
+    assert engine_config_to_flags(EngineConfig())["speculative-config"] == "none"
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ('{"method": "ngram", "num_speculative_tokens": 3, "lookahead": 2}', "unknown key 'lookahead'"),
+    ('{"method": "eagle", "num_speculative_tokens": 3}', "'method' 'eagle' is a vLLM method"),
+    ('{"method": "ngram", "num_speculative_tokens": 0}', "'num_speculative_tokens' must be in 1..128"),
+    ('{"method": "ngram"}', "'num_speculative_tokens' is required"),
+    ("[1, 2]", "expected a JSON object"),
+    ("{method: ngram}", "not valid JSON"),
+])
+def test_bad_speculative_config_names_the_flag_and_the_key(capsys: pytest.CaptureFixture[str], value: str,
+                                                            message: str) -> None:
+    with pytest.raises(SystemExit):
+        parse(["--speculative-config", value])
+    err = capsys.readouterr().err
+    assert "--speculative-config" in err and message in err
+
+
+def test_speculative_decoding_refuses_async_scheduling(capsys: pytest.CaptureFixture[str]) -> None:
+    ngram = ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']
+    with pytest.raises(SystemExit):
+        engine_config_from_args(parse(["--async-scheduling", *ngram]))
+    err = capsys.readouterr().err
+    assert "--speculative-config" in err and "--async-scheduling" in err
+    on_cuda = build_engine_config(parse(["--device", "cuda", *ngram]))  # CUDA's async default steps aside
+    assert not on_cuda.scheduler.async_scheduling and on_cuda.scheduler.max_num_seqs == 1024
+    assert build_engine_config(parse(["--device", "cuda"])).scheduler.async_scheduling

@@ -49,7 +49,7 @@ def shared():
 
 
 def make_llm(shared, **overrides: object) -> LLM:
-    from conveyor.core.scheduler import make_scheduler
+    from conveyor.core.policies import make_scheduler
 
     runner, num_blocks, tokenizer = shared
     config = engine_config_from_kwargs(BASE, **overrides)

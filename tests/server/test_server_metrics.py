@@ -101,8 +101,8 @@ def test_intervals_follow_vllm_definitions() -> None:
                              finished_s=13.25, token_times_s=[11.0, 12.0, 13.0])
     finished = FinishedRequestStats(FinishReason.STOP, timings, num_prompt_tokens=5, num_generation_tokens=3,
                                     num_cached_tokens=0, num_preemptions=0)
-    metrics.on_step(SchedulerStats(1, 2, 0.5, num_preemptions=1, prefix_cache_queries=16, prefix_cache_hits=8,
-                                   num_scheduled_tokens=40, num_generation_tokens=1, num_queue_timeouts=1), [finished])
+    metrics.on_step(SchedulerStats(num_running_reqs=1, num_waiting_reqs=2, kv_cache_usage=0.5, num_preemptions=1,
+                                   prefix_cache_queries=16, prefix_cache_hits=8, num_scheduled_tokens=40, num_generation_tokens=1, num_queue_timeouts=1), [finished])
     text = metrics.render().decode()
     assert sample(text, "vllm:request_queue_time_seconds_sum") == 0.5
     assert sample(text, "vllm:request_prefill_time_seconds_sum") == 0.5

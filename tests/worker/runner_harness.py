@@ -50,12 +50,12 @@ def make_runner(model_dir: pathlib.Path, num_blocks: int | None = 256, max_model
         SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=256, max_model_len=max_model_len),
         DeviceConfig(device=device),
     )
-    _sharpen(runner.model)
+    sharpen(runner.model)
     runner.initialize_kv_cache()
     return runner
 
 
-def _sharpen(model: torch.nn.Module) -> None:
+def sharpen(model: torch.nn.Module) -> None:
     """Larger random weights than the dummy loader's, so greedy choices are far from ties."""
     generator = torch.Generator().manual_seed(1234)
     with torch.no_grad():
@@ -127,19 +127,23 @@ class ToyScheduler:
         request.block_ids.extend(blocks)
         return blocks
 
+    @staticmethod
+    def _place(request: ToyRequest, blocks: list[int], new: list[NewRequestData], cached: CachedRequestData) -> None:
+        """List the request among the new ones (sent whole) or the cached ones (sent as what changed)."""
+        if request.held_by_worker:
+            cached.append(request.request_id, blocks, request.num_computed)
+        else:
+            new.append(NewRequestData(request.request_id, request.prompt, list(request.output),
+                                      request.params, list(request.block_ids), request.num_computed))
+            request.held_by_worker = True
+
     def schedule(self, only: set[str] | None = None) -> SchedulerOutput:
         new, cached, num_tokens = [], CachedRequestData(), {}
         for request in self.requests.values():
             if request.done or (only is not None and request.request_id not in only):
                 continue
             n = min(request.num_tokens - request.num_computed, self.chunk_size)
-            was_held, blocks = request.held_by_worker, self._allocate(request, n)
-            if was_held:
-                cached.append(request.request_id, blocks, request.num_computed)
-            else:
-                new.append(NewRequestData(request.request_id, request.prompt, list(request.output),
-                                          request.params, list(request.block_ids), request.num_computed))
-                request.held_by_worker = True
+            self._place(request, self._allocate(request, n), new, cached)
             num_tokens[request.request_id] = n
         output = SchedulerOutput(new, cached, num_tokens, sum(num_tokens.values()),
                                  finished_req_ids=self.finished, preempted_req_ids=self.preempted)

@@ -43,7 +43,8 @@ def _host_of(metadata: AttentionMetadata, sampling: list[int]) -> HostBatch:
 def test_capture_sizes_cover_max_num_seqs() -> None:
     assert capture_sizes(1) == [1]
     assert capture_sizes(20) == [1, 2, 4, 8, 16, 20]
-    assert capture_sizes(256)[-3:] == [224, 240, 256]
+    assert capture_sizes(300)[:6] == [1, 2, 4, 8, 16, 24] and capture_sizes(300)[-4:] == [256, 272, 288, 300]
+    assert capture_sizes(256)[-3:] == [240, 248, 256]
     assert capture_sizes(4096)[-1] == 512
 
 
@@ -100,7 +101,7 @@ def test_padded_mixed_step_equals_the_real_step_on_real_rows(seed: int) -> None:
     real = build_attention_metadata(specs, BLOCK, "cpu")
     host = _host_of(real, sampling)
     inputs = StaticInputs(GraphGeometry(max_tokens=64, max_seqs=7, max_blocks_per_seq=5, block_size=BLOCK,
-                                        max_model_len=20), torch.device("cpu"))
+                                        max_model_len=20, max_logits_rows=7), torch.device("cpu"))
     inputs.reset_for_capture()
     inputs.stage(host, 48, mixed=True)
     padded = inputs.mixed_metadata(48)
@@ -119,7 +120,7 @@ def test_padded_mixed_step_equals_the_real_step_on_real_rows(seed: int) -> None:
 def test_padded_decode_step_pairs_token_i_with_sequence_i() -> None:
     specs = [SequenceSpec(1, 5, [0, 1]), SequenceSpec(1, 9, [2, 3, 4]), SequenceSpec(1, 1, [5])]
     real = build_attention_metadata(specs, BLOCK, "cpu")
-    inputs = StaticInputs(GraphGeometry(16, 9, 5, BLOCK, 20), torch.device("cpu"))
+    inputs = StaticInputs(GraphGeometry(16, 9, 5, BLOCK, 20, 9), torch.device("cpu"))
     inputs.stage(_host_of(real, [0, 1, 2]), 8, mixed=False)
     padded = inputs.decode_metadata(8)
     assert padded.seq_lens.tolist() == [5, 9, 1, 0, 0, 0, 0, 0] and padded.slot_mapping[3:].eq(-1).all()
@@ -159,3 +160,26 @@ def test_graph_replay_matches_eager_forward() -> None:
         replayed = graphs.run(host, lambda ids: None).clone()
         eager = forward(torch.from_numpy(host.input_ids).cuda(), torch.from_numpy(host.positions).cuda(), meta)
         assert torch.equal(replayed, eager[torch.from_numpy(host.logits_indices).cuda()])
+
+
+def test_verification_steps_fit_mixed_graphs_with_all_their_logits_rows() -> None:
+    """A step verifying K drafts per request has 1 + K query tokens and logits rows per request: the
+    mixed graphs' token buckets cover it and the static logits_indices hold every row."""
+    plan = GraphPlan(max_num_seqs=8, max_num_batched_tokens=512, max_model_len=16, block_size=BLOCK,
+                     mode=CUDAGraphMode.FULL, max_cudagraph_capture_size=256, num_speculative_tokens=3)
+    geometry = plan.geometry()
+    assert geometry.max_logits_rows == 9 * 4
+    specs = [SequenceSpec(4, 8, [0, 1]), SequenceSpec(1, 3, [2]), SequenceSpec(3, 12, [3, 4, 5])]
+    real = build_attention_metadata(specs, BLOCK, "cpu")
+    host = _host_of(real, [0, 1, 2])
+    host = HostBatch(**{**host.__dict__, "logits_indices": np.array([0, 1, 2, 3, 4, 5, 6, 7])})  # every token
+    size = mixed_bucket(host, plan.mixed_sizes(), geometry)
+    assert size == 16 and decode_bucket(host, capture_sizes(8), geometry.max_blocks_per_seq) is None
+    inputs = StaticInputs(geometry, torch.device("cpu"))
+    inputs.stage(host, size, mixed=True)
+    assert inputs.device_view("logits_indices")[:8].tolist() == list(range(8))
+    fewer_rows = GraphPlan(8, 512, 16, BLOCK, CUDAGraphMode.FULL, 256, num_speculative_tokens=0).geometry()
+    assert fewer_rows.max_logits_rows == 9 and mixed_bucket(host, plan.mixed_sizes(), fewer_rows) == 16
+    verify_all = HostBatch(**{**_host([4, 4, 4]).__dict__, "logits_indices": np.arange(12)})  # 3 drafts each
+    assert mixed_bucket(verify_all, plan.mixed_sizes(), geometry) == 16
+    assert mixed_bucket(verify_all, plan.mixed_sizes(), fewer_rows) is None  # more rows than captured: eager

@@ -9,7 +9,7 @@ import pytest
 from runner_harness import BLOCK_SIZE, make_runner, write_tiny_llama
 
 from conveyor.config import Batching, CacheConfig, SchedulerConfig
-from conveyor.core.scheduler import make_scheduler
+from conveyor.core.policies import make_scheduler
 from conveyor.request import Request
 from conveyor.sampling_params import SamplingParams
 

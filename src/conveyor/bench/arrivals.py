@@ -70,7 +70,7 @@ def send_offsets_s(cfg: ArrivalConfig, num_requests: int,
     k = 1.0 if cfg.process is ArrivalProcess.POISSON else cfg.burstiness
     rng = np.random.default_rng(cfg.seed)
     gaps = gamma_gaps(num_requests - 1, cfg.request_rate, k, rng)
-    return [0.0] + np.cumsum(gaps).tolist()
+    return [0.0] + [float(t) for t in np.cumsum(gaps)]
 
 
 def _replay(trace_arrivals_s: Sequence[float | None], num_requests: int, time_scale: float) -> list[float]:

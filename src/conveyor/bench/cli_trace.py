@@ -12,9 +12,10 @@ import numpy as np
 
 from conveyor.bench.arrivals import ArrivalConfig, ArrivalProcess
 from conveyor.bench.trace_gen import CLASSES, TraceMakeConfig, make_mixed_trace
-from conveyor.bench.trace_import import ImportConfig, import_log
+from conveyor.bench.trace_import import ImportConfig, ImportFormat, Turns, import_trace
+from conveyor.bench.trace_synthetic import RandomParams
 from conveyor.bench.tokenize_lengths import with_exact_lengths
-from conveyor.bench.traces import Trace, TraceError, make_trace, read_trace, write_trace
+from conveyor.bench.traces import Trace, TraceError, dispatch_units, make_trace, read_trace, write_trace
 
 
 def parse_mix(text: str) -> dict[str, float]:
@@ -69,15 +70,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="override a class parameter, e.g. long.prompt_len_max=1000 (repeatable)")
     make.add_argument("--out", required=True, help="trace file to write")
     _add_tokenize_flags(make)
-    imp = sub.add_parser("import", help="Turn a request log (JSONL) into a trace")
-    imp.add_argument("log", help="JSONL log: timestamp, prompt|messages, output_tokens, [class], [session_id]")
+    imp = sub.add_parser("import", help="Turn a request log, dataset file or trace into a conveyor trace")
+    _add_import_arguments(imp)
+    show = sub.add_parser("show", help="Summarize a trace")
+    show.add_argument("trace")
+
+
+def _add_import_arguments(imp: argparse.ArgumentParser) -> None:
+    imp.add_argument("log", nargs="?", default=None,
+                     help="input file (none for --format random); log: JSONL of timestamp, prompt|messages, output_tokens")
+    imp.add_argument("--format", default=ImportFormat.LOG.value, choices=[f.value for f in ImportFormat],
+                     help="log (conveyor's JSONL), openai-log, sharegpt, hf (JSON/JSONL/Parquet export), "
+                          "mooncake, random (vLLM's)")
     imp.add_argument("--anonymize", action="store_true", help="replace all text, keep lengths and prefix sharing")
     imp.add_argument("--default-class", default="imported")
     imp.add_argument("--seed", type=int, default=0)
+    imp.add_argument("--tokenizer", default=None, metavar="PATH",
+                     help="tokenizer.json, model directory or .gguf: exact token lengths (default: words ≈ tokens)")
+    imp.add_argument("--num-requests", type=int, default=None, help="keep the first N (random: make N, default 1000)")
+    imp.add_argument("--output-len", type=int, default=None, help="fixed output length (default: the file's answers)")
+    imp.add_argument("--turns", default=Turns.FIRST.value, choices=[t.value for t in Turns],
+                     help="sharegpt/hf conversations: first human message (vLLM) or all, as session turns")
+    imp.add_argument("--prompt-column", default=None, help="hf: prompt column (default: detected)")
+    imp.add_argument("--answer-column", default=None, help="hf: reference-answer column (default: detected)")
+    imp.add_argument("--block-size", type=int, default=512, help="mooncake: tokens per hash id (default 512)")
+    d = RandomParams.__dataclass_fields__
+    for name in ("input_len", "output_len", "range_ratio", "prefix_len"):
+        imp.add_argument(f"--random-{name.replace('_', '-')}", type=type(d[name].default), default=d[name].default,
+                         help=f"random: vLLM's --random-{name.replace('_', '-')} (default {d[name].default})")
     imp.add_argument("--out", required=True)
     _add_tokenize_flags(imp)
-    show = sub.add_parser("show", help="Summarize a trace")
-    show.add_argument("trace")
+
+
+def _import_config(args: argparse.Namespace) -> ImportConfig:
+    random = RandomParams(input_len=args.random_input_len, output_len=args.random_output_len,
+                          range_ratio=args.random_range_ratio, prefix_len=args.random_prefix_len)
+    return ImportConfig(log_path=args.log, format=ImportFormat(args.format), anonymize=args.anonymize,
+                        default_class=args.default_class, seed=args.seed, tokenizer_path=args.tokenizer,
+                        output_len=args.output_len, turns=Turns(args.turns), prompt_column=args.prompt_column,
+                        answer_column=args.answer_column, num_requests=args.num_requests,
+                        block_size=args.block_size, random=random)
 
 
 def _add_tokenize_flags(parser: argparse.ArgumentParser) -> None:
@@ -125,6 +157,10 @@ def describe(trace: Trace) -> str:
         span = max(stamps) - min(stamps)
         rate = (len(stamps) - 1) / span if span > 0 else math.inf
         lines.append(f"arrivals: {span:.1f} s span, {rate:.2f} req/s mean")
+    turns = [len(u) for u in dispatch_units(trace.requests) if u[0].turn is not None]
+    if turns:
+        lines.append(f"sessions: {len(turns)}, {sum(turns)} turns, {sum(turns) / len(turns):.1f} per session "
+                     f"(max {max(turns)})")
     for c in sorted(h.classes):
         rs = [r for r in trace.requests if r.request_class == c]
         cancels = sum(r.cancel_after_s is not None or r.cancel_after_tokens is not None for r in rs)
@@ -147,8 +183,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.trace_command == "make":
         trace = make_mixed_trace(_make_config(args))
     elif args.trace_command == "import":
-        trace = import_log(ImportConfig(log_path=args.log, anonymize=args.anonymize,
-                                        default_class=args.default_class, seed=args.seed))
+        trace = import_trace(_import_config(args))
     else:
         print(describe(read_trace(args.trace)))
         return 0

@@ -11,6 +11,10 @@ to close the stream after a delay or after N chunks, and we did: the server sees
 failed with a kind: HTTP status, timeout, connection, or stream_error (stream broken before [DONE], no
 token chunk, unparsable data, or an HTTP 200 stream carrying an `error` object, which vLLM sends when
 it rejects a streaming request; a numeric error code maps to its HTTP kind).
+
+The client's own cost per request caps what one load-generator process can offer: bodies are encoded
+before the clock starts, SSE lines are parsed as bytes, and orjson replaces the stdlib json when it is
+installed (`pip install 'conveyor[fast]'`); both paths give the same records.
 """
 
 from __future__ import annotations
@@ -19,12 +23,25 @@ import asyncio
 import enum
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
 from conveyor.bench.traces import TraceRequest
+
+
+def _json_codec() -> tuple[Callable[[bytes], Any], Callable[[Any], bytes], str]:
+    """(loads, dumps to bytes, library name): orjson's when installed, else the standard library's."""
+    try:
+        import orjson
+    except ImportError:
+        return json.loads, lambda obj: json.dumps(obj).encode(), "json"
+    return orjson.loads, orjson.dumps, "orjson"
+
+
+json_loads, json_dumps, JSON_LIBRARY = _json_codec()
 
 
 class Endpoint(str, enum.Enum):
@@ -66,11 +83,13 @@ class RequestRecord:
     request_class: str
     """The trace's class."""
     scheduled_s: float
-    """When the arrival process said to send it, from the run start."""
+    """When it was due (arrival process; a later session turn: previous answer + think time), from the run start."""
     sent_s: float = 0.0
     """When the POST was actually issued, from the run start."""
+    client_queue_s: float = 0.0
+    """Time spent waiting for a --max-concurrency slot after scheduled_s (vLLM's client_queue_time)."""
     send_lag_s: float = 0.0
-    """sent_s − scheduled_s: how far the client fell behind."""
+    """sent_s − scheduled_s − client_queue_s: how far the client itself fell behind."""
     status: RequestStatus = RequestStatus.FAILED
     """completed / cancelled / failed."""
     error_kind: ErrorKind | None = None
@@ -93,12 +112,27 @@ class RequestRecord:
     """(e2e − ttft) / (output_tokens − 1), when output_tokens > 1."""
     end_s: float | None = None
     """When the request ended (any outcome), from the run start."""
+    session_id: str | None = None
+    """The trace's session id, for session turns."""
+    turn: int | None = None
+    """Turn index within the session."""
+    worker: int = 0
+    """The load-generator process that sent it (--workers)."""
+    in_window: bool = True
+    """Sent inside the steady-state window (after warm-up, before cool-down), so counted in the summary."""
 
     def to_json(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out["status"] = self.status.value
         out["error_kind"] = None if self.error_kind is None else self.error_kind.value
         return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RequestRecord:
+        """The inverse of to_json (records come back from worker processes this way)."""
+        kind = data.get("error_kind")
+        return cls(**dict(data, status=RequestStatus(data["status"]),
+                          error_kind=None if kind is None else ErrorKind(kind)))
 
 
 @dataclass(frozen=True)
@@ -158,7 +192,19 @@ class PreparedRequest:
 
 def prepare(cfg: ClientConfig, req: TraceRequest) -> PreparedRequest:
     return PreparedRequest(req=req, url=cfg.base_url.rstrip("/") + cfg.endpoint.path,
-                           body=json.dumps(build_payload(cfg, req)).encode(), headers=build_headers(cfg, req))
+                           body=json_dumps(build_payload(cfg, req)), headers=build_headers(cfg, req))
+
+
+@dataclass(frozen=True)
+class SendContext:
+    """What every send of one load generator shares."""
+
+    session: aiohttp.ClientSession
+    """The HTTP session (one connection pool)."""
+    cfg: ClientConfig
+    """Where and how to send."""
+    t0: float
+    """perf_counter() at the run start; every *_s of a record is relative to it."""
 
 
 class _Cancel(Exception):
@@ -170,6 +216,8 @@ class _Stream:
     """Running state of one streamed response."""
 
     t_send: float
+    answer: list[str] | None
+    """Collects the streamed text when the caller needs it (a session's history), else None."""
     last_token_t: float | None = None
     num_text_chunks: int = 0
     num_token_chunks: int = 0
@@ -183,15 +231,15 @@ def chunk_text(choice: dict[str, Any]) -> str:
     return str(choice.get("text") or "")
 
 
-def _on_event(data: str, st: _Stream, rec: RequestRecord, cancel_after_tokens: int | None) -> None:
-    """Handle one SSE `data:` payload; raises _Cancel or ValueError (stream error)."""
-    if data == "[DONE]":
+def _on_event(data: bytes, st: _Stream, rec: RequestRecord, cancel_after_tokens: int | None) -> None:
+    """Handle one SSE `data:` payload (stripped bytes); raises _Cancel or ValueError (stream error)."""
+    if data == b"[DONE]":
         st.done = True
         return
     now = time.perf_counter()
-    obj = json.loads(data)
+    obj = json_loads(data)
     if not isinstance(obj, dict):
-        raise ValueError(f"SSE data is not a JSON object: {data[:200]}")
+        raise ValueError(f"SSE data is not a JSON object: {data[:200]!r}")
     if obj.get("error") is not None:
         raise _StreamErrorObject(obj["error"])
     choices = obj.get("choices")
@@ -202,7 +250,11 @@ def _on_event(data: str, st: _Stream, rec: RequestRecord, cancel_after_tokens: i
             rec.itl_s.append(now - st.last_token_t)
         st.last_token_t = now
         st.num_token_chunks += 1
-        st.num_text_chunks += 1 if chunk_text(choices[0]) else 0
+        text = chunk_text(choices[0])
+        if text:
+            st.num_text_chunks += 1
+            if st.answer is not None:
+                st.answer.append(text)
         if cancel_after_tokens is not None and st.num_token_chunks >= cancel_after_tokens:
             raise _Cancel()
     if obj.get("usage"):
@@ -223,9 +275,9 @@ async def _read_stream(resp: aiohttp.ClientResponse, st: _Stream, rec: RequestRe
         pending = lines.pop()  # an incomplete last line waits for the next read
         for raw in lines:
             if not st.done and raw.startswith(b"data:"):  # skips blanks, SSE comments (pings), event:/id:
-                _on_event(raw[5:].decode("utf-8", errors="replace").strip(), st, rec, cancel_after_tokens)
+                _on_event(raw[5:].strip(), st, rec, cancel_after_tokens)
     if pending.startswith(b"data:") and not st.done:
-        _on_event(pending[5:].decode("utf-8", errors="replace").strip(), st, rec, cancel_after_tokens)
+        _on_event(pending[5:].strip(), st, rec, cancel_after_tokens)
     # Reading on to the end of the body (not stopping at [DONE]) lets aiohttp reuse the connection.
 
 
@@ -248,18 +300,19 @@ def _fail(rec: RequestRecord, kind: ErrorKind, message: str) -> None:
     rec.status, rec.error_kind, rec.error_message = RequestStatus.FAILED, kind, message[:500]
 
 
-async def send_request(session: aiohttp.ClientSession, cfg: ClientConfig, prepared: PreparedRequest,
-                       rec: RequestRecord, t0: float) -> RequestRecord:
-    """Send one request and fill rec; never raises for anything the server or network does."""
-    req = prepared.req
+async def send_request(ctx: SendContext, prepared: PreparedRequest, rec: RequestRecord,
+                       answer: list[str] | None = None) -> RequestRecord:
+    """Send one request and fill rec (and `answer`, when given, with the streamed text pieces); never
+    raises for anything the server or network does."""
+    req, cfg = prepared.req, ctx.cfg
     cancel_s = req.cancel_after_s
     limit_s = cfg.request_timeout_s if cancel_s is None else min(cancel_s, cfg.request_timeout_s)
-    st = _Stream(t_send=time.perf_counter())
-    rec.sent_s = st.t_send - t0
-    rec.send_lag_s = rec.sent_s - rec.scheduled_s
+    st = _Stream(t_send=time.perf_counter(), answer=answer)
+    rec.sent_s = st.t_send - ctx.t0
+    rec.send_lag_s = rec.sent_s - rec.scheduled_s - rec.client_queue_s
     try:
         async with asyncio.timeout(limit_s):  # cheaper than wait_for: no extra task per request
-            await _exchange(session, prepared, st, rec)
+            await _exchange(ctx.session, prepared, st, rec)
     except _Cancel:
         rec.status = RequestStatus.CANCELLED
     except asyncio.TimeoutError:
@@ -276,13 +329,13 @@ async def send_request(session: aiohttp.ClientSession, cfg: ClientConfig, prepar
         broken = rec.http_status == 200
         _fail(rec, ErrorKind.STREAM_ERROR if broken else ErrorKind.CONNECTION, repr(exc))
     else:
-        _finish(rec, st, req)
+        _finish(rec, st)
     _count_tokens(rec, st, req)
-    rec.end_s = time.perf_counter() - t0
+    rec.end_s = time.perf_counter() - ctx.t0
     return rec
 
 
-def _finish(rec: RequestRecord, st: _Stream, req: TraceRequest) -> None:
+def _finish(rec: RequestRecord, st: _Stream) -> None:
     """The exchange returned normally: completed, or failed by HTTP status or an incomplete stream."""
     if rec.error_kind is not None:
         rec.status = RequestStatus.FAILED

@@ -1,9 +1,11 @@
-"""One benchmark run: trace + arrival process + server -> a run directory (docs/RUNDIR contract).
+"""One benchmark run: trace + load shape + server -> a run directory (docs/RUNDIR contract).
 
-run_benchmark() reads and verifies the trace, precomputes every send time, asks the server who it is,
-scrapes /metrics before the first request, drives the open loop while sampling gauges, scrapes again
-after the last request ends, and writes command.txt, config.json, server.json, requests.jsonl,
-server_timeseries.jsonl and summary.json. Nothing the server does makes it raise: failures are data.
+run_benchmark() reads and verifies the trace, resolves the load profile, precomputes every due time,
+asks the server who it is, scrapes /metrics before the first request, drives the load (in this process,
+or split over --workers processes) while sampling gauges, scrapes again after the last request ends,
+and writes command.txt, config.json, server.json, requests.jsonl, server_timeseries.jsonl and
+summary.json. Only requests inside the steady-state window (window.py) count in the summary.
+Nothing the server does makes it raise: failures are data.
 """
 
 from __future__ import annotations
@@ -20,12 +22,27 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.bench.arrivals import ArrivalConfig, ArrivalProcess, send_offsets_s
+from conveyor.bench.arrivals import ArrivalProcess, send_offsets_s
 from conveyor.bench.client import ClientConfig, Endpoint
-from conveyor.bench.loadgen import LoadResult, new_session, run_open_loop
-from conveyor.bench.metrics import GoodputBounds, client_summary, send_lag_p99_ms, validity
-from conveyor.bench.server_metrics import ServerObservation, ServerScraper, config_info, get_json, server_summary
-from conveyor.bench.traces import Trace, read_trace
+from conveyor.bench.fixed import ServerView, collect_fixed
+from conveyor.bench.load_summary import LoadOutcome, drive, load_fields, load_validity
+from conveyor.bench.loadgen import LoadPlan, new_session
+from conveyor.bench.metrics import GoodputBounds, client_summary
+from conveyor.bench.profiles import LoadFlags, LoadProfile, LoadShape, resolve_load
+from conveyor.bench.retry import RetryLog, new_retrying_session
+from conveyor.bench.run_record import RunContext, extend_summary
+from conveyor.bench.server_metrics import (
+    ServerObservation,
+    ServerScraper,
+    config_info,
+    get_json,
+    nvml_reading,
+    server_summary,
+)
+from conveyor.bench.traces import Trace, TraceError, dispatch_units, read_trace
+from conveyor.bench.window import WindowConfig, apply_window
+from conveyor.bench.validity import ClientCpuMeter, ValidityBounds
+from conveyor.bench.workers import run_async
 
 SCHEMA_VERSION = 1
 
@@ -42,16 +59,20 @@ class BenchRunConfig:
     """Server root URL (http://host:port)."""
     trace_path: str
     """Trace file (conveyor trace make / import)."""
-    request_rate: float
-    """Offered requests per second; math.inf sends all at once."""
     out_dir: str
     """Run directory to write."""
+    request_rate: float = math.inf
+    """Offered requests (dispatch units: standalone requests and session starts) per second; math.inf: all due at once."""
     label: str = ""
     """Name of the run in tables (default: the out_dir's name)."""
+    profile: str | None = None
+    """synchronous | concurrent | throughput | constant | poisson (GuideLLM's names; None: the flags decide)."""
+    max_concurrency: int | None = None
+    """At most this many requests in flight (vLLM's --max-concurrency; None: open loop)."""
     burstiness: float = 1.0
     """Gamma shape k (gamma arrival)."""
-    arrival: str = "poisson"
-    """poisson | gamma | constant | replay."""
+    arrival: str | None = None
+    """poisson | gamma | constant | replay (None: poisson, or what the profile says)."""
     time_scale: float = 1.0
     """replay: trace seconds per wall second."""
     endpoint: str = "completions"
@@ -72,17 +93,33 @@ class BenchRunConfig:
     """Bearer token for the server."""
     num_requests: int | None = None
     """Send only the first N requests of the trace."""
+    warmup_requests: int = 0
+    """The first N requests sent are warm-up: recorded, not summarized."""
+    warmup_s: float = 0.0
+    """Requests sent in the first S seconds are warm-up."""
+    cooldown_requests: int = 0
+    """The last N requests sent are cool-down: recorded, not summarized."""
+    cooldown_s: float = 0.0
+    """Requests sent in the last S seconds of dispatch are cool-down."""
+    num_workers: int = 1
+    """Load-generator processes (--workers); the schedule is split across them."""
     show_progress: bool = True
     """Progress line on stderr."""
     command: str | None = None
     """The command line to record in command.txt (default: this process's argv)."""
+    max_client_cpu: float = 0.9
+    """The run is invalid if the benchmark process used this much of a core or more."""
+    retry: Any = None
+    """bench/retry.py RetryPolicy: retry 503s honouring Retry-After (None: off)."""
 
     def __post_init__(self) -> None:
         parts = urllib.parse.urlsplit(self.base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise BenchError(f"--base-url {self.base_url!r} must look like http://HOST:PORT")
-        if self.arrival not in {a.value for a in ArrivalProcess}:
+        if self.arrival is not None and self.arrival not in {a.value for a in ArrivalProcess}:
             raise BenchError(f"--arrival {self.arrival!r} must be one of poisson, gamma, constant, replay")
+        if self.profile is not None and self.profile not in {p.value for p in LoadProfile}:
+            raise BenchError(f"--profile {self.profile!r} must be one of {', '.join(p.value for p in LoadProfile)}")
         if self.endpoint not in {e.value for e in Endpoint}:
             raise BenchError(f"--endpoint {self.endpoint!r} must be completions or chat")
         if not self.request_rate > 0:
@@ -91,6 +128,25 @@ class BenchRunConfig:
             raise BenchError("--num-requests must be >= 1")
         if self.request_timeout_s <= 0 or self.scrape_interval_s <= 0 or self.max_send_lag_p99_ms <= 0:
             raise BenchError("--request-timeout-s, --scrape-interval-s and --max-send-lag-ms must be > 0")
+        if self.num_workers < 1:
+            raise BenchError(f"--workers must be >= 1, got {self.num_workers}")
+        try:
+            self.load_shape()
+            self.window()
+        except ValueError as exc:
+            raise BenchError(str(exc)) from exc
+
+    def load_shape(self) -> LoadShape:
+        """The arrival process and concurrency cap the flags ask for."""
+        return resolve_load(LoadFlags(
+            profile=None if self.profile is None else LoadProfile(self.profile), request_rate=self.request_rate,
+            arrival=None if self.arrival is None else ArrivalProcess(self.arrival),
+            max_concurrency=self.max_concurrency, burstiness=self.burstiness, time_scale=self.time_scale,
+            seed=self.seed))
+
+    def window(self) -> WindowConfig:
+        return WindowConfig(warmup_requests=self.warmup_requests, warmup_s=self.warmup_s,
+                            cooldown_requests=self.cooldown_requests, cooldown_s=self.cooldown_s)
 
 
 def goodput_bounds(slo: Any) -> GoodputBounds | None:
@@ -113,13 +169,17 @@ def run_benchmark(cfg: BenchRunConfig) -> dict[str, Any]:
     """Run the benchmark, write cfg.out_dir, return the summary dict."""
     trace = read_trace(cfg.trace_path)
     requests = trace.requests[: cfg.num_requests] if cfg.num_requests else trace.requests
-    arrival = ArrivalConfig(process=ArrivalProcess(cfg.arrival), request_rate=cfg.request_rate,
-                            burstiness=cfg.burstiness, time_scale=cfg.time_scale, seed=cfg.seed)
+    shape = cfg.load_shape()
     try:
-        offsets = send_offsets_s(arrival, len(requests), [r.arrival_s for r in requests])
-    except ValueError as exc:
+        units = dispatch_units(requests)
+        offsets = send_offsets_s(shape.arrival, len(units), [u[0].arrival_s for u in units])
+    except (ValueError, TraceError) as exc:
         raise BenchError(str(exc)) from exc
-    return asyncio.run(_run(cfg, trace, offsets))
+    if cfg.warmup_requests + cfg.cooldown_requests >= len(requests):
+        raise BenchError(f"--warmup-requests {cfg.warmup_requests} + --cooldown-requests {cfg.cooldown_requests} "
+                         f"leave none of the {len(requests)} requests to measure")
+    plan = LoadPlan(units=units, offsets_s=offsets, max_concurrency=shape.max_concurrency)
+    return run_async(_run(cfg, trace, plan))
 
 
 async def _identify(cfg: BenchRunConfig, session: Any) -> tuple[str, dict[str, Any]]:
@@ -136,9 +196,10 @@ async def _identify(cfg: BenchRunConfig, session: Any) -> tuple[str, dict[str, A
     return model, {"models": models, "version": version}
 
 
-async def _run(cfg: BenchRunConfig, trace: Trace, offsets: list[float]) -> dict[str, Any]:
-    requests = trace.requests[: len(offsets)]
-    async with new_session() as session:
+async def _run(cfg: BenchRunConfig, trace: Trace, plan: LoadPlan) -> dict[str, Any]:
+    retry_log = RetryLog()
+    session_cm = new_retrying_session(cfg.retry, retry_log) if cfg.retry is not None else new_session()
+    async with session_cm as session:
         model, identity = await _identify(cfg, session)
         scraper = ServerScraper(session, cfg.base_url, cfg.scrape_interval_s)
         await scraper.start()
@@ -146,31 +207,44 @@ async def _run(cfg: BenchRunConfig, trace: Trace, offsets: list[float]) -> dict[
         started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         client = ClientConfig(base_url=cfg.base_url, model=model, endpoint=Endpoint(cfg.endpoint),
                               api_key=cfg.api_key, request_timeout_s=cfg.request_timeout_s)
+        meter = ClientCpuMeter()  # this process only: --workers processes are gated by their send lag
         try:
-            load = await run_open_loop(session, client, requests, offsets, cfg.show_progress)
+            load = await drive(session, client, plan, cfg.num_workers, cfg.show_progress)
         finally:
             sampler.cancel()
+        cpu = meter.stop()
         obs = await scraper.stop()
     identity["config_info"] = config_info(obs.after or obs.before)
-    summary = build_summary(cfg, trace, model, (load, obs, started_at))
+    view = ServerView(identity["models"], identity["version"], obs.after or obs.before, scraper.local,
+                      nvml_reading() if scraper.local else None)
+    context = RunContext(client_cpu=cpu, fixed=collect_fixed(view, identity["config_info"], cfg.trace_path),
+                         retry_policy=cfg.retry, retry_log=retry_log)
+    summary = build_summary(cfg, trace, model, (load, obs, started_at), context)
     write_run_dir(cfg, identity, load, obs, summary)
     return summary
 
 
 def build_summary(cfg: BenchRunConfig, trace: Trace, model: str,
-                  run: tuple[LoadResult, ServerObservation, str]) -> dict[str, Any]:
+                  run: tuple[LoadOutcome, ServerObservation, str], context: RunContext | None = None) -> dict[str, Any]:
     load, obs, started_at = run
-    lag = send_lag_p99_ms(load.records)
-    valid, reason = validity(lag, cfg.max_send_lag_p99_ms)
+    shape = cfg.load_shape()
+    window = apply_window(load.records, cfg.window())
+    measured = [r for r in load.records if r.in_window]
     summary: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "label": cfg.label or pathlib.Path(cfg.out_dir).name,
         "base_url": cfg.base_url, "model": model, "endpoint": cfg.endpoint, "trace_path": cfg.trace_path,
         "trace_version": trace.header.version, "request_rate": _jsonable(cfg.request_rate),
-        "burstiness": cfg.burstiness, "arrival": cfg.arrival, "seed": cfg.seed, "started_at": started_at,
+        "burstiness": cfg.burstiness, "arrival": shape.arrival.process.value, "profile": cfg.profile,
+        "max_concurrency": shape.max_concurrency, "seed": cfg.seed, "started_at": started_at,
     }
-    summary.update(client_summary(load.records, goodput_bounds(cfg.slo)))
-    summary.update({"send_lag_p99_ms": lag, "max_send_lag_p99_ms": cfg.max_send_lag_p99_ms,
-                    "valid": valid, "invalid_reason": reason, "server": server_summary(obs)})
+    bounds = goodput_bounds(cfg.slo)
+    summary.update(client_summary(measured, bounds))
+    summary.update(load_fields(load, measured, window))
+    valid, reason = load_validity(load, window, cfg.max_send_lag_p99_ms)
+    summary.update({"max_send_lag_p99_ms": cfg.max_send_lag_p99_ms, "valid": valid, "invalid_reason": reason,
+                    "server": server_summary(obs)})
+    extend_summary(summary, measured, bounds, ValidityBounds(cfg.max_client_cpu),
+                   context or RunContext())
     return summary
 
 
@@ -178,7 +252,7 @@ def _write_jsonl(path: pathlib.Path, rows: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
 
 
-def write_run_dir(cfg: BenchRunConfig, identity: dict[str, Any], load: LoadResult, obs: ServerObservation,
+def write_run_dir(cfg: BenchRunConfig, identity: dict[str, Any], load: LoadOutcome, obs: ServerObservation,
                   summary: dict[str, Any]) -> None:
     out = pathlib.Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -215,7 +289,9 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 def dashboard_row(s: dict[str, Any]) -> list[str]:
     server = s.get("server") or {}
-    row = [str(s.get("label", "")) + ("" if s.get("valid", True) else " (INVALID)"), _fmt(s.get("request_rate"), 2),
+    cap = s.get("max_concurrency")
+    offered = _fmt(s.get("request_rate"), 2) + (f" (<= {cap} in flight)" if cap else "")
+    row = [str(s.get("label", "")) + ("" if s.get("valid", True) else " (INVALID)"), offered,
            _fmt(s.get("request_throughput"), 2), _fmt(s.get("p95_ttft_ms")) + " ms",
            _fmt(server.get("queue_time_p95_ms")) + " ms", _fmt(s.get("p95_e2el_ms")) + " ms",
            f"{100.0 * float(s.get('error_rate') or 0.0):.1f}%", _fmt(server.get("num_preemptions"), 0)]

@@ -4,10 +4,13 @@ Each class has its own parameter dataclass and its own numpy Generator (seeded f
 the class name), so changing the share of one class does not reshuffle the others' requests. Text is
 drawn from wordlist.WORDS, whose words are one token each after a space, so a prompt of n words is
 ≈ n tokens (exactly n for SmolLM2's tokenizer, ±1 for the first word; docs/trace-format.md).
-`agent` models agent/RAG traffic: every agent request starts with one system prompt, requests of a
-group then share the same retrieved documents (prefix_group / shared_prefix_len), each ends with its
-own question; outputs vary widely, a share is cancelled (after a delay or after N tokens), and when
-the trace is stamped with arrival times a group arrives as a burst.
+`agent` models agent/RAG traffic as sessions (traces.py): every session starts with one system prompt
+shared by all agent traffic (prefix_group / shared_prefix_len) and its own retrieved documents and
+task; each later turn (a tool result or follow-up) is sent after the previous answer plus a think time,
+with the whole history before it, so the prefix a turn shares with its session grows. A share of turns
+are copy tasks (agent_tasks.py: quote a passage, edit code, fill JSON) whose answers repeat the prompt:
+n-gram speculation's best case. Outputs vary widely and a share of turns is cancelled (after a delay or
+after N tokens). When the trace is stamped with arrival times only a session's first turn gets one.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
+from conveyor.bench.agent_tasks import CopyTask, copy_task
 from conveyor.bench.arrivals import ArrivalConfig, send_offsets_s
 from conveyor.bench.traces import Trace, TraceRequest, make_trace
 from conveyor.bench.wordlist import WORDS
@@ -55,30 +59,34 @@ class LongParams:
 
 @dataclass(frozen=True)
 class AgentParams:
-    """Groups sharing a long prefix (system prompt + retrieved documents), variable outputs, cancellations."""
+    """Multi-turn sessions over a shared system prompt and retrieved documents; many turns copy from the prompt."""
 
     system_prompt_len: int = 256
-    """Tokens of the system prompt every agent request starts with."""
+    """Tokens of the system prompt every agent session starts with (shared by all agent traffic)."""
     documents_len: int = 1024
-    """Tokens of retrieved documents shared by the requests of one group."""
+    """Tokens of retrieved documents in a session's first turn (its own)."""
     question_len_min: int = 16
-    """Shortest per-request question suffix, tokens."""
+    """Shortest question / tool-result input of a turn that is not a copy task, tokens."""
     question_len_max: int = 96
-    """Longest per-request question suffix, tokens."""
-    group_size_mean: float = 6.0
-    """Mean requests per prefix group (1 + Poisson)."""
+    """Longest such input, tokens."""
+    turns_mean: float = 3.0
+    """Mean turns per session (1 + Poisson)."""
+    think_time_s_mean: float = 0.5
+    """Mean pause between an answer and the session's next turn (exponential): tool calls, reading."""
+    copy_fraction: float = 0.5
+    """Share of turns that are copy tasks (quote a passage, edit code, fill JSON; equally likely)."""
+    copy_len_median: int = 64
+    """Median tokens a copy task copies (lognormal, sigma 0.5, clipped to [8, output_len_max])."""
     output_len_median: int = 96
-    """Median output tokens (lognormal, sigma 1: highly variable)."""
+    """Median output tokens of the other turns (lognormal, sigma 1: highly variable)."""
     output_len_max: int = 512
     """Output tokens are clipped to [4, this]."""
     cancel_fraction: float = 0.15
-    """Share of agent requests the client cancels; half after a delay, half after N tokens."""
+    """Share of agent turns the client cancels; half after a delay, half after N tokens."""
     cancel_after_s_max: float = 2.0
     """Delay cancellations are uniform in [0.2, this] seconds."""
     cancel_after_tokens_max: int = 32
     """Token cancellations are uniform in [2, this] streamed chunks."""
-    burst_gap_s: float = 0.02
-    """Mean gap between the requests of one group's burst when arrival times are stamped."""
 
 
 @dataclass(frozen=True)
@@ -140,32 +148,45 @@ def gen_long(p: LongParams, n: int, rng: np.random.Generator) -> list[TraceReque
 
 
 def gen_agent(p: AgentParams, n: int, rng: np.random.Generator) -> list[TraceRequest]:
+    """n agent turns, as sessions of 1 + Poisson(turns_mean - 1) turns (the last one cut to fit n)."""
     system = words(rng, p.system_prompt_len)
     out: list[TraceRequest] = []
-    group = 0
+    session = 0
     while len(out) < n:
+        num_turns = min(n - len(out), 1 + int(rng.poisson(max(p.turns_mean - 1.0, 0.0))))
         docs = words(rng, p.documents_len)
-        size = min(n - len(out), 1 + int(rng.poisson(max(p.group_size_mean - 1.0, 0.0))))
-        for _ in range(size):
-            question = words(rng, int(rng.integers(p.question_len_min, p.question_len_max + 1)))
-            prompt = system + docs + question
-            out.append(_agent_request(p, rng, len(out), group, prompt))
-        group += 1
+        for k in range(num_turns):
+            prefix = system + docs if k == 0 else []
+            out.append(_agent_turn(p, rng, (len(out), session, k), prefix, system + docs))
+        session += 1
     return out
 
 
-def _agent_request(p: AgentParams, rng: np.random.Generator, i: int, group: int, prompt: list[str]) -> TraceRequest:
+def _agent_turn(p: AgentParams, rng: np.random.Generator, ids: tuple[int, int, int], prefix: list[str],
+                context: list[str]) -> TraceRequest:
+    """Turn k of a session: its own input after `prefix` (the system prompt and documents on turn 0)."""
+    i, session, k = ids
+    if rng.random() < p.copy_fraction:
+        kind = list(CopyTask)[int(rng.integers(0, len(CopyTask)))]
+        copy_len = int(np.clip(round(p.copy_len_median * math.exp(0.5 * rng.standard_normal())), 8, p.output_len_max))
+        task = copy_task(kind, context, copy_len, rng)
+        own, output_len = task.words, task.copy_len
+    else:
+        own = words(rng, int(rng.integers(p.question_len_min, p.question_len_max + 1)))
+        output_len = _lognormal_len(rng, p.output_len_median, 1.0, p.output_len_max)
     cancel_s, cancel_tokens = None, None
     if rng.random() < p.cancel_fraction:
         if rng.random() < 0.5:
             cancel_s = round(float(rng.uniform(0.2, p.cancel_after_s_max)), 3)
         else:
             cancel_tokens = int(rng.integers(2, p.cancel_after_tokens_max + 1))
+    prompt = prefix + own
     return TraceRequest(
         request_id=f"agent-{i}", request_class="agent", prompt=" ".join(prompt), prompt_len=len(prompt),
-        output_len=_lognormal_len(rng, p.output_len_median, 1.0, p.output_len_max),
-        prefix_group=f"agent-g{group}", shared_prefix_len=p.system_prompt_len + p.documents_len,
-        cancel_after_s=cancel_s, cancel_after_tokens=cancel_tokens, session_id=f"agent-g{group}")
+        output_len=output_len, prefix_group="agent-system" if k == 0 else None,
+        shared_prefix_len=p.system_prompt_len if k == 0 else 0, cancel_after_s=cancel_s,
+        cancel_after_tokens=cancel_tokens, session_id=f"agent-s{session}", turn=k,
+        think_time_s=round(float(rng.exponential(p.think_time_s_mean)), 3) if k else None)
 
 
 def _num_and_offsets(cfg: TraceMakeConfig) -> tuple[int, list[float] | None]:
@@ -173,8 +194,8 @@ def _num_and_offsets(cfg: TraceMakeConfig) -> tuple[int, list[float] | None]:
         if cfg.arrival is None or math.isinf(cfg.arrival.request_rate):
             raise ValueError("--duration needs a finite --rate to know how many requests arrive in it")
         guess = int(cfg.arrival.request_rate * cfg.duration_s * 2 + 100)
-        offsets = [t for t in send_offsets_s(cfg.arrival, guess) if t < cfg.duration_s]
-        return len(offsets), offsets
+        within = [t for t in send_offsets_s(cfg.arrival, guess) if t < cfg.duration_s]
+        return len(within), within
     if cfg.num_requests is None or cfg.num_requests < 1:
         raise ValueError("--num-requests must be >= 1 (or give --duration)")
     offsets = send_offsets_s(cfg.arrival, cfg.num_requests) if cfg.arrival is not None else None
@@ -197,25 +218,26 @@ def make_mixed_trace(cfg: TraceMakeConfig) -> Trace:
     }
     requests = [next(pools[c]) for c in slots]
     if offsets is not None:
-        requests = _stamp(requests, offsets, cfg)
+        requests = _stamp(requests, offsets)
     requests = [replace(r, request_id=f"r{i:06d}-{r.request_class}") for i, r in enumerate(requests)]
     generator = {"name": "mix", "config": _jsonable(asdict(cfg))}
     return make_trace(requests, seed=cfg.seed, generator=generator)
 
 
-def _stamp(requests: list[TraceRequest], offsets: list[float], cfg: TraceMakeConfig) -> list[TraceRequest]:
-    """Arrival times from the process; agent groups arrive as bursts after their first member."""
-    rng = _class_rng(cfg.seed, "bursts")
-    first_of_group: dict[str, float] = {}
-    stamped = []
+def _stamp(requests: list[TraceRequest], offsets: list[float]) -> list[TraceRequest]:
+    """Arrival times from the process on standalone requests and session starts; a later turn has none (it
+    follows its answer) and is written right after its session's previous turn."""
+    start_of: dict[str, float] = {}
+    keyed: list[tuple[tuple[float, int], TraceRequest]] = []
     for r, t in zip(requests, offsets):
-        if r.prefix_group is not None and r.prefix_group in first_of_group:
-            first_of_group[r.prefix_group] += float(rng.exponential(cfg.agent.burst_gap_s))
-            t = first_of_group[r.prefix_group]
-        elif r.prefix_group is not None:
-            first_of_group[r.prefix_group] = t
-        stamped.append(replace(r, arrival_s=round(t, 6)))
-    return sorted(stamped, key=lambda r: r.arrival_s or 0.0)
+        if r.turn:
+            keyed.append(((start_of[str(r.session_id)], r.turn), r))
+            continue
+        t = round(t, 6)
+        if r.turn == 0:
+            start_of[str(r.session_id)] = t
+        keyed.append(((t, 0), replace(r, arrival_s=t)))
+    return [r for _, r in sorted(keyed, key=lambda kr: kr[0])]
 
 
 def _jsonable(value: object) -> object:

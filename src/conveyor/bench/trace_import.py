@@ -1,8 +1,12 @@
-"""Import a request log into a trace, optionally anonymized.
+"""Import requests from a file into a trace, optionally anonymized.
 
-A log is JSONL, one request per line: `timestamp` (seconds, or ISO-8601), `prompt` or `messages`, the
-output token count (`output_tokens` | `completion_tokens` | `output_len`), and optionally `class`
-(or `request_class`), `session_id`, `prompt_tokens`, `request_id`.
+Formats (--format): `log`, conveyor's JSONL request log, one request per line: `timestamp` (seconds, or
+ISO-8601), `prompt` or `messages`, the output token count (`output_tokens` | `completion_tokens` |
+`output_len`), and optionally `class` (or `request_class`), `session_id`, `turn`, `prompt_tokens`,
+`request_id`; `openai-log`, `sharegpt` and `hf` (trace_readers.py), which become such entries first;
+`mooncake` and `random` (trace_synthetic.py), which carry no text and are built synthetic. Entries with
+timestamps are sorted by them (arrival_s relative to the first); a file without any stays untimed.
+With --tokenizer every prompt_len is the tokenizer's exact count of the text written.
 
 Anonymization keeps the structure that matters to a server and nothing else. Each prompt is a sequence
 of units: whitespace-separated words (for messages, a word together with its message index and role).
@@ -16,13 +20,19 @@ Word frequencies do not survive (the same original word at two nodes gets unrela
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import json
 import pathlib
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from conveyor.bench import trace_readers, trace_synthetic
+from conveyor.bench.prefix_trie import PrefixTrie, shared_prefix
+from conveyor.bench.tokenizer_file import TokenCounter, load_tokenizer
+from conveyor.bench.trace_synthetic import RandomParams
 from conveyor.bench.traces import Trace, TraceError, TraceRequest, make_trace
 from conveyor.bench.wordlist import WORDS
 
@@ -30,12 +40,28 @@ ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 Unit = tuple[int, str, str]  # (message index, role, word); prompts use (0, "", word)
 
 
-@dataclass(frozen=True)
+class ImportFormat(str, enum.Enum):
+    LOG = "log"
+    OPENAI_LOG = "openai-log"
+    SHAREGPT = "sharegpt"
+    HF = "hf"
+    MOONCAKE = "mooncake"
+    RANDOM = "random"
+
+
+class Turns(str, enum.Enum):
+    FIRST = "first"
+    ALL = "all"
+
+
+@dataclass(frozen=True, kw_only=True)
 class ImportConfig:
     """`conveyor trace import` options."""
 
-    log_path: str
-    """Input log (JSONL)."""
+    log_path: str | None
+    """Input file (None only for --format random)."""
+    format: ImportFormat = ImportFormat.LOG
+    """What the input file is."""
     anonymize: bool = False
     """Replace all text with synthetic words, keeping lengths and prefix sharing exactly."""
     default_class: str = "imported"
@@ -44,10 +70,36 @@ class ImportConfig:
     """Seed of the synthetic words."""
     ignore_eos: bool = True
     """Ask the server for exactly the logged output length."""
+    tokenizer_path: str | None = None
+    """tokenizer.json / model directory / GGUF for exact token lengths (None: words ≈ tokens)."""
+    output_len: int | None = None
+    """Fixed output length of every request (default: the file's reference answers)."""
+    turns: Turns = Turns.FIRST
+    """sharegpt / hf conversations: the first human message (vLLM), or all as session turns."""
+    prompt_column: str | None = None
+    """hf: the prompt column (default: detected)."""
+    answer_column: str | None = None
+    """hf: the reference-answer column (default: detected)."""
+    num_requests: int | None = None
+    """Keep the first N requests (random: make N)."""
+    block_size: int = 512
+    """mooncake: tokens per hash id (Mooncake's traces use 512)."""
+    random: RandomParams = field(default_factory=RandomParams)
+    """random: vLLM's --random-* parameters."""
+
+    def __post_init__(self) -> None:
+        if (self.log_path is None) != (self.format is ImportFormat.RANDOM):
+            raise TraceError("give an input file, except with --format random (which makes its requests)")
+        if self.output_len is not None and self.output_len < 1:
+            raise TraceError("--output-len must be >= 1")
+        if self.num_requests is not None and self.num_requests < 1:
+            raise TraceError("--num-requests must be >= 1")
+        if self.block_size < 1:
+            raise TraceError("--block-size must be >= 1")
 
 
 def _timestamp_s(value: Any, where: str) -> float:
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     if isinstance(value, str):
         try:
@@ -79,29 +131,7 @@ def _output_len(entry: dict[str, Any], where: str) -> int:
     raise TraceError(f"{where}: needs an output token count >= 1 (output_tokens | completion_tokens | output_len)")
 
 
-class _Trie:
-    """Trie over units; node 0 is the root. Tracks how many prompts pass through each node."""
-
-    def __init__(self) -> None:
-        self.children: list[dict[Unit, int]] = [{}]
-        self.count: list[int] = [0]
-
-    def insert(self, units: list[Unit]) -> list[int]:
-        node, path = 0, []
-        for u in units:
-            nxt = self.children[node].get(u)
-            if nxt is None:
-                nxt = len(self.children)
-                self.children[node][u] = nxt
-                self.children.append({})
-                self.count.append(0)
-            self.count[nxt] += 1
-            path.append(nxt)
-            node = nxt
-        return path
-
-
-def _synthetic_words(trie: _Trie, originals: set[str], seed: int) -> list[str]:
+def _synthetic_words(trie: PrefixTrie, originals: set[str], seed: int) -> list[str]:
     """One word per node, distinct among siblings, never an original word."""
     vocab = [w for w in WORDS if w not in originals]
     rng = np.random.default_rng(seed)
@@ -110,19 +140,20 @@ def _synthetic_words(trie: _Trie, originals: set[str], seed: int) -> list[str]:
         if len(kids) > len(vocab):
             raise TraceError(f"cannot anonymize: {len(kids)} prompts diverge at one position but only "
                              f"{len(vocab)} synthetic words are free")
-        picks = rng.choice(len(vocab), size=len(kids), replace=False) if kids else []
+        picks: list[int] = rng.choice(len(vocab), size=len(kids), replace=False).tolist() if kids else []
         for child, pick in zip(kids.values(), picks):
             word_of[child] = vocab[int(pick)]
     return word_of
 
 
-def _rebuild(entry: dict[str, Any], units: list[Unit], new_words: list[str]) -> dict[str, Any]:
+def _rebuild(entry: dict[str, Any], units: list[Unit], new_words: list[str] | None) -> dict[str, Any]:
+    """The request's text: the synthetic words (anonymized), else the original text unchanged."""
     if "prompt" in entry and isinstance(entry["prompt"], str):
-        return {"prompt": " ".join(new_words)}
+        return {"prompt": entry["prompt"] if new_words is None else " ".join(new_words)}
     messages = []
     for i, m in enumerate(entry["messages"]):
         role = m.get("role") if m.get("role") in ROLES else "user"
-        content = " ".join(w for u, w in zip(units, new_words) if u[0] == i)
+        content = m["content"] if new_words is None else " ".join(w for u, w in zip(units, new_words) if u[0] == i)
         messages.append({"role": str(role), "content": content})
     return {"messages": messages}
 
@@ -148,36 +179,93 @@ def read_log(path: str | pathlib.Path) -> list[dict[str, Any]]:
     return entries
 
 
-def import_log(cfg: ImportConfig) -> Trace:
-    """Log -> trace (sorted by timestamp, arrival_s relative to the first request)."""
-    entries = read_log(cfg.log_path)
-    stamps = [_timestamp_s(e.get("timestamp"), e["_where"]) for e in entries]
+def _order_and_stamps(entries: list[dict[str, Any]]) -> tuple[list[int], list[float | None]]:
+    """Entries by timestamp (stable), arrival_s from the first; a file without timestamps keeps its order."""
+    timed = [e.get("timestamp") is not None for e in entries]
+    if not any(timed):
+        return list(range(len(entries))), [None] * len(entries)
+    if not all(timed):
+        missing = entries[timed.index(False)]["_where"]
+        raise TraceError(f"{missing}: no timestamp, while other requests have one (give all or none)")
+    stamps = [_timestamp_s(e["timestamp"], e["_where"]) for e in entries]
     order = sorted(range(len(entries)), key=lambda i: stamps[i])
+    t0 = stamps[order[0]]
+    return order, [stamps[i] - t0 for i in order]
+
+
+def entries_to_trace(entries: list[dict[str, Any]], cfg: ImportConfig, generator: dict[str, Any]) -> Trace:
+    """Log entries -> trace, anonymized through the trie when asked (the module docstring's guarantees)."""
+    if not entries:
+        raise TraceError(f"{cfg.log_path}: no requests in the input")
+    order, arrivals = _order_and_stamps(entries)
     units = [_units(entries[i], entries[i]["_where"]) for i in order]
-    trie = _Trie()
+    trie = PrefixTrie()
     paths = [trie.insert(u) for u in units]
     originals = {w for us in units for (_, _, w) in us} | {w.lower().strip(".,;:!?\"'()") for us in units
                                                            for (_, _, w) in us}
     word_of = _synthetic_words(trie, originals, cfg.seed) if cfg.anonymize else []
-    t0 = stamps[order[0]]
     sessions: dict[str, str] = {}
     for i in order:  # anonymized session ids: numbered by first appearance, never derived from the original
         if entries[i].get("session_id") is not None:
             sessions.setdefault(str(entries[i]["session_id"]), f"s{len(sessions)}")
     ctx = _Context(word_of=word_of, trie=trie, sessions=sessions)
-    requests = [_to_request(cfg, entries[i], (units[k], paths[k]), stamps[i] - t0, ctx)
-                for k, i in enumerate(order)]
+    requests = [_to_request(cfg, entries[i], (units[k], paths[k]), arrivals[k], ctx) for k, i in enumerate(order)]
     keep_ids = [not cfg.anonymize and "request_id" in entries[i] for i in order]
     requests = [r if keep else _renumber(r, k) for k, (r, keep) in enumerate(zip(requests, keep_ids))]
-    generator = {"name": "import", "log": str(cfg.log_path), "anonymize": cfg.anonymize}
     return make_trace(requests, seed=cfg.seed if cfg.anonymize else None, generator=generator)
+
+
+def _reader_options(cfg: ImportConfig, counter: TokenCounter | None) -> trace_readers.ReaderOptions:
+    count: Callable[[str], int] = counter.count if counter is not None else (lambda text: len(text.split()))
+    return trace_readers.ReaderOptions(count=count, output_len=cfg.output_len, all_turns=cfg.turns is Turns.ALL,
+                                       prompt_column=cfg.prompt_column, answer_column=cfg.answer_column)
+
+
+def _read_entries(cfg: ImportConfig, counter: TokenCounter | None) -> list[dict[str, Any]]:
+    path, opts = str(cfg.log_path), _reader_options(cfg, counter)
+    readers: dict[ImportFormat, Callable[[str, trace_readers.ReaderOptions], list[dict[str, Any]]]] = {
+        ImportFormat.LOG: lambda path, _: read_log(path), ImportFormat.OPENAI_LOG: trace_readers.openai_log_entries,
+        ImportFormat.SHAREGPT: trace_readers.sharegpt_entries, ImportFormat.HF: trace_readers.hf_entries}
+    entries = readers[cfg.format](path, opts)
+    if cfg.format is ImportFormat.LOG and cfg.output_len is not None:
+        entries = [dict(e, output_tokens=cfg.output_len) for e in entries]
+    return entries[: cfg.num_requests] if cfg.num_requests else entries
+
+
+def import_trace(cfg: ImportConfig) -> Trace:
+    """Input file (or --format random) -> trace."""
+    counter = load_tokenizer(cfg.tokenizer_path) if cfg.tokenizer_path else None
+    generator: dict[str, Any] = {"name": "import", "format": cfg.format.value, "log": cfg.log_path,
+                                 "anonymize": cfg.anonymize, "prompt_len": _length_source(counter)}
+    if cfg.format is ImportFormat.RANDOM:
+        return trace_synthetic.random_trace(cfg.random, cfg.num_requests or 1000, counter, dict(generator, seed=cfg.seed))
+    if cfg.format is ImportFormat.MOONCAKE:
+        source = trace_synthetic.MooncakeSource(path=str(cfg.log_path), block_size=cfg.block_size, seed=cfg.seed,
+                                                num_requests=cfg.num_requests)
+        return trace_synthetic.mooncake_trace(source, counter, generator)
+    trace = entries_to_trace(_read_entries(cfg, counter), cfg, generator)
+    return trace if counter is None else with_counted_lengths(trace, counter)
+
+
+def _length_source(counter: TokenCounter | None) -> str:
+    return "words" if counter is None else f"tokenizer {counter.path}"
+
+
+def with_counted_lengths(trace: Trace, counter: TokenCounter) -> Trace:
+    """Every prompt_len the tokenizer's count of the text as written (messages flattened as the completions
+    endpoint sends them; the chat endpoint's template adds its own tokens)."""
+    def text_of(r: TraceRequest) -> str:
+        return r.prompt if r.prompt is not None else "\n".join(f"{m['role']}: {m['content']}" for m in r.messages or [])
+
+    requests = [replace(r, prompt_len=counter.count(text_of(r))) for r in trace.requests]
+    return make_trace(requests, seed=trace.header.seed, generator=trace.header.generator)
 
 
 @dataclass(frozen=True)
 class _Context:
     word_of: list[str]
     """Synthetic word per trie node (empty when not anonymizing)."""
-    trie: _Trie
+    trie: PrefixTrie
     """All prompts."""
     sessions: dict[str, str]
     """Original session id -> anonymized one."""
@@ -188,20 +276,22 @@ def _renumber(r: TraceRequest, k: int) -> TraceRequest:
 
 
 def _to_request(cfg: ImportConfig, entry: dict[str, Any], units_path: tuple[list[Unit], list[int]],
-                arrival_s: float, ctx: _Context) -> TraceRequest:
+                arrival_s: float | None, ctx: _Context) -> TraceRequest:
     units, path = units_path
     where = entry["_where"]
-    shared = max((d + 1 for d, node in enumerate(path) if ctx.trie.count[node] >= 2), default=0)
-    new_words = [ctx.word_of[n] for n in path] if cfg.anonymize else [u[2] for u in units]
-    text = _rebuild(entry, units, new_words)
-    prompt_tokens = entry.get("prompt_tokens")
-    keep_count = not cfg.anonymize and isinstance(prompt_tokens, int) and prompt_tokens >= 0
+    shared = shared_prefix(ctx.trie, path)
+    text = _rebuild(entry, units, [ctx.word_of[n] for n in path] if cfg.anonymize else None)
+    logged = entry.get("prompt_tokens")
+    prompt_tokens = logged if not cfg.anonymize and isinstance(logged, int) and logged >= 0 else len(units)
     klass = entry.get("class", entry.get("request_class", cfg.default_class))
     session = entry.get("session_id")
+    turn = entry.get("turn")
+    if turn is not None and (not isinstance(turn, int) or session is None):
+        raise TraceError(f"{where}: turn must be an integer and needs a session_id")
     return TraceRequest(
         request_id=str(entry.get("request_id", where)),
-        request_class=str(klass), prompt_len=int(prompt_tokens) if keep_count else len(units),
-        output_len=_output_len(entry, where), arrival_s=round(arrival_s, 6),
+        request_class=str(klass), prompt_len=prompt_tokens,
+        output_len=_output_len(entry, where), arrival_s=None if arrival_s is None else round(arrival_s, 6),
         prefix_group=f"p{path[shared - 1]}" if shared else None, shared_prefix_len=shared,
         session_id=None if session is None else (ctx.sessions[str(session)] if cfg.anonymize else str(session)),
-        ignore_eos=cfg.ignore_eos, **text)
+        turn=turn, ignore_eos=cfg.ignore_eos, **text)

@@ -53,6 +53,11 @@ class TraceRequest:
     """Close the stream after this many streamed chunks."""
     session_id: str | None = None
     """Conversation / user session, when the source has one."""
+    turn: int | None = None
+    """Turn index within `session_id` (0, 1, ...): set, the turns are sent in order, each after the previous
+    answer, with the history (earlier inputs and the answers actually received) before this turn's input."""
+    think_time_s: float | None = None
+    """Turns after the first: pause between the previous answer and this turn (the user reading/typing)."""
     ignore_eos: bool = True
     """Ask the server to generate exactly output_len tokens (vLLM's ignore_eos)."""
 
@@ -67,6 +72,16 @@ class TraceRequest:
             raise TraceError(f"request {self.request_id}: cancel_after_tokens must be >= 1")
         if self.cancel_after_s is not None and self.cancel_after_s < 0:
             raise TraceError(f"request {self.request_id}: cancel_after_s must be >= 0")
+        self._check_turn()
+
+    def _check_turn(self) -> None:
+        if self.turn is not None and (self.session_id is None or self.turn < 0):
+            raise TraceError(f"request {self.request_id}: turn needs a session_id and must be >= 0")
+        if self.think_time_s is not None and (self.turn is None or self.think_time_s < 0):
+            raise TraceError(f"request {self.request_id}: think_time_s needs a turn and must be >= 0")
+        if self.turn is not None and self.prompt_token_ids is not None:
+            raise TraceError(f"request {self.request_id}: a session turn needs prompt or messages (its history "
+                             "is text), not prompt_token_ids")
 
     def to_json(self) -> str:
         """Canonical line: sorted keys, no None fields, no spaces."""
@@ -129,6 +144,7 @@ def make_trace(requests: list[TraceRequest], seed: int | None, generator: dict[s
     ids = [r.request_id for r in requests]
     if len(set(ids)) != len(ids):
         raise TraceError("request_id values must be unique within a trace")
+    dispatch_units(requests)  # turns of each session must be numbered 0..k-1
     classes: dict[str, int] = {}
     for r in requests:
         classes[r.request_class] = classes.get(r.request_class, 0) + 1
@@ -136,6 +152,27 @@ def make_trace(requests: list[TraceRequest], seed: int | None, generator: dict[s
     header = TraceHeader(version=version, num_requests=len(requests), classes=classes, seed=seed,
                          generator=generator)
     return Trace(header=header, requests=requests)
+
+
+def dispatch_units(requests: list[TraceRequest]) -> list[list[TraceRequest]]:
+    """What the arrival process schedules, in trace order: each standalone request alone, and each session
+    (requests with a `turn`) as its turns in turn order, at the position of its first line in the file."""
+    units: list[list[TraceRequest]] = []
+    sessions: dict[str, list[TraceRequest]] = {}
+    for r in requests:
+        if r.turn is None:
+            units.append([r])
+        elif r.session_id in sessions:
+            sessions[str(r.session_id)].append(r)
+        else:
+            sessions[str(r.session_id)] = [r]
+            units.append(sessions[str(r.session_id)])
+    for sid, turns in sessions.items():
+        turns.sort(key=lambda r: r.turn or 0)
+        if [r.turn for r in turns] != list(range(len(turns))):
+            raise TraceError(f"session {sid}: turns must be numbered 0..{len(turns) - 1} once each, "
+                             f"got {[r.turn for r in turns]}")
+    return units
 
 
 def write_trace(trace: Trace, path: str | pathlib.Path) -> None:

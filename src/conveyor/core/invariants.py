@@ -1,16 +1,40 @@
-"""The scheduler's consistency checks, run by tests after every step (and by the engine behind a debug flag)."""
+"""The scheduler's consistency checks, run by tests after every step (and by the engine behind a debug
+flag). They read the scheduler through `SchedulerView`, the attributes they check, so this module
+imports no scheduler and the scheduler imports it without a cycle."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from conveyor.request import RequestStatus
+from conveyor.config import SchedulerConfig
+from conveyor.core.kv_cache_manager import KVCacheManager
+from conveyor.core.request_queue import RequestQueue
+from conveyor.request import Request, RequestStatus
 
-if TYPE_CHECKING:
-    from conveyor.core.scheduler_state import SchedulerState
+
+class SchedulerView(Protocol):
+    """What the checks read of a scheduler (`core.scheduler.Scheduler` has all of it)."""
+
+    @property
+    def scheduler_config(self) -> SchedulerConfig: ...
+
+    @property
+    def kv_cache_manager(self) -> KVCacheManager: ...
+
+    @property
+    def waiting(self) -> RequestQueue: ...
+
+    @property
+    def running(self) -> list[Request]: ...
+
+    @property
+    def requests(self) -> dict[str, Request]: ...
+
+    @property
+    def unsent_req_ids(self) -> set[str]: ...
 
 
-def check_scheduler_invariants(scheduler: SchedulerState) -> None:
+def check_scheduler_invariants(scheduler: SchedulerView) -> None:
     """Block-pool invariants, and every unfinished request in exactly one consistent place."""
     manager = scheduler.kv_cache_manager
     manager.check_invariants()
@@ -23,9 +47,12 @@ def check_scheduler_invariants(scheduler: SchedulerState) -> None:
     for request in waiting:
         assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), request.status
         assert request.num_computed_tokens == 0, "a waiting request claims computed tokens"
+        assert request.num_output_placeholders == 0, "a waiting request has tokens in flight"
         assert request.request_id not in manager.req_to_blocks, "a waiting request holds blocks"
     for request in scheduler.running:
         assert request.status is RequestStatus.RUNNING, request.status
         num_held = len(manager.req_to_blocks.get(request.request_id, ()))
         assert num_held >= manager.num_blocks_for(request.num_computed_tokens), "too few blocks"
-        assert request.num_computed_tokens <= request.num_tokens, "computed beyond known tokens"
+        assert request.num_output_placeholders >= 0, "more tokens came back than were in flight"
+        assert request.num_computed_tokens <= request.num_tokens + request.num_output_placeholders, (
+            "computed beyond the known and in-flight tokens")

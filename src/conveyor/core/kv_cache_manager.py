@@ -7,9 +7,11 @@ first, so the tail blocks (the least likely to be shared) are the first evicted.
 the blocks full of computed or scheduled tokens are indexed under their chained hashes whenever the
 request allocates (admission, each new block) and when it frees; a block that fills during decode is
 thus indexed when the next one is taken, which keeps the per-step path free of hashing. The hash is
-computed then, once per block (`Request.block_hashes` grows lazily here). A later request, or the same
-one after preemption, can then reuse the indexed blocks. A prefix hit never covers a request's last
-known token: the model must compute at least that one to sample the next.
+computed then, once per block (`Request.block_hashes` grows lazily here), and only over known tokens:
+a position scheduled for a token still being sampled (async scheduling) is indexed at a later
+allocation or at the free. A later request, or the same one after preemption, can then reuse the
+indexed blocks. A prefix hit never covers a request's last known token: the model must compute at
+least that one to sample the next.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from conveyor.arith import cdiv
 from conveyor.core.block_pool import BlockPool, KVCacheBlock
 from conveyor.core.prefix_hash import extend_block_hashes
 from conveyor.request import Request
@@ -32,6 +35,19 @@ class PrefixCacheStats:
     """Of those, tokens found in the cache."""
 
 
+@dataclass(frozen=True)
+class PrefixHit:
+    """The longest cached prefix of a request being admitted (`KVCacheManager.get_computed_blocks`)."""
+
+    blocks: Sequence[KVCacheBlock]
+    """The cached blocks, in order from block 0 (to pass to `allocate_slots`)."""
+    num_tokens: int
+    """Tokens whose KV those blocks hold: len(blocks) * block_size."""
+
+
+NO_PREFIX_HIT = PrefixHit(blocks=(), num_tokens=0)
+
+
 class KVCacheManager:
     """Allocates and frees KV blocks for requests; finds their cached prefixes."""
 
@@ -41,9 +57,9 @@ class KVCacheManager:
         self.block_pool = BlockPool(num_blocks)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}  # leading blocks of the table already indexed
-        # Slots held per request: up to this many tokens need no allocation. Read directly by the
-        # scheduler's decode fast lane (scheduler_base._schedule_running), hence public.
-        self.fast_num_tokens: dict[str, int] = {}
+        # Token slots each running request's blocks hold (len(table) * block_size): a step that stays
+        # within them needs no allocation. Read by the scheduler's running pass before append_slots.
+        self.num_slots: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
 
     @property
@@ -54,10 +70,10 @@ class KVCacheManager:
     def usage(self) -> float:
         return self.block_pool.usage
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+    def get_computed_blocks(self, request: Request) -> PrefixHit:
         """The longest cached prefix of the request's full blocks, leaving its last token to compute."""
         if not self.enable_prefix_caching:
-            return [], 0
+            return NO_PREFIX_HIT
         extend_block_hashes(request, self.block_size)
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         computed: list[KVCacheBlock] = []
@@ -67,7 +83,7 @@ class KVCacheManager:
             if block is None:
                 break
             computed.append(block)
-        return computed, len(computed) * self.block_size
+        return PrefixHit(blocks=computed, num_tokens=len(computed) * self.block_size)
 
     def record_prefix_lookup(self, num_query_tokens: int, num_hit_tokens: int) -> None:
         """Count one admitted request's lookup (lookups of requests left waiting are not counted)."""
@@ -84,7 +100,7 @@ class KVCacheManager:
                        num_lookahead_tokens: int = 0) -> list[int] | None:
         """Give the request slots for `num_new_tokens` more tokens (plus a lookahead reservation).
 
-        `new_computed_blocks` are prefix hits from `get_computed_blocks` for a request being admitted;
+        `new_computed_blocks` are the blocks of a `PrefixHit` for a request being admitted;
         `request.num_computed_tokens` must not include them yet. Returns the ids of the blocks newly
         taken from the free queue (hits excluded), or None, changing nothing, if too few are free.
         """
@@ -97,18 +113,14 @@ class KVCacheManager:
         return self._allocate(request, num_new_blocks, new_computed_blocks, num_tokens_after)
 
     def append_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
-        """`allocate_slots` for a running request (no new hits, no lookahead): the per-step hot path.
-
-        Most steps need no new block: `fast_num_tokens` (the slots held) makes that one comparison. The
-        rest (a decode crossing into a new block, 1/block_size of decodes per step) take blocks from the
-        pool directly: a running request already has its table, and no hits or lookahead to account.
-        """
+        """New blocks for a running request whose next `num_new_tokens` do not fit its `num_slots`
+        (1/block_size of decodes per step): taken from the pool directly, as a running request already
+        has its table and no hits or lookahead to account. Returns their ids, or None, changing
+        nothing, if too few are free."""
         request_id = request.request_id
         num_tokens_after = request.num_computed_tokens + num_new_tokens
-        if num_tokens_after <= self.fast_num_tokens[request_id]:
-            return []
         req_blocks = self.req_to_blocks[request_id]
-        num_new_blocks = -(-num_tokens_after // self.block_size) - len(req_blocks)
+        num_new_blocks = cdiv(num_tokens_after, self.block_size) - len(req_blocks)
         pool = self.block_pool
         if num_new_blocks > pool.num_free_blocks:
             return None
@@ -116,7 +128,7 @@ class KVCacheManager:
         req_blocks.extend(new_blocks)
         if self.enable_prefix_caching:
             self._cache_full_blocks(request, req_blocks, num_tokens_after)
-        self.fast_num_tokens[request_id] = len(req_blocks) * self.block_size
+        self.num_slots[request_id] = len(req_blocks) * self.block_size
         return [block.block_id for block in new_blocks]
 
     def _allocate(self, request: Request, num_new_blocks: int,
@@ -134,17 +146,19 @@ class KVCacheManager:
         req_blocks.extend(new_blocks)
         if self.enable_prefix_caching:
             self._cache_full_blocks(request, req_blocks, num_tokens_after)
-        self.fast_num_tokens[request.request_id] = len(req_blocks) * self.block_size
+        self.num_slots[request.request_id] = len(req_blocks) * self.block_size
         return [block.block_id for block in new_blocks]
 
     def _cache_full_blocks(self, request: Request, req_blocks: list[KVCacheBlock], num_tokens: int) -> None:
-        """Index the blocks that the first `num_tokens` tokens fill, hashing those not hashed yet."""
+        """Index the blocks that the first `num_tokens` tokens fill, hashing those not hashed yet; a block
+        holding a position whose token is still being sampled waits for a later call."""
         request_id = request.request_id
         start = self.num_cached_blocks[request_id]
         end = num_tokens // self.block_size
-        if len(request.block_hashes) < end:
-            extend_block_hashes(request, self.block_size)  # hashed lazily, once per block, when it fills
         hashes = request.block_hashes
+        if len(hashes) < end:
+            extend_block_hashes(request, self.block_size)  # hashed lazily, once per block, when it fills
+            end = min(end, len(hashes))
         for index in range(start, end):
             self.block_pool.cache_full_block(req_blocks[index], hashes[index])
         self.num_cached_blocks[request_id] = max(start, end)
@@ -156,7 +170,7 @@ class KVCacheManager:
             self._settle_cached_blocks(request, blocks)
         self.req_to_blocks.pop(request.request_id, None)
         self.num_cached_blocks.pop(request.request_id, None)
-        self.fast_num_tokens.pop(request.request_id, None)
+        self.num_slots.pop(request.request_id, None)
         if blocks:
             self.block_pool.free_blocks(reversed(blocks))
 
@@ -175,7 +189,7 @@ class KVCacheManager:
         return [block.block_id for block in self.req_to_blocks.get(request_id, ())]
 
     def num_blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return cdiv(num_tokens, self.block_size)
 
     def check_invariants(self) -> None:
         """Pool invariants, and every block's ref count equals the number of tables holding it."""

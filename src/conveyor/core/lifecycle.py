@@ -7,21 +7,24 @@ pool cannot hold even when empty. Every accepted request gets a length limit, `m
 (the last sampled token needs no slot, hence the +1). Stops are checked after each appended token, in
 order: EOS (unless ignore_eos) and stop token ids, both ignored until `min_tokens` outputs exist; then
 the length limit (max_tokens and max_model_len both end as LENGTH). The conditions are folded into a
-`StopSpec` at admission, so the common case (no stop) costs one set lookup and one comparison.
+`StopSpec` at admission, so that the scheduler's update loop pays one set lookup and one comparison
+per token in the common case (no stop) and calls `check_stop` only for a candidate.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from conveyor.arith import cdiv
 from conveyor.config import SchedulerConfig
 from conveyor.core.errors import AdmissionError
 from conveyor.request import FinishReason, Request
 
 
 @dataclass(frozen=True)
-class KVCapacity:
-    """The geometry of the KV pool, as admission sees it."""
+class KVPoolSize:
+    """The size of the scheduler's KV block pool, as admission sees it (the worker's allocation is
+    `worker.kv_cache.KVCapacity`)."""
 
     num_blocks: int
     """Blocks in the pool."""
@@ -29,10 +32,10 @@ class KVCapacity:
     """Tokens per block."""
 
     def blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return cdiv(num_tokens, self.block_size)
 
 
-def check_admission(request: Request, config: SchedulerConfig, capacity: KVCapacity) -> int:
+def check_admission(request: Request, config: SchedulerConfig, capacity: KVPoolSize) -> int:
     """Raise AdmissionError naming the field if the request can never finish; else its max_num_tokens."""
     num_prompt = len(request.prompt_token_ids)
     max_model_len = config.max_model_len
@@ -75,33 +78,17 @@ def make_stop_spec(request: Request, max_num_tokens: int) -> StopSpec:
     params = request.sampling_params
     eos = None if params.ignore_eos else request.eos_token_id
     stop_ids = frozenset(params.stop_token_ids) | (frozenset() if eos is None else frozenset([eos]))
-    return StopSpec(stop_ids, params.min_tokens, max_num_tokens - len(request.prompt_token_ids), eos)
+    return StopSpec(stop_token_ids=stop_ids, min_tokens=params.min_tokens,
+                    max_num_output_tokens=max_num_tokens - len(request.prompt_token_ids), eos_token_id=eos)
 
 
-def append_tokens(request: Request, token_ids: list[int], now_s: float,
-                  spec: StopSpec) -> tuple[list[int], FinishReason | None, int | None]:
-    """Append sampled tokens until a stop: (tokens kept, finish reason or None, stop token id or None)."""
-    timings = request.timings
-    if timings.first_token_s is None:
-        timings.first_token_s = now_s
-    timings.last_token_s = now_s
-    output_token_ids = request.output_token_ids
-    token_times_s = timings.token_times_s
-    num_before = len(output_token_ids)
-    for token_id in token_ids:
-        output_token_ids.append(token_id)
-        token_times_s.append(now_s)
-        if token_id in spec.stop_token_ids or len(output_token_ids) >= spec.max_num_output_tokens:
-            reason, stop_token = check_stop(len(output_token_ids), token_id, spec)
-            if reason is not None:
-                return token_ids[:len(output_token_ids) - num_before], reason, stop_token
-    return token_ids, None, None
-
-
-def check_stop(num_output_tokens: int, token_id: int, spec: StopSpec) -> tuple[FinishReason | None, int | None]:
-    """After the `num_output_tokens`-th token `token_id`: (finish reason, stop token id) or (None, None)."""
+def check_stop(request: Request, token_id: int, spec: StopSpec) -> FinishReason | None:
+    """After `token_id` was appended to the request's outputs: why it stops, or None. A stop token id
+    that matched is left in `request.stop_reason` (EOS is reported as no stop reason, as in vLLM)."""
+    num_output_tokens = len(request.output_token_ids)
     if token_id in spec.stop_token_ids and num_output_tokens >= spec.min_tokens:
-        return FinishReason.STOP, (None if token_id == spec.eos_token_id else token_id)
+        request.stop_reason = None if token_id == spec.eos_token_id else token_id
+        return FinishReason.STOP
     if num_output_tokens >= spec.max_num_output_tokens:
-        return FinishReason.LENGTH, None
-    return None, None
+        return FinishReason.LENGTH
+    return None

@@ -20,7 +20,7 @@ nothing). `finished_req_ids` and `preempted_req_ids` tell it which states to dro
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 from conveyor.request import FinishReason, RequestTimings
 from conveyor.sampling_params import SamplingParams
@@ -41,8 +41,9 @@ class NewRequestData:
 
 
 PLACEHOLDER_TOKEN_ID = -1
-"""Async scheduling: an output token sampled by a step whose result is not back yet (never a real id).
-The scheduler appends it to a request's outputs, the worker to its token ids; both replace it later."""
+"""Async scheduling: an input token sampled by a step whose result is not back yet (never a real id).
+The worker appends it to its token ids and fills it from the pending step's sampled tensor; the
+scheduler holds no placeholder tokens, it counts them (`Request.num_output_placeholders`)."""
 
 NO_NEW_BLOCKS: tuple[int, ...] = ()
 """`CachedRequestData.new_block_ids` entry of a request that got no block this step (shared, immutable)."""
@@ -89,8 +90,14 @@ class SchedulerOutput:
     """Requests preempted this step: the worker drops their state; they return as new later."""
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     """Speculative decoding: the draft tokens each request verifies this step. They are the last
-    `len(drafts)` of its `num_scheduled_tokens` (which is 1 + len(drafts) for a decode); the worker
-    feeds them as inputs, samples at every one of those positions and keeps the accepted prefix."""
+    `len(drafts)` of its `num_scheduled_tokens` (which is 1 + len(drafts) for a decode), so its range
+    must reach them: num_computed_tokens + num_scheduled_tokens = its token count + len(drafts). The
+    worker feeds them as inputs, samples at every one of those positions and keeps the accepted
+    prefix. Rollback is the scheduler's: after the step it sets num_computed_tokens = before +
+    num_scheduled_tokens - (len(drafts) - num_accepted), num_accepted = len(sampled_token_ids) - 1,
+    which is the request's token count after the step minus one (the token just sampled has no KV
+    yet); the KV slots of rejected drafts hold stale values the next step overwrites, and the worker
+    keeps no drafts (its token ids are prompt + kept outputs)."""
 
     @property
     def is_empty(self) -> bool:
@@ -121,8 +128,12 @@ class ModelRunnerOutput:
     sampled_token_ids: dict[str, list[int]]
     logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
-    """Speculative decoding: draft tokens proposed for each request's next step (absent: none). The
-    scheduler stores them on the request and schedules them with its next decode."""
+    """Speculative decoding: draft tokens proposed for each request's next step (absent: none), at
+    most num_speculative_tokens and never at or past max_model_len. The scheduler stores them on the
+    request and schedules them with its next decode (it may trim them, e.g. to the budget or to
+    max_tokens). With a draft model it must also reserve `SpeculativeConfig.num_lookahead_tokens`
+    KV slots past the scheduled tokens (the draft writes its proposals' KV there); a request with
+    fewer slots gets fewer drafts."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +143,7 @@ class EngineCoreOutput:
 
     request_id: str
     new_token_ids: list[int]
+    _: KW_ONLY  # the rest by keyword: three ints in a row would swap silently
     new_logprobs: list[TokenLogprobs] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
@@ -175,5 +187,5 @@ class EngineCoreOutputs:
         """The going-on requests (in batch order), then the finished ones."""
         new_logprobs = self.new_logprobs
         for request_id, token_ids in zip(self.req_ids, self.new_token_ids):
-            yield EngineCoreOutput(request_id, token_ids, new_logprobs.get(request_id, []))
+            yield EngineCoreOutput(request_id, token_ids, new_logprobs=new_logprobs.get(request_id, []))
         yield from self.finished_outputs

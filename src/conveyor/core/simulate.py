@@ -17,8 +17,8 @@ from dataclasses import dataclass, field, replace
 
 from conveyor.config import Batching, CacheConfig, SchedulerConfig
 from conveyor.core.fake_runner import FakeModelRunner
-from conveyor.core.scheduler import make_scheduler
-from conveyor.core.scheduler_base import SchedulerBase
+from conveyor.core.policies import make_scheduler
+from conveyor.core.scheduler import Scheduler
 from conveyor.request import Request, RequestTimings
 from conveyor.sampling_params import SamplingParams
 
@@ -165,7 +165,7 @@ def simulate(config: SimulationConfig) -> SimulationResult:
     return _summarize(config.scheduler.batching, trace, num_steps, num_tokens)
 
 
-def _step(scheduler: SchedulerBase, runner: FakeModelRunner, clock: _VirtualClock, model: StepTimeModel,
+def _step(scheduler: Scheduler, runner: FakeModelRunner, clock: _VirtualClock, model: StepTimeModel,
           trace: _Trace) -> int:
     output = scheduler.schedule()
     runner_output = runner.execute(output)

@@ -11,10 +11,20 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from conveyor.config import Batching, ConfigError, SchedulingPolicy
-from conveyor.core.simulate import SimulationConfig, StepTimeModel, WorkloadConfig, compare, format_table, simulate
+from conveyor.core.simulate import (
+    SimulationConfig,
+    SimulationResult,
+    StepTimeModel,
+    WorkloadConfig,
+    compare,
+    format_table,
+    simulate,
+)
 
 _WORKLOAD_FLAGS = {"num_requests": int, "request_rate": float, "long_fraction": float, "short_prompt_tokens": int,
                    "short_output_tokens": int, "long_prompt_tokens": int, "long_output_tokens": int, "seed": int}
@@ -53,7 +63,7 @@ def build_config(args: argparse.Namespace) -> SimulationConfig:
         scheduler_fields["enable_chunked_prefill"] = args.enable_chunked_prefill
     if args.scheduling_policy is not None:
         scheduler_fields["policy"] = SchedulingPolicy(args.scheduling_policy)
-    cache_fields: dict[str, object] = {}
+    cache_fields: dict[str, Any] = {}
     if args.block_size is not None:
         cache_fields["block_size"] = args.block_size
     if args.enable_prefix_caching is not None:
@@ -95,7 +105,8 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _given(args: argparse.Namespace, flags: dict[str, type]) -> dict[str, object]:
+def _given(args: argparse.Namespace, flags: Mapping[str, type]) -> dict[str, Any]:
+    """The flags given on the command line (argparse has converted each to its field's type)."""
     return {name: getattr(args, name) for name in flags if getattr(args, name) is not None}
 
 
@@ -104,5 +115,5 @@ def _field_doc(cls: type, name: str) -> str:
     return f"default {default}"
 
 
-def _jsonable(result: object) -> dict[str, object]:
+def _jsonable(result: SimulationResult) -> dict[str, object]:
     return {k: (v.value if isinstance(v, Batching) else v) for k, v in dataclasses.asdict(result).items()}

@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SchedulerStats:
-    """The scheduler's state after one step, and what happened during it."""
+    """The scheduler's state after one step, and what happened during it. Built with keywords only:
+    most fields are ints, and two swapped ints would otherwise pass silently."""
 
     num_running_reqs: int
     num_waiting_reqs: int
@@ -33,3 +34,12 @@ class SchedulerStats:
     """Requests that ended this step because they waited past queue_timeout_s."""
     step_time_s: float = 0.0
     """Monotonic time at which the step's outputs were produced."""
+
+
+@dataclass
+class StepCounters:
+    """What the scheduler counted since the last `update_from_output`, for its SchedulerStats."""
+
+    num_preemptions: int = 0
+    num_prompt_tokens: int = 0
+    num_queue_timeouts: int = 0

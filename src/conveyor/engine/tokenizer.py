@@ -1,14 +1,9 @@
 """Text <-> token ids, from a `tokenizer.json` or rebuilt from a GGUF file's own vocabulary.
 
-A GGUF carries no tokenizer.json: llama.cpp stores the vocabulary, the BPE merges, a type per
-token (1 normal, 3 control, 4 user-defined), the special ids, a pre-tokenizer name and the chat
-template as metadata. For byte-level BPE (`tokenizer.ggml.model == "gpt2"`) we rebuild the
-`tokenizers` pipeline: GPT-2 byte-to-unicode alphabet, BPE over the merges, control tokens as
-special added tokens (matched whole, never split), and the pre-tokenizer the name implies (the
-StarCoder family, SmolLM included, splits digits one by one before the GPT-2 regex, as
-llama.cpp does; Llama 3 and Qwen2 use their published split regexes; unknown names are refused).
-The metadata comes from `conveyor.gguf_header` (a small struct parser: `gguf.GGUFReader`
-materializes every field as numpy views and takes seconds on a 49k-token vocabulary).
+A GGUF carries no tokenizer.json: conveyor.gguf_tokenizer rebuilds the byte-level BPE pipeline from its
+metadata (shared with the benchmark). The metadata comes from `conveyor.gguf_header` (a small struct
+parser: `gguf.GGUFReader` materializes every field as numpy views and takes seconds on a 49k-token
+vocabulary).
 Chat templates are rendered with jinja2 in a sandbox, with the options transformers uses.
 """
 
@@ -22,100 +17,14 @@ from typing import Any
 
 import jinja2
 import jinja2.sandbox
-from tokenizers import AddedToken, Regex, Tokenizer as BackendTokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as BackendTokenizer
 
-from conveyor import gguf_header
-
-GGUF_TOKEN_TYPE_CONTROL = 3
-GGUF_TOKEN_TYPE_USER_DEFINED = 4
-# llama.cpp pre-tokenizer names -> how text is split before BPE. "gpt2": GPT-2's regex (ByteLevel's
-# own); "digits": StarCoder family, every digit isolated first, then GPT-2's regex; otherwise the
-# model family's published split regex (as in its tokenizer.json).
-_GPT2_PRE = "gpt2"
-_DIGITS_PRE = "digits"
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+from conveyor.gguf_tokenizer import (  # noqa: F401 - re-exported: the engine's names for these
+    TokenizerError,
+    byte_level_backend,
+    pre_tokenizer as _pre_tokenizer,
+    read_gguf_metadata,
 )
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_PRE_TOKENIZERS = {
-    "default": _GPT2_PRE, "gpt-2": _GPT2_PRE, "gpt2": _GPT2_PRE,
-    "smollm": _DIGITS_PRE, "starcoder": _DIGITS_PRE, "refact": _DIGITS_PRE, "codeshell": _DIGITS_PRE,
-    "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT,
-    "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT,
-}
-
-
-class TokenizerError(ValueError):
-    """The tokenizer source is missing or not one we can build."""
-
-
-def read_gguf_metadata(path: str | pathlib.Path) -> dict[str, Any]:
-    """The key/value metadata of a GGUF file (header only; tensors are not read)."""
-    try:
-        return gguf_header.read_gguf_metadata(path)
-    except gguf_header.GGUFFormatError as error:
-        raise TokenizerError(str(error)) from None
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character map used by byte-level BPE vocabularies."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-    printable += list(range(ord("®"), ord("ÿ") + 1))
-    mapping = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in mapping:
-            mapping[b] = chr(256 + extra)
-            extra += 1
-    return mapping
-
-
-def _byte_level_backend(metadata: dict[str, Any]) -> BackendTokenizer:
-    """A byte-level BPE `tokenizers.Tokenizer` from GGUF vocab, merges, token types and pre name."""
-    spelling = _bytes_to_unicode()
-    alphabet = set(spelling.values())
-    tokens: list[str] = metadata["tokenizer.ggml.tokens"]
-    # A token stored as raw text (outside the byte alphabet) is respelled in it, as transformers does.
-    vocab = {
-        (t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8"))): i
-        for i, t in enumerate(tokens)
-    }
-    merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges", [])]
-    backend = BackendTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
-    backend.pre_tokenizer = _pre_tokenizer(metadata.get("tokenizer.ggml.pre", "default"))
-    backend.decoder = decoders.ByteLevel()
-    token_types: list[int] = metadata.get("tokenizer.ggml.token_type", [])
-    backend.add_special_tokens([
-        AddedToken(t, normalized=False, special=True)
-        for t, kind in zip(tokens, token_types) if kind == GGUF_TOKEN_TYPE_CONTROL and set(t) <= alphabet
-    ])
-    backend.add_tokens([
-        AddedToken(t, normalized=False, special=False)
-        for t, kind in zip(tokens, token_types) if kind == GGUF_TOKEN_TYPE_USER_DEFINED
-    ])
-    return backend
-
-
-def _pre_tokenizer(name: str) -> pre_tokenizers.PreTokenizer:
-    """The pre-tokenizer a GGUF's `tokenizer.ggml.pre` names; unknown names raise (ids would be wrong)."""
-    if name not in _PRE_TOKENIZERS:
-        raise TokenizerError(f"GGUF pre-tokenizer {name!r} is not supported; known: {sorted(_PRE_TOKENIZERS)}")
-    split = _PRE_TOKENIZERS[name]
-    if split == _GPT2_PRE:
-        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if split == _DIGITS_PRE:
-        return pre_tokenizers.Sequence([
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        ])
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(split), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
 
 
 def _special_content(value: Any) -> str | None:
@@ -167,7 +76,7 @@ class Tokenizer:
         if kind != "gpt2":
             raise TokenizerError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2')")
         return cls(
-            backend=_byte_level_backend(metadata),
+            backend=byte_level_backend(metadata),
             bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
             eos_token_id=metadata.get("tokenizer.ggml.eos_token_id"),
             pad_token_id=metadata.get("tokenizer.ggml.padding_token_id"),

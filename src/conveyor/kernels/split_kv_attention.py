@@ -33,7 +33,9 @@ class SplitKVParams:
     """Spans each context is cut into (see `choose_num_splits`)."""
 
 
-@triton.jit
+# num_splits and the block-table stride vary from step to step in eager decodes: no specialization on
+# them (see unified_attention.py), so one compiled variant serves every step.
+@triton.jit(do_not_specialize=["num_splits", "stride_bt_s"])
 def _split_kv_decode_kernel(
     partial_out_ptr, partial_lse_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     scale_log2, num_splits,
@@ -91,7 +93,7 @@ def _split_kv_decode_kernel(
              mask=row_valid[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _split_kv_reduce_kernel(
     out_ptr, partial_out_ptr, partial_lse_ptr, num_splits, stride_o_t, stride_o_h,
     SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,

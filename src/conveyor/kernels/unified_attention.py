@@ -37,7 +37,10 @@ def _find_sequence(query_start_loc_ptr, num_seqs, q_block_id, BLOCK_Q: tl.conste
     return lo - 1
 
 
-@triton.jit(do_not_specialize=["num_seqs"])
+# Triton specializes integer arguments on "== 1" and "divisible by 16". `num_seqs` and the block-table
+# row stride (the widest request's block count in an eager step) change every step, so specializing
+# on them would compile new variants mid-serving; they are kept generic so start-up warm-up covers all.
+@triton.jit(do_not_specialize=["num_seqs", "stride_bt_s"])
 def _unified_attention_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
     scale_log2, num_seqs,

@@ -4,10 +4,11 @@ The model: eager steps of a model on a fast GPU are CPU-bound -- hundreds of ker
 from Python -- while a replay is one launch. Two kinds of graphs, both over the static inputs of
 graph_inputs.py (which also explains the padding):
 - a *pure-decode* step (every request computes one token and samples) of n requests replays the
-  decode graph of the smallest bucket B >= n (1, 2, 4, 8, then multiples of 16 up to max_num_seqs, at
-  most 512), with the small-tile attention launch that decode wants;
-- any other step of n <= max_cudagraph_capture_size tokens (prefill chunks, with or without decodes)
-  replays the *mixed* graph of the smallest token bucket T >= n. The unified attention kernel's grid
+  decode graph of the smallest bucket B >= n (vLLM's sizes: 1, 2, 4, multiples of 8 below 256, then
+  of 16, up to max_num_seqs, at most 512), with the small-tile attention launch that decode wants;
+- any other step of n <= max_cudagraph_capture_size tokens (prefill chunks, with or without decodes,
+  and speculative verification steps: 1 + K query tokens and logits rows per request) replays the
+  *mixed* graph of the smallest token bucket T >= n. The unified attention kernel's grid
   depends only on the token and sequence counts, which the padding fixes, so the whole forward --
   attention included -- is one graph (vLLM's FULL mode). Bigger steps run eagerly: there the GPU
   work dwarfs the launches.
@@ -36,9 +37,11 @@ ForwardFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tens
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
-    """Decode buckets 1, 2, 4, 8, 16, 32, 48, ... up to min(max_num_seqs, 512), that limit included."""
+    """Decode buckets as vLLM's default capture sizes: 1, 2, 4, multiples of 8 below 256, multiples of
+    16 up to min(max_num_seqs, 512), that limit included."""
     limit = min(max_num_seqs, MAX_CAPTURE_SIZE)
-    sizes = [s for s in [1, 2, 4, 8, *range(16, MAX_CAPTURE_SIZE + 1, 16)] if s <= limit]
+    candidates = [1, 2, 4, *range(8, 256, 8), *range(256, MAX_CAPTURE_SIZE + 1, 16)]
+    sizes = [s for s in candidates if s <= limit]
     if sizes[-1] != limit:
         sizes.append(limit)
     return sizes
@@ -69,6 +72,8 @@ def mixed_bucket(host: HostBatch, sizes: list[int], geometry: GraphGeometry) -> 
     """The token bucket of a step that fits a mixed graph (room for its padding sequence), else None."""
     if not sizes or host.num_tokens > sizes[-1] or host.seq_lens.shape[0] >= geometry.max_seqs:
         return None
+    if len(host.logits_indices) > geometry.max_logits_rows:  # more drafts than the graphs were built for
+        return None
     if host.block_tables.shape[1] > geometry.max_blocks_per_seq:
         return None
     return next(size for size in sizes if size >= host.num_tokens)
@@ -87,13 +92,17 @@ class GraphPlan:
     mode: CUDAGraphMode
     max_cudagraph_capture_size: int
     """Largest mixed-graph token bucket (capped by max_num_batched_tokens)."""
+    num_speculative_tokens: int = 0
+    """K under speculative decoding: a verifying request has 1 + K logits rows."""
 
     def geometry(self) -> GraphGeometry:
         decode, mixed = capture_sizes(self.max_num_seqs), self.mixed_sizes()
+        max_tokens = max(decode[-1], mixed[-1] if mixed else 0)
         return GraphGeometry(
-            max_tokens=max(decode[-1], mixed[-1] if mixed else 0), max_seqs=self.max_num_seqs + 1,
+            max_tokens=max_tokens, max_seqs=self.max_num_seqs + 1,
             max_blocks_per_seq=-(-self.max_model_len // self.block_size), block_size=self.block_size,
             max_model_len=self.max_model_len,
+            max_logits_rows=min(max_tokens, (self.max_num_seqs + 1) * (1 + self.num_speculative_tokens)),
         )
 
     def mixed_sizes(self) -> list[int]:

@@ -2,7 +2,7 @@
 
 A graph reads fixed addresses, so every input lives in a view of ONE device byte buffer laid out as
 `input_ids | positions | slot_mapping (int64, max_tokens each) | seq_lens (int32, max_seqs) |
-query_start_loc (int32, max_seqs + 1) | logits_indices (int64, max_seqs) | block_tables (int32,
+query_start_loc (int32, max_seqs + 1) | logits_indices (int64, max_logits_rows) | block_tables (int32,
 max_seqs x max_blocks)`; the host writes the same layout into a pinned buffer and each step makes ONE
 host-to-device copy of the prefix it used (block tables last, so only the rows in use travel).
 
@@ -38,12 +38,14 @@ class GraphGeometry:
     """Block-table width: ceil(max_model_len / block_size)."""
     block_size: int
     max_model_len: int
+    max_logits_rows: int
+    """Rows of logits_indices: one per sequence, 1 + K per sequence under speculative decoding."""
 
 
 _FIELDS: tuple[tuple[str, type, str], ...] = (
     ("input_ids", np.int64, "max_tokens"), ("positions", np.int64, "max_tokens"),
     ("slot_mapping", np.int64, "max_tokens"), ("seq_lens", np.int32, "max_seqs"),
-    ("query_start_loc", np.int32, "max_seqs+1"), ("logits_indices", np.int64, "max_seqs"),
+    ("query_start_loc", np.int32, "max_seqs+1"), ("logits_indices", np.int64, "max_logits_rows"),
 )
 """(name, dtype, rows) of every field before block_tables, in buffer order."""
 
@@ -57,7 +59,8 @@ class StaticInputs:
         self.rows: dict[str, int] = {}
         offset = 0
         for name, dtype, rows in _FIELDS:
-            count = geometry.max_tokens if rows == "max_tokens" else geometry.max_seqs + (rows == "max_seqs+1")
+            count = {"max_tokens": geometry.max_tokens, "max_seqs": geometry.max_seqs,
+                     "max_seqs+1": geometry.max_seqs + 1, "max_logits_rows": geometry.max_logits_rows}[rows]
             self.offsets[name], self.rows[name] = offset, count
             offset += -(-count * np.dtype(dtype).itemsize // 16) * 16  # 16-byte aligned fields
         self.offsets["block_tables"] = offset

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -55,6 +56,25 @@ class KVCacheSpec:
     def layer_shape(self, num_blocks: int) -> tuple[int, ...]:
         """Shape of one layer's cache tensor, as the model's attention reads it."""
         return kv_cache_shape(num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+
+
+class BlockCost(Protocol):
+    """What sizing needs: the bytes one block costs over every cache that uses it."""
+
+    @property
+    def bytes_per_block(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class SharedBlocksSpec:
+    """Caches that share one block table (the target's and a speculative draft model's): a block of
+    the pool is a block in each of them."""
+
+    specs: tuple[KVCacheSpec, ...]
+
+    @property
+    def bytes_per_block(self) -> int:
+        return sum(spec.bytes_per_block for spec in self.specs)
 
 
 @dataclass(frozen=True)
@@ -104,7 +124,7 @@ def dtype_num_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def num_blocks_from_memory(spec: KVCacheSpec, kv_cache_memory_bytes: int) -> int:
+def num_blocks_from_memory(spec: BlockCost, kv_cache_memory_bytes: int) -> int:
     """Blocks that fit in `kv_cache_memory_bytes` (floored); raises if not even one fits."""
     num_blocks = kv_cache_memory_bytes // spec.bytes_per_block
     if num_blocks < 1:
@@ -115,7 +135,7 @@ def num_blocks_from_memory(spec: KVCacheSpec, kv_cache_memory_bytes: int) -> int
     return num_blocks
 
 
-def num_blocks_for_gpu(spec: KVCacheSpec, gpu_memory_utilization: float, profile: GpuMemoryProfile) -> int:
+def num_blocks_for_gpu(spec: BlockCost, gpu_memory_utilization: float, profile: GpuMemoryProfile) -> int:
     """Blocks that fit in what the utilization target leaves after the profiled peak (vLLM's rule)."""
     budget_bytes = int(profile.total_bytes * gpu_memory_utilization)
     free_for_kv = budget_bytes - profile.peak_torch_bytes - profile.non_torch_bytes
@@ -144,7 +164,7 @@ def profile_gpu_memory(device: torch.device, run_forward: Callable[[], None]) ->
 
 
 def resolve_num_blocks(
-    spec: KVCacheSpec, cache_config: CacheConfig, device: torch.device,
+    spec: BlockCost, cache_config: CacheConfig, device: torch.device,
     profile: Callable[[], GpuMemoryProfile] | None = None,
 ) -> int:
     """Apply the precedence of the module docstring; `profile` is called only on CUDA when needed."""

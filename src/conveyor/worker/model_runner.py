@@ -5,25 +5,28 @@ prefix) and decodes are all "compute tokens [start, start + n) of a sequence", s
 flat token axis and one forward pass. Per-request state (tokens, block table, generator) persists
 in the worker between steps (request_state.py); the host-side inputs are built with numpy
 (input_batch.py); only the requests whose range reaches the end of their known tokens sample, and
-only their last hidden rows go through the LM head.
+only their last hidden rows go through the LM head. With speculative decoding on (spec_decode/), every
+step is verified and runs to completion before `launch` returns: the next step's drafts depend on this
+one's accepted tokens.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from conveyor.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig
+from conveyor.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from conveyor.core.outputs import PLACEHOLDER_TOKEN_ID, ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 from conveyor.kernels.cpu_build import cpu_kernels_available
 from conveyor.model.loader import load_model, resolve_dtype
 from conveyor.sampling_params import SamplingParams
 from conveyor.worker.cuda_graphs import CudaGraphRunner, GraphPlan
-from conveyor.worker.input_batch import HostStaging, prepare_host_batch
+from conveyor.worker.input_batch import HostBatch, HostStaging, prepare_host_batch
 from conveyor.worker.kv_cache import (
     KVCacheSpec,
     KVCapacity,
+    SharedBlocksSpec,
     allocate_kv_caches,
     check_fits_max_model_len,
     dtype_num_bytes,
@@ -35,7 +38,9 @@ from conveyor.worker.sampler import Sampler
 from conveyor.worker.sampling_metadata import (
     SamplingBatch, SamplingRequest, VocabInfo, build_sampling_batch, has_penalty,
 )
+from conveyor.worker.spec_decode.spec_decoder import ProposerSetup, SpecDecoder, TargetModel, make_proposer
 from conveyor.worker.step_handle import StepHandle, fill_placeholders, placeholder_inputs
+from conveyor.worker.warmup import warm_up
 
 
 def attention_backend_for(device: torch.device, dtype: torch.dtype) -> str:
@@ -51,8 +56,8 @@ def attention_backend_for(device: torch.device, dtype: torch.dtype) -> str:
 class ModelRunner:
     """Owns the model, the KV cache tensors and the worker-side request states."""
 
-    def __init__(self, model_config: ModelConfig, cache_config: CacheConfig,
-                 scheduler_config: SchedulerConfig, device_config: DeviceConfig) -> None:
+    def __init__(self, model_config: ModelConfig, cache_config: CacheConfig, scheduler_config: SchedulerConfig,
+                 device_config: DeviceConfig, speculative_config: SpeculativeConfig | None = None) -> None:
         if device_config.num_threads is not None:
             torch.set_num_threads(device_config.num_threads)
         self.cache_config = cache_config
@@ -74,6 +79,30 @@ class ModelRunner:
         """Decode and mixed-step graphs, captured after the KV cache exists (CUDA without --enforce-eager)."""
         self._pending: StepHandle | None = None
         """The launched step whose tokens are not collected yet (async scheduling), if any."""
+        self.speculative_config = speculative_config
+        self.spec_decoder = self._spec_decoder(model_config) if speculative_config is not None else None
+        """Verification and the proposer (None: speculative decoding off)."""
+
+    def _spec_decoder(self, model_config: ModelConfig) -> SpecDecoder:
+        assert self.speculative_config is not None
+        setup = ProposerSetup(
+            target=model_config, target_vocab_size=self.vocab_size, max_model_len=self.max_model_len,
+            block_size=self.block_size, device=self.device, dtype=self.dtype,
+            attention_backend=self.attention_backend,
+        )
+        target = TargetModel(forward=lambda host: self._forward(host, _no_placeholders),
+                             compute_logits=self.model.compute_logits, sampler=self.sampler, vocab=self.vocab,
+                             device=self.device, block_size=self.block_size)
+        return SpecDecoder(make_proposer(self.speculative_config, setup), target, self._new_generator)
+
+    @property
+    def max_model_len(self) -> int:
+        """The configured max_model_len capped by the model's positions (what the engine resolves)."""
+        return min(self.scheduler_config.max_model_len, self.max_position_embeddings)
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return self.speculative_config.num_speculative_tokens if self.speculative_config is not None else 0
 
     @property
     def vocab_size(self) -> int:
@@ -99,20 +128,25 @@ class ModelRunner:
         )
 
     def initialize_kv_cache(self) -> KVCapacity:
-        """Size the cache (override, memory budget, or GPU profiling) and allocate it."""
+        """Size the cache (override, memory budget, or GPU profiling) and allocate it; a draft model's
+        cache shares the block ids, so each block of the pool costs both."""
         spec = self.kv_cache_spec
+        draft_spec = self.spec_decoder.proposer.kv_cache_spec if self.spec_decoder is not None else None
+        sizing = SharedBlocksSpec((spec, draft_spec)) if draft_spec is not None else spec
         num_blocks = resolve_num_blocks(
-            spec, self.cache_config, self.device,
+            sizing, self.cache_config, self.device,
             profile=lambda: profile_gpu_memory(self.device, self.profile_run),
         )
         self.kv_caches = allocate_kv_caches(spec, num_blocks, self.device, self.dtype)
+        if self.spec_decoder is not None:
+            self.spec_decoder.proposer.bind_kv_cache(num_blocks)
         capacity = KVCapacity(
-            num_blocks=num_blocks, block_size=spec.block_size,
-            num_bytes=num_blocks * spec.bytes_per_block,
-            max_model_len=min(self.scheduler_config.max_model_len, self.max_position_embeddings),
+            num_blocks=num_blocks, block_size=spec.block_size, num_bytes=num_blocks * sizing.bytes_per_block,
+            max_model_len=self.max_model_len,
         )
         check_fits_max_model_len(capacity)
         self.cuda_graphs = self._capture_cuda_graphs(capacity.max_model_len)
+        warm_up(self)  # every eager kernel variant compiled now, not in the first requests
         return capacity
 
     def _capture_cuda_graphs(self, max_model_len: int) -> CudaGraphRunner | None:
@@ -123,6 +157,7 @@ class ModelRunner:
             max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
             max_model_len=max_model_len, block_size=self.block_size, mode=self.device_config.cudagraph_mode,
             max_cudagraph_capture_size=self.device_config.max_cudagraph_capture_size,
+            num_speculative_tokens=self.num_speculative_tokens,
         )
         runner = CudaGraphRunner(
             lambda ids, positions, metadata: self.model(ids, positions, self.kv_caches, metadata),
@@ -141,10 +176,16 @@ class ModelRunner:
         tokens (async scheduling: the engine collects the previous step meanwhile). Placeholder
         input ids -- tokens of the pending step -- are filled from its sampled tensor on the device."""
         batch = apply_scheduler_output(self.states, scheduler_output, self._generator_for)
+        if self.spec_decoder is not None:
+            self.spec_decoder.drop(scheduler_output.finished_req_ids | scheduler_output.preempted_req_ids)
+        elif scheduler_output.scheduled_spec_decode_tokens:
+            raise ValueError("the scheduler sent draft tokens but speculative decoding is off in the worker")
         if scheduler_output.is_empty or not batch:
             return StepHandle.done(ModelRunnerOutput(sampled_token_ids={}))
         if not self.kv_caches:
             raise RuntimeError("initialize_kv_cache() must run before execute()")
+        if self.spec_decoder is not None:
+            return StepHandle.done(self.spec_decoder.execute(batch, scheduler_output))
         if self._pending is not None and any(has_penalty(state.sampling_params) for state in batch):
             self.collect(self._pending)  # penalties read the real previous token, not its placeholder
         host = prepare_host_batch(batch, scheduler_output.num_scheduled_tokens, self.block_size)
@@ -159,12 +200,7 @@ class ModelRunner:
         # Sampler inputs are built before the forward is launched: their small host-to-device copies
         # would otherwise queue behind the whole forward.
         sampling_batch = self._sampling_batch(sampling) if sampling else None
-        rows = self.cuda_graphs.run(host, fill) if self.cuda_graphs is not None else None
-        if rows is None:
-            inputs = self.staging.device_batch(host, self.block_size)
-            fill(inputs.input_ids)
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attention)  # [T, H]
-            rows = hidden[inputs.logits_indices]
+        rows = self._forward(host, fill)
         request_ids = [state.request_id for state in batch]
         if sampling_batch is None:
             return StepHandle.done(ModelRunnerOutput(sampled_token_ids={request_id: [] for request_id in request_ids}))
@@ -172,6 +208,16 @@ class ModelRunner:
         if sampling_batch.max_num_logprobs is not None:  # logprobs are read on the host: finish now
             return StepHandle.done(self._sample(sampling, logits, sampling_batch, request_ids))
         return self._launch_sampling(request_ids, sampling, logits, sampling_batch)
+
+    def _forward(self, host: HostBatch, fill: Callable[[torch.Tensor], None]) -> torch.Tensor:
+        """Hidden rows [N, H] of host.logits_indices, from a replayed CUDA graph or an eager forward."""
+        rows = self.cuda_graphs.run(host, fill) if self.cuda_graphs is not None else None
+        if rows is None:
+            inputs = self.staging.device_batch(host, self.block_size)
+            fill(inputs.input_ids)
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attention)  # [T, H]
+            rows = hidden[inputs.logits_indices]
+        return rows
 
     def _launch_sampling(self, request_ids: list[str], sampling: list[RequestState], logits: torch.Tensor,
                          sampling_batch: SamplingBatch) -> StepHandle:
@@ -235,7 +281,7 @@ class ModelRunner:
     def profile_run(self) -> None:
         """The largest step the scheduler can send, on scratch KV, for CUDA memory profiling."""
         num_tokens = self.scheduler_config.max_num_batched_tokens
-        max_len = min(self.scheduler_config.max_model_len, self.max_position_embeddings)
+        max_len = self.max_model_len
         seq_lens = _split(num_tokens, max_len)
         spec = self.kv_cache_spec
         num_blocks = sum(-(-n // spec.block_size) for n in seq_lens)
@@ -249,11 +295,17 @@ class ModelRunner:
         host = prepare_host_batch(states, {s.request_id: len(s.token_ids) for s in states}, spec.block_size)
         inputs = self.staging.device_batch(host, spec.block_size)
         hidden = self.model(inputs.input_ids, inputs.positions, scratch, inputs.attention)
-        rows = torch.arange(self.scheduler_config.max_num_seqs, device=self.device) % hidden.shape[0]
-        logits = self.model.compute_logits(hidden[rows]).float()  # [max_num_seqs, V]
+        # Verification samples 1 + K positions per request: the LM head and sampler see that many rows.
+        num_rows = min(self.scheduler_config.max_num_seqs * (1 + self.num_speculative_tokens), num_tokens)
+        rows = torch.arange(num_rows, device=self.device) % hidden.shape[0]
+        logits = self.model.compute_logits(hidden[rows]).float()  # [num_rows, V]
         requests = [SamplingRequest(SamplingParams(temperature=1.0, top_p=0.9), [0], 1)] * len(rows)
         self.sampler(logits, build_sampling_batch(requests, self.vocab, self.device))
         del scratch, hidden, logits
+
+
+def _no_placeholders(input_ids: torch.Tensor) -> None:
+    """Speculative steps never have placeholder inputs (speculative decoding refuses async scheduling)."""
 
 
 def _split(num_tokens: int, max_len: int) -> Sequence[int]:

@@ -10,7 +10,7 @@ earlier outputs among its tokens, and is recomputed).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -56,6 +56,9 @@ class RequestState:
     """Tokens whose KV is in the cache before the current step (as the scheduler last said)."""
     generator: torch.Generator | None = None
     """The request's own sampling generator (seeded requests only)."""
+    draft_generators: list[torch.Generator] = field(default_factory=list)
+    """Seeded requests under speculative decoding: one more generator per verified draft position
+    (position i of a step draws from the stream of output position num_output_tokens + i)."""
 
     @property
     def num_output_tokens(self) -> int:

@@ -39,12 +39,12 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         """logits: [N, V] float32, modified in place."""
-        raw_logprobs = _raw_logprobs(logits, batch)
+        raw = raw_logprobs(logits, batch)
         sampled = self.sample(logits, batch)  # [N] int64
         token_ids = sampled.tolist()
-        if raw_logprobs is None:
+        if raw is None:
             return SamplerOutput(token_ids, [None] * batch.num_rows)
-        return SamplerOutput(token_ids, gather_logprobs(raw_logprobs, sampled, batch.num_logprobs))
+        return SamplerOutput(token_ids, gather_logprobs(raw, sampled, batch.num_logprobs))
 
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """[N] int64 token ids left on the device (no host sync); logits [N, V] float32, modified in
@@ -77,7 +77,8 @@ class Sampler:
         return sampled
 
 
-def _raw_logprobs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor | None:
+def raw_logprobs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor | None:
+    """[N, V] log_softmax of the model's logits, if some row asked for logprobs (take it before `sample`)."""
     if batch.max_num_logprobs is None:
         return None
     return torch.log_softmax(logits, dim=-1)  # [N, V], a new tensor: later in-place edits don't touch it

@@ -143,9 +143,9 @@ def _random_sampling(
     params = [r.params for r in chosen]
     top_ks = [p.top_k if p.top_k is not None and p.top_k < vocab_size else vocab_size for p in params]
     return RandomSampling(
-        rows=None if len(rows) == len(requests) else _to_device(rows, torch.int64, device),
+        rows=None if len(rows) == len(requests) else host_to_device(rows, torch.int64, device),
         temperature=_floats([p.temperature for p in params], device),
-        top_k=_to_device(top_ks, torch.int64, device) if min(top_ks) < vocab_size else None,
+        top_k=host_to_device(top_ks, torch.int64, device) if min(top_ks) < vocab_size else None,
         top_p=_floats([p.top_p for p in params], device) if any(p.top_p < 1.0 for p in params) else None,
         min_p=_floats([p.min_p for p in params], device) if any(p.min_p > 0.0 for p in params) else None,
         max_top_k=max(top_ks),
@@ -154,10 +154,10 @@ def _random_sampling(
 
 
 def _floats(values: list[float], device: torch.device) -> torch.Tensor:
-    return _to_device(values, torch.float32, device)
+    return host_to_device(values, torch.float32, device)
 
 
-def _to_device(data: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def host_to_device(data: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A host list as a device tensor without a blocking copy: a pageable copy would wait for the work
     already queued on the stream (the previous step, under async scheduling); pinned memory does not."""
     tensor = torch.tensor(data, dtype=dtype)
@@ -194,7 +194,7 @@ def _min_tokens_pairs(
         tokens.extend(sorted(stop_ids))
     if not rows:
         return None, None
-    return _to_device(rows, torch.int64, device), _to_device(tokens, torch.int64, device)
+    return host_to_device(rows, torch.int64, device), host_to_device(tokens, torch.int64, device)
 
 
 def has_penalty(params: SamplingParams) -> bool:
@@ -206,7 +206,7 @@ def has_penalty(params: SamplingParams) -> bool:
 def _padded(rows: list[Sequence[int]], pad_id: int, device: torch.device) -> torch.Tensor:
     width = max(1, max(len(r) for r in rows))
     data = [list(r) + [pad_id] * (width - len(r)) for r in rows]
-    return _to_device(data, torch.int64, device)
+    return host_to_device(data, torch.int64, device)
 
 
 def _penalty_inputs(
@@ -217,7 +217,7 @@ def _penalty_inputs(
         return None
     chosen = [requests[i] for i in rows]
     return PenaltyInputs(
-        rows=_to_device(rows, torch.int64, device),
+        rows=host_to_device(rows, torch.int64, device),
         prompt_token_ids=_padded([r.token_ids[: r.num_prompt_tokens] for r in chosen], vocab_size, device),
         output_token_ids=_padded([r.token_ids[r.num_prompt_tokens:] for r in chosen], vocab_size, device),
         repetition=_floats([r.params.repetition_penalty for r in chosen], device),

@@ -1,0 +1,23 @@
+"""The batching policy a `SchedulerConfig` names. Apart from scheduler.py and its subclasses so that
+no module imports its own subclass (a cycle)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from conveyor.config import Batching, CacheConfig, SchedulerConfig
+from conveyor.core.async_scheduler import AsyncScheduler
+from conveyor.core.scheduler import Scheduler
+from conveyor.core.static_scheduler import StaticScheduler
+
+
+def make_scheduler(scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int,
+                   clock: Callable[[], float] = time.monotonic) -> Scheduler:
+    """`scheduler_config.batching`, with async scheduling when asked (continuous batching only)."""
+    if scheduler_config.batching is Batching.CONTINUOUS:
+        policy = AsyncScheduler if scheduler_config.async_scheduling else Scheduler
+        return policy(scheduler_config, cache_config, num_blocks, clock)
+    if scheduler_config.batching is Batching.STATIC:
+        return StaticScheduler(scheduler_config, cache_config, num_blocks, clock)
+    raise ValueError(f"unknown batching {scheduler_config.batching!r}")

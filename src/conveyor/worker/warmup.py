@@ -1,0 +1,184 @@
+"""Start-up warm-up: launch every kernel variant the engine can use before the server reports healthy.
+
+Triton compiles a kernel the first time it is launched with a new specialization (its constexprs,
+its pointer dtypes, and every integer argument that is 1 or a multiple of 16 unless the kernel marks
+it `do_not_specialize`). CUDA graph capture launches, and so compiles, everything that decode and
+mixed buckets use. What remains are the eager paths: steps larger than the largest mixed bucket
+(every step under `--enforce-eager`), decode batches above the largest decode bucket, the split-KV
+reduction at each padded split count, and the sampler's optional stages (top-k/top-p, min-p,
+penalties, logprobs, seeded draws), whose CUDA modules load lazily on first use. Each of them runs
+here once, on dummy requests, so that neither a server's first requests nor a benchmark's timed
+window wait for a compiler. The dummy steps write garbage into KV block 0, which no request holds
+yet at start-up; they never touch the scheduler.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from conveyor.kernels.split_kv_attention import SplitKVParams, split_kv_attention
+from conveyor.kernels.paged_batch import PagedBatch
+from conveyor.sampling_params import SamplingParams
+from conveyor.worker.cuda_graphs import capture_sizes
+from conveyor.worker.input_batch import prepare_host_batch
+from conveyor.worker.request_state import BlockTable, RequestState
+from conveyor.worker.sampling_metadata import SamplingRequest, build_sampling_batch
+
+if TYPE_CHECKING:
+    from conveyor.worker.model_runner import ModelRunner
+
+MAX_SPLITS = 64
+"""The split-KV kernel's largest split count (`choose_num_splits` caps it there)."""
+
+
+@dataclass(frozen=True)
+class EagerStep:
+    """One dummy step: `num_decodes` one-token requests plus, optionally, one prefill chunk."""
+
+    num_decodes: int
+    """Requests computing a single token (decode rows)."""
+    prefill_tokens: int
+    """Tokens of one prefill chunk in the same step (0: a decode-only step)."""
+    context_len: int
+    """Tokens each decode request already has in its KV cache."""
+
+
+def eager_steps(runner: ModelRunner) -> list[EagerStep]:
+    """The eager step shapes this runner's configuration can produce (none beyond what graphs cover)."""
+    sched = runner.scheduler_config
+    max_len = min(sched.max_model_len, runner.max_position_embeddings)
+    graphs = runner.cuda_graphs
+    largest_decode = graphs.decode_sizes[-1] if graphs is not None else 0
+    largest_mixed = graphs.mixed_sizes[-1] if graphs is not None and graphs.mixed_sizes else 0
+    steps: list[EagerStep] = []
+    if sched.max_num_seqs > largest_decode:
+        # Small batch with a long context (the split-KV kernel) and a full batch (the unified kernel).
+        steps.append(EagerStep(num_decodes=1, prefill_tokens=0, context_len=max_len - 1))
+        steps.append(EagerStep(num_decodes=sched.max_num_seqs, prefill_tokens=0, context_len=1))
+    if sched.max_num_batched_tokens > largest_mixed:
+        chunk = min(sched.max_num_batched_tokens - 1, max_len - 1)
+        steps.append(EagerStep(num_decodes=1, prefill_tokens=chunk, context_len=1))
+    return steps
+
+
+def _dummy_states(step: EagerStep, block_size: int) -> tuple[list[RequestState], dict[str, int]]:
+    """Dummy worker states for `step`, every block id 0 (reads are valid, writes are garbage)."""
+    params = SamplingParams(temperature=1.0)
+    states: list[RequestState] = []
+    for index in range(step.num_decodes):
+        length = step.context_len + 1
+        table = BlockTable([0] * math.ceil(length / block_size))
+        states.append(RequestState(f"warmup-d{index}", [0] * length, length, table, params, step.context_len))
+    if step.prefill_tokens:
+        table = BlockTable([0] * math.ceil(step.prefill_tokens / block_size))
+        states.append(RequestState("warmup-p", [0] * step.prefill_tokens, step.prefill_tokens, table, params, 0))
+    scheduled = {s.request_id: len(s.token_ids) - s.num_computed_tokens for s in states}
+    return states, scheduled
+
+
+@torch.inference_mode()
+def run_eager_step(runner: ModelRunner, step: EagerStep) -> None:
+    """One dummy forward + LM head of `step`, eagerly, on the runner's real KV cache."""
+    states, scheduled = _dummy_states(step, runner.block_size)
+    host = prepare_host_batch(states, scheduled, runner.block_size)
+    inputs = runner.staging.device_batch(host, runner.block_size)
+    hidden = runner.model(inputs.input_ids, inputs.positions, runner.kv_caches, inputs.attention)  # [T, H]
+    runner.model.compute_logits(hidden[inputs.logits_indices])
+
+
+def sampler_variants() -> list[SamplingParams]:
+    """One request per optional stage of the sampler, so each stage's kernels load at start-up."""
+    return [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05),
+        SamplingParams(temperature=0.7, seed=1, repetition_penalty=1.1, frequency_penalty=0.2,
+                       presence_penalty=0.2),
+        SamplingParams(temperature=0.7, logprobs=2),
+    ]
+
+
+@torch.inference_mode()
+def warm_up_sampler(runner: ModelRunner) -> None:
+    """Sample a dummy logits batch with every variant mixed in one batch, then each on its own."""
+    variants = sampler_variants()
+    groups: list[list[SamplingParams]] = [variants, *([params] for params in variants)]
+    for group in groups:
+        requests = [SamplingRequest(params, [0, 1], 1, _generator_for(runner, params)) for params in group]
+        logits = torch.zeros(len(requests), runner.vocab_size, device=runner.device)  # [N, V] float32
+        runner.sampler(logits, build_sampling_batch(requests, runner.vocab, runner.device))
+
+
+def _generator_for(runner: ModelRunner, params: SamplingParams) -> torch.Generator | None:
+    if params.seed is None:
+        return None
+    return torch.Generator(device=runner.device).manual_seed(params.seed)
+
+
+def split_counts() -> Iterable[int]:
+    """One split count per padded width of the reduction kernel (2, 4, ..., MAX_SPLITS)."""
+    count = 2
+    while count <= MAX_SPLITS:
+        yield count
+        count *= 2
+
+
+@torch.inference_mode()
+def warm_up_split_kv(runner: ModelRunner) -> None:
+    """Launch split-KV decode + reduction at every padded split count on a one-request batch."""
+    key_cache, value_cache = runner.kv_caches[0][0], runner.kv_caches[0][1]
+    num_heads = runner.arch_config.num_attention_heads
+    head_dim = runner.arch_config.head_dim
+    query = torch.zeros(1, num_heads, head_dim, dtype=key_cache.dtype, device=runner.device)  # [1, H, d]
+    seq_len = runner.block_size * 4
+    batch = PagedBatch(
+        block_tables=torch.zeros(1, 4, dtype=torch.int32, device=runner.device),
+        seq_lens=torch.full((1,), seq_len, dtype=torch.int32, device=runner.device),
+        query_start_loc=torch.tensor([0, 1], dtype=torch.int32, device=runner.device),
+        max_query_len=1, max_seq_len=seq_len,
+    )
+    head_dim_scale = head_dim ** -0.5
+    for num_splits in split_counts():
+        split_kv_attention(query, key_cache, value_cache, batch, SplitKVParams(head_dim_scale, num_splits))
+
+
+def warm_up(runner: ModelRunner) -> None:
+    """Everything above, on CUDA with the Triton backend; a no-op elsewhere (nothing compiles there)."""
+    if runner.device.type != "cuda":
+        return
+    for step in eager_steps(runner):
+        run_eager_step(runner, step)
+    if runner.attention_backend == "triton":
+        warm_up_split_kv(runner)
+    warm_up_sampler(runner)
+    torch.cuda.synchronize()
+
+
+KERNEL_MODULES = ("rms_norm", "rotary", "silu_and_mul", "split_kv_attention", "store_kv", "unified_attention")
+"""The modules of conveyor.kernels that define Triton kernels."""
+
+
+def compiled_kernel_count() -> int:
+    """Compiled Triton variants of conveyor's kernels held in memory (benchmarks print it around their
+    timed window: a count that grows there means a compile the warm-up missed)."""
+    import importlib
+
+    total = 0
+    for name in KERNEL_MODULES:
+        module = importlib.import_module(f"conveyor.kernels.{name}")
+        total += sum(_cache_size(value) for value in vars(module).values())
+    return total
+
+
+def _cache_size(fn: object) -> int:
+    """Entries across a JITFunction's per-device kernel caches (Triton 3.x: (kernel_cache, key_cache,
+    target, backend, binder) per device); 0 for anything else, e.g. the CPU stand-in."""
+    device_caches = getattr(fn, "device_caches", None)
+    if not isinstance(device_caches, dict):
+        return 0
+    return sum(len(entry[0]) for entry in device_caches.values())
