@@ -35,6 +35,17 @@ class CUDAGraphMode(enum.Enum):
     """Only pure-decode steps; steps with a prefill chunk run eagerly."""
 
 
+class Quantization(enum.Enum):
+    """How a quantized checkpoint's weights are served (vLLM's `--quantization`)."""
+
+    AUTO = "auto"
+    """GGUF for a GGUF checkpoint on CPU in float32 where the CPU kernels build, else NONE."""
+    GGUF = "gguf"
+    """Compute on the GGUF's Q4_0 / Q4_1 / Q8_0 blocks as stored (CPU, float32 activations)."""
+    NONE = "none"
+    """Dequantize every weight to `dtype` at load time."""
+
+
 class LoadFormat(enum.Enum):
     AUTO = "auto"
     GGUF = "gguf"
@@ -147,6 +158,8 @@ class ModelConfig:
     """Directory or file holding tokenizer.json / a GGUF (None: the model's own)."""
     dtype: str = "auto"
     """Weight and activation dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16."""
+    quantization: Quantization = Quantization.AUTO
+    """auto, gguf (serve the GGUF's blocks as they are) or none (dequantize at load)."""
     seed: int = 0
     """Seed for dummy weights and for sampling of requests without their own seed."""
     served_model_name: str | None = None

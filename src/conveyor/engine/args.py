@@ -26,6 +26,7 @@ from conveyor.config import (
     EngineConfig,
     LoadFormat,
     ModelConfig,
+    Quantization,
     SchedulerConfig,
     SchedulingPolicy,
     SpeculativeConfig,
@@ -56,6 +57,7 @@ FLAGS: tuple[_Flag, ...] = (
     _Flag("--tokenizer", "model", "tokenizer"),
     _Flag("--load-format", "model", "load_format"),
     _Flag("--dtype", "model", "dtype"),
+    _Flag("--quantization", "model", "quantization"),
     _Flag("--seed", "model", "seed"),
     _Flag("--served-model-name", "model", "served_model_name"),
     _Flag("--num-hidden-layers-override", "model", "num_hidden_layers_override"),
@@ -134,6 +136,9 @@ def _add_model_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--tokenizer", help="tokenizer.json directory or GGUF (default: the model's)")
     group.add_argument("--load-format", choices=[f.value for f in LoadFormat])
     group.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
+    group.add_argument("--quantization", "-q", choices=[q.value for q in Quantization],
+                       help="gguf: compute on the GGUF's quantized blocks (CPU); none: dequantize at load; "
+                            "auto (default): gguf for a GGUF on CPU in float32")
     group.add_argument("--seed", type=int, help="seed for dummy weights and unseeded sampling")
     group.add_argument("--served-model-name", help="model name clients send (default: from the path)")
     group.add_argument("--num-hidden-layers-override", type=int, help="keep only this many layers")
@@ -185,7 +190,7 @@ def _add_cache_and_device_flags(group: argparse._ArgumentGroup) -> None:
 
 def _converted(flag: _Flag, value: object) -> object:
     enums = {"load_format": LoadFormat, "policy": SchedulingPolicy, "batching": Batching,
-             "cudagraph_mode": CUDAGraphMode}
+             "cudagraph_mode": CUDAGraphMode, "quantization": Quantization}
     return enums[flag.field_name](value) if flag.field_name in enums else value
 
 
@@ -263,7 +268,7 @@ def engine_config_to_flags(config: EngineConfig) -> dict[str, str]:
 
 
 def _as_text(value: object) -> str:
-    if isinstance(value, (LoadFormat, SchedulingPolicy, Batching, CUDAGraphMode)):
+    if isinstance(value, (LoadFormat, SchedulingPolicy, Batching, CUDAGraphMode, Quantization)):
         return value.value
     if isinstance(value, SpeculativeConfig):
         return json.dumps(value.to_dict())
