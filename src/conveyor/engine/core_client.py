@@ -40,6 +40,8 @@ from conveyor.engine.messages import (
     EngineDead,
     EngineInput,
     EngineStepOutputs,
+    PrefixCacheReset,
+    ResetPrefixCache,
     encoder,
     output_decoder,
 )
@@ -119,6 +121,8 @@ class AsyncEngineClient:
         self._input = zmq.Context(shadow=self._context.underlying).socket(zmq.PUSH)
         self._output = self._context.socket(zmq.PULL)
         self._output_task: asyncio.Task[None] | None = None
+        self._resets: dict[int, asyncio.Future[int]] = {}
+        """Pending reset_prefix_cache calls, by token."""
 
     def start(self) -> None:
         """Connect to the core and start the output handler (call on the event loop that will serve)."""
@@ -167,6 +171,18 @@ class AsyncEngineClient:
         """End a request in the core; its stream receives the core's final ABORT output."""
         if self._dead_reason is None and request_id in self._streams:
             self._send(AbortRequests([request_id], FinishReason.ABORT))
+
+    async def reset_prefix_cache(self) -> int:
+        """Ask the core to forget every prefix-cache block no request holds; returns how many it forgot."""
+        self._raise_if_dead()
+        token = len(self._resets) + 1 + max(self._resets, default=0)
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._resets[token] = future
+        self._send(ResetPrefixCache(self._config.client_index, token))
+        try:
+            return await future
+        finally:
+            self._resets.pop(token, None)
 
     def add_stats_listener(self, listener: StatsListener) -> None:
         self._stats_listeners.append(listener)
@@ -231,6 +247,11 @@ class AsyncEngineClient:
                 if isinstance(message, EngineDead):
                     self._on_dead(message.message)
                     return
+                if isinstance(message, PrefixCacheReset):
+                    future = self._resets.get(message.token)
+                    if future is not None and not future.done():
+                        future.set_result(message.num_blocks)
+                    continue
                 self._process(message)
                 await asyncio.sleep(0)  # let the streams run between two steps' worth of outputs
         except asyncio.CancelledError:
@@ -284,6 +305,9 @@ class AsyncEngineClient:
             listener()
 
     def _fail_everything(self, reason: str) -> None:
+        for future in self._resets.values():
+            if not future.done():
+                future.set_exception(EngineDeadError(reason))
         streams, self._streams = self._streams, {}
         for outputs in streams.values():
             outputs.put_nowait(EngineDeadError(reason))

@@ -42,6 +42,8 @@ from conveyor.engine.messages import (
     EngineInput,
     EngineOutput,
     EngineStepOutputs,
+    PrefixCacheReset,
+    ResetPrefixCache,
     ShutdownEngine,
     encoder,
     input_decoder,
@@ -147,6 +149,9 @@ class EngineCoreProc:
             self._connected.add(message.client_index)
         elif isinstance(message, ShutdownEngine):
             self._stopping = True
+        elif isinstance(message, ResetPrefixCache):
+            num_blocks = self._core.reset_prefix_cache()
+            self._output_queue.put((message.client_index, PrefixCacheReset(message.token, num_blocks)))
 
     def _add(self, message: AddRequest) -> None:
         request = Request(message.request_id, message.prompt_token_ids, message.sampling_params,

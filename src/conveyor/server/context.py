@@ -9,6 +9,7 @@ from conveyor.request import FinishReason
 from conveyor.server.errors import APIError, ErrorType
 from conveyor.server.lifecycle import AdmissionGate
 from conveyor.server.metrics import ServerMetrics
+from conveyor.server.server_config import ServerConfig
 
 
 @dataclass(frozen=True)
@@ -25,10 +26,12 @@ class ServingContext:
     """In-flight accounting and draining."""
     metrics: ServerMetrics
     """Prometheus metrics (the server's own counters are bumped by the handlers)."""
+    config: ServerConfig = ServerConfig()
+    """The server's flags (limits, response options)."""
 
     def check_model(self, requested: str | None) -> None:
-        """404 unless `requested` is the served model (None means the served model, as vLLM)."""
-        if requested is not None and requested != self.model_name:
+        """404 unless `requested` names the served model (None means the served model, as vLLM)."""
+        if requested is not None and requested != self.model_name and requested not in self.config.served_model_names:
             raise APIError(404, f"The model `{requested}` does not exist.", ErrorType.NOT_FOUND, param="model")
 
 
