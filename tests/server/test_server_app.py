@@ -22,7 +22,7 @@ def test_completion_shape_and_usage() -> None:
             assert body["model"] == "fake-model" and isinstance(body["created"], int)
             assert body["choices"] == [{"index": 0, "text": output_text(3), "logprobs": None,
                                         "finish_reason": "length", "stop_reason": None}]
-            assert body["usage"] == {"prompt_tokens": 6, "completion_tokens": 3, "total_tokens": 9}
+            assert body["usage"] == {"prompt_tokens": 6, "completion_tokens": 3, "total_tokens": 9, "prompt_tokens_details": None}
     run(main())
 
 

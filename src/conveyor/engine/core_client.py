@@ -73,6 +73,8 @@ class ClientConfig:
     """This front end's identity toward the core (its output socket is addresses.outputs[i])."""
     queue_timeout_s: float | None = None
     """--queue-timeout, for the error message of a timed-out request."""
+    chat_template: str | None = None
+    """A Jinja chat template replacing the model's (--chat-template), else None."""
 
 
     @classmethod
@@ -80,7 +82,8 @@ class ClientConfig:
                    client_index: int = 0) -> ClientConfig:
         """The client configuration for front end `client_index` of an engine that reported `info`."""
         scheduler = dataclasses.replace(engine_config.scheduler, max_model_len=info.max_model_len)
-        limits = RequestLimits(scheduler, KVPoolSize(info.num_kv_blocks, info.block_size), info.vocab_size)
+        limits = RequestLimits(scheduler, KVPoolSize(info.num_kv_blocks, info.block_size), info.vocab_size,
+                               speculative=engine_config.speculative_config is not None)
         return cls(info, limits, addresses, client_index, engine_config.scheduler.queue_timeout_s)
 
 
@@ -97,7 +100,10 @@ class AsyncEngineClient:
         scheduler = engine_config.scheduler
         admission = AdmissionControl(QueueLimits(scheduler.max_num_queued_reqs, scheduler.max_num_queued_tokens),
                                      shared, config.client_index)
-        tokenizer = AsyncTokenizer(Tokenizer.from_path(tokenizer_path(engine_config.model)))
+        backend = Tokenizer.from_path(tokenizer_path(engine_config.model))
+        if config.chat_template is not None:
+            backend = dataclasses.replace(backend, chat_template=config.chat_template)
+        tokenizer = AsyncTokenizer(backend)
         client = cls(config, tokenizer, admission, lifeline)
         client.start()
         return client

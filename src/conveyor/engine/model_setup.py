@@ -35,6 +35,7 @@ def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.mo
     from conveyor.worker.model_runner import ModelRunner
 
     runner = ModelRunner(config.model, config.cache, config.scheduler, config.device)
+    runner.structured_outputs = structured_outputs_for(config.model, runner.vocab_size, runner.eos_token_ids)
     max_model_len = min(config.scheduler.max_model_len, runner.max_position_embeddings)
     if max_model_len < config.scheduler.max_model_len:
         logger.warning("max_model_len lowered from %d to the model's max_position_embeddings %d",
@@ -48,6 +49,17 @@ def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.mo
                 "max_model_len=%d", capacity.num_blocks, capacity.block_size, capacity.num_tokens,
                 capacity.num_bytes / 2**20, capacity.max_concurrency, max_model_len)
     return make_engine_core(config, runner, scheduler, limits)
+
+
+def structured_outputs_for(model_config: ModelConfig, vocab_size: int, eos_token_ids: tuple[int, ...]):  # noqa: ANN201
+    """The worker's grammar matchers over this model's tokenizer (read on the first constrained request)."""
+    from conveyor.engine.tokenizer import Tokenizer
+    from conveyor.worker.structured_output import GrammarVocab, StructuredOutputs
+
+    def tokenizer_json() -> str:
+        return Tokenizer.from_path(tokenizer_path(model_config)).backend.to_str()
+
+    return StructuredOutputs(GrammarVocab(tokenizer_json, vocab_size, tuple(eos_token_ids)))
 
 
 def tokenizer_path(model_config: ModelConfig) -> pathlib.Path:

@@ -11,6 +11,7 @@ stop and the command exits 0; if the engine dies, the server stops at once and e
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import asyncio
 import logging
 import os
@@ -122,7 +123,8 @@ def leave_cores_to_api_servers(engine_config: EngineConfig, api_server_count: in
 
 async def _serve_with_engine(engine: EngineProcess, engine_config: EngineConfig, server_config: ServerConfig) -> int:
     assert engine.info is not None
-    client_config = ClientConfig.for_engine(engine_config, engine.info, engine.addresses)
+    client_config = dataclasses.replace(ClientConfig.for_engine(engine_config, engine.info, engine.addresses),
+                                        chat_template=server_config.chat_template)
     client = AsyncEngineClient.connect(client_config, engine_config, lifeline=engine.lifeline)
     return await serve(client, server_config)
 
