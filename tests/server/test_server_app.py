@@ -207,7 +207,7 @@ def test_queue_timeout_is_503_with_retry_after_streamed_or_not() -> None:
                 assert timed_out.json()["error"]["type"] == "timeout_error"
                 assert "queue timeout" in timed_out.json()["error"]["message"]
             assert (await blocker).status_code == 200
-            assert 'conveyor:queue_timeouts_total{model_name="fake-model"} 2.0' in (await client.get("/metrics")).text
+            assert 'conveyor:queue_timeouts_total{engine="0",model_name="fake-model"} 2.0' in (await client.get("/metrics")).text
     run(main())
 
 

@@ -78,7 +78,7 @@ class EngineStepOutputs(msgspec.Struct, tag="step", array_like=True, omit_defaul
     finished: list[EngineCoreOutput] = []
     scheduler_stats: SchedulerStats | None = None
     peak_memory_bytes: int | None = None
-    """torch.cuda.max_memory_reserved() of the engine process; None on CPU."""
+    """The engine process's peak device memory: torch.cuda.max_memory_reserved() on CUDA, peak RSS on CPU."""
 
 
 class EngineDead(msgspec.Struct, tag="dead", array_like=True):

@@ -127,4 +127,14 @@ def build_engine_info(core: EngineCore, config: EngineConfig) -> EngineInfo:
     flags["max-model-len"] = str(limits.max_model_len)
     return EngineInfo(model_name=model_name_of(config), max_model_len=limits.max_model_len,
                       block_size=config.cache.block_size, num_kv_blocks=limits.num_kv_blocks,
-                      vocab_size=limits.vocab_size, config=flags)
+                      vocab_size=limits.vocab_size, config=flags, model_path=str(model_path(config.model)),
+                      device_name=_device_name(config.device.device))
+
+
+def _device_name(device: str) -> str:
+    """"cpu", or the CUDA device's name as torch reports it."""
+    if device != "cuda":
+        return "cpu"
+    import torch  # the engine process has loaded it already
+
+    return str(torch.cuda.get_device_name())

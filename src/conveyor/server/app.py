@@ -60,6 +60,7 @@ def build_app(engine: EngineClient, server_config: ServerConfig, metrics_dir: st
     `metrics_dir`: prometheus_client's multiprocess directory when several front ends share /metrics."""
     info = engine.info
     metrics = ServerMetrics(info, metrics_dir)
+    metrics.start()
     engine.add_stats_listener(metrics.on_step)
     gate = AdmissionGate()
     engine.add_dead_listener(gate.mark_engine_dead)

@@ -102,7 +102,9 @@ async def create_chat_completion(ctx: ServingContext, body: ChatCompletionReques
     prepared = await prepare_chat(ctx, body, http_request)
     renderer = ResponseRenderer(chunks=functools.partial(_chunks, ctx, prepared),
                                 collect=functools.partial(_collect, ctx, prepared))
-    streams = open_streams(ctx.engine, fan_out(prepared.request, body.n or 1), ctx.gate, prompt_param="messages")
+    choices = fan_out(prepared.request, body.n or 1)
+    streams = open_streams(ctx.engine, choices, ctx.gate, prompt_param="messages")
+    ctx.metrics.track_request(choices)
     return await respond(streams, http_request, bool(body.stream), renderer)
 
 

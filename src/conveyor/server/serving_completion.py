@@ -93,7 +93,9 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, http_r
     prepared = await prepare_completion(ctx, body, http_request)
     renderer = ResponseRenderer(chunks=functools.partial(_chunks, ctx, prepared),
                                 collect=functools.partial(_collect, ctx, prepared))
-    streams = open_streams(ctx.engine, fan_out(prepared.request, body.n or 1), ctx.gate)
+    choices = fan_out(prepared.request, body.n or 1)
+    streams = open_streams(ctx.engine, choices, ctx.gate)
+    ctx.metrics.track_request(choices)
     return await respond(streams, http_request, bool(body.stream), renderer)
 
 
