@@ -47,6 +47,7 @@ from conveyor.server.middleware import add_middleware, request_id_of
 from conveyor.server.request_body import parse_body, read_json_object, validate_body
 from conveyor.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from conveyor.server.responses import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
+from conveyor.server.openapi import add_openapi_route
 from conveyor.server.serving_chat import create_chat_completion, render_chat_prompt
 from conveyor.server.serving_completion import create_completion
 
@@ -74,6 +75,7 @@ def build_app(engine: EngineClient, server_config: ServerConfig, metrics_dir: st
     _add_error_handlers(app, ctx)
     _add_generation_routes(app, ctx, server_config)
     _add_admin_routes(app, ctx, server_config)
+    add_openapi_route(app)
     return app
 
 
@@ -125,10 +127,12 @@ def _add_admin_routes(app: FastAPI, ctx: ServingContext, config: ServerConfig) -
     async def health() -> Response:
         return Response(status_code=200 if _is_healthy(ctx) else 503)
 
-    @app.api_route("/ping", methods=["GET", "POST"])
     async def ping() -> Response:
         """SageMaker's health check (vLLM's): the same answer as /health."""
         return Response(status_code=200 if _is_healthy(ctx) else 503)
+
+    for method in ("GET", "POST"):  # one route each: an OpenAPI operation id is per method
+        app.add_api_route("/ping", ping, methods=[method], operation_id=f"ping_{method.lower()}")
 
     @app.get("/load")
     async def load() -> JSONResponse:
