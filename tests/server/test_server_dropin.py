@@ -196,3 +196,30 @@ def test_a_client_leaving_mid_body_logs_no_traceback(server: Server) -> None:
     time.sleep(1.0)
     assert post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 1}).status_code == 200
     assert "Traceback" not in "".join(server.log[before:])
+
+
+HOSTILE = [  # (path, raw body, status, the field the error names): the four 500s and sampling extremes
+    ("/v1/completions", b'{"prompt": "a\\ud800b", "max_tokens": 2}', 400, "prompt"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 2}', 400,
+     "messages"),
+    ("/tokenize", b'{"prompt": "\\ud800"}', 400, "prompt"),
+    ("/tokenize", b'{"messages": []}', 400, "messages"),
+    ("/v1/completions", b'{"prompt": "x", "temperature": 1e400}', 400, "temperature"),
+]
+
+
+@pytest.mark.parametrize(("path", "raw", "status", "param"), HOSTILE)
+def test_hostile_inputs_on_the_real_tokenizer(server: Server, path: str, raw: bytes, status: int, param: str) -> None:
+    answer = httpx.post(server.url + path, content=raw, headers={**AUTH, "Content-Type": "application/json"},
+                        timeout=60)
+    assert answer.status_code == status, answer.text
+    error = answer.json()["error"]
+    assert error["param"] is not None and error["param"].startswith(param)
+    assert "Traceback" not in answer.text and "TypeError" not in answer.text
+    assert post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 1}).status_code == 200
+
+
+def test_tiny_repetition_penalty_still_generates_text(server: Server) -> None:
+    answer = post(server, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 8, "ignore_eos": True,
+                                              "repetition_penalty": 1e-300}).json()
+    assert answer["usage"]["completion_tokens"] == 8 and answer["choices"][0]["text"] != ""
