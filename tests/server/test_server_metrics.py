@@ -88,7 +88,7 @@ def bench_names() -> set[str]:
 
 class FakeNvml(Nvml):
     def read(self) -> GpuReading | None:
-        return GpuReading(used_bytes=3e9, utilization=0.25, names=("NVIDIA H200", "NVIDIA H200"))
+        return GpuReading(used_bytes=3e9, utilization=0.25, names=("NVIDIA H200", "NVIDIA H200"), total_bytes=2.8e11)
 
 
 def test_every_name_the_benchmark_reads_is_exported() -> None:
@@ -102,7 +102,7 @@ def test_every_name_the_benchmark_reads_is_exported() -> None:
     text = metrics.render().decode()
     assert sample(text, "conveyor:gpu_utilization_perc") == 0.25
     assert sample(text, "conveyor:gpu_memory_used_bytes") == 3e9
-    assert sample(text, "conveyor:gpu_info", name="NVIDIA H200", count="2") == 1
+    assert sample(text, "conveyor:gpu_info", name="NVIDIA H200", count="2", memory_total_bytes="280000000000") == 1
 
 
 def test_gpu_info_without_nvml_is_the_engines_device() -> None:
@@ -121,7 +121,7 @@ def test_model_info_has_the_file_digests(tmp_path: pathlib.Path) -> None:
     model = tmp_path / "m.gguf"
     model.write_bytes(b"gguf bytes")
     info = EngineInfo("m", max_model_len=64, block_size=16, num_kv_blocks=8, vocab_size=100,
-                      config={"dtype": "bfloat16", "revision": "none"}, model_path=str(model))
+                      config={"dtype": "auto", "revision": "none"}, model_path=str(model), dtype="bfloat16")
     metrics = ServerMetrics(info)
     metrics.start()
     assert metrics.model_info.done.wait(10)

@@ -128,7 +128,13 @@ def build_engine_info(core: EngineCore, config: EngineConfig) -> EngineInfo:
     return EngineInfo(model_name=model_name_of(config), max_model_len=limits.max_model_len,
                       block_size=config.cache.block_size, num_kv_blocks=limits.num_kv_blocks,
                       vocab_size=limits.vocab_size, config=flags, model_path=str(model_path(config.model)),
-                      device_name=_device_name(config.device.device))
+                      device_name=_device_name(config.device.device), dtype=_dtype_name(core))
+
+
+def _dtype_name(core: EngineCore) -> str | None:
+    """The model runner's resolved dtype without the `torch.` prefix (None for runners without one)."""
+    dtype = getattr(core.runner, "dtype", None)  # ModelRunner has it; the Runner protocol does not require it
+    return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
 def _device_name(device: str) -> str:

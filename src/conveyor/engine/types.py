@@ -147,6 +147,8 @@ class EngineInfo:
     """The model file or directory the engine loaded (the embedded GGUF when --model is not given)."""
     device_name: str | None = None
     """"cpu", or the CUDA device's name (for conveyor:gpu_info where NVML is missing)."""
+    dtype: str | None = None
+    """The dtype the weights compute in, resolved from --dtype (e.g. "bfloat16"; for conveyor:model_info)."""
 
     @property
     def num_kv_tokens(self) -> int:

@@ -3,9 +3,10 @@ NVML (read when scraped), and the model's identity with its file digests (comput
 loop, in a background thread).
 
 - `conveyor:gpu_memory_used_bytes` (memory in use on all visible GPUs, every process's, summed) and
-  `conveyor:gpu_utilization_perc` (NVML's utilisation averaged over them, 1 = 100 %) exist only where
-  pynvml is installed and sees a GPU; `conveyor:gpu_info{name,count}` comes from NVML, else from the
-  engine's device ("cpu", count 0; or the CUDA name torch reports, count 1).
+  `conveyor:gpu_utilization_perc` (NVML's utilisation averaged over them, 1 = 100 %: the share of the
+  last sample period a kernel ran, as NVML defines it) exist only where pynvml is installed and sees a
+  GPU; `conveyor:gpu_info{name,count,memory_total_bytes}` comes from NVML, else from the engine's device
+  ("cpu", count 0; or the CUDA name torch reports, count 1; memory "unknown").
 - `conveyor:model_info{model_path,dtype,revision,quantization,config_sha256,weights_sha256,
   tokenizer_sha256}` appears once the digests are done (a GGUF of 100 MB takes well under a second; a
   checkpoint of many GB takes seconds, during which a client sees no model_info and hashes the files
@@ -44,6 +45,8 @@ class GpuReading:
     """Utilisation averaged over the GPUs, in [0, 1]."""
     names: tuple[str, ...]
     """Each GPU's name."""
+    total_bytes: float = 0.0
+    """Memory of the GPUs, summed."""
 
 
 class Nvml:
@@ -61,9 +64,11 @@ class Nvml:
             handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
             if not handles:
                 return None
-            used = sum(float(nvml.nvmlDeviceGetMemoryInfo(h).used) for h in handles)
+            memory = [nvml.nvmlDeviceGetMemoryInfo(h) for h in handles]
             util = sum(float(nvml.nvmlDeviceGetUtilizationRates(h).gpu) for h in handles) / (100.0 * len(handles))
-            return GpuReading(used, util, tuple(str(nvml.nvmlDeviceGetName(h)) for h in handles))
+            return GpuReading(used_bytes=sum(float(m.used) for m in memory), utilization=util,
+                              names=tuple(str(nvml.nvmlDeviceGetName(h)) for h in handles),
+                              total_bytes=sum(float(m.total) for m in memory))
         except Exception as error:  # noqa: BLE001 - a failing NVML read means "not measured", never a 500
             logger.debug("NVML read failed: %s", error)
             return None
@@ -89,12 +94,13 @@ class GpuCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         reading = self._nvml.read()
         gpu_info = GaugeMetricFamily("conveyor:gpu_info", "The GPUs the server sees (value is always 1).",
-                                     labels=["model_name", "name", "count"])
+                                     labels=["model_name", "name", "count", "memory_total_bytes"])
         if reading is not None:
-            gpu_info.add_metric([self._model_name, ", ".join(sorted(set(reading.names))), str(len(reading.names))], 1)
+            names = ", ".join(sorted(set(reading.names)))
+            gpu_info.add_metric([self._model_name, names, str(len(reading.names)), str(int(reading.total_bytes))], 1)
         elif self._device_name is not None:
             count = "0" if self._device_name == "cpu" else "1"
-            gpu_info.add_metric([self._model_name, self._device_name, count], 1)
+            gpu_info.add_metric([self._model_name, self._device_name, count, "unknown"], 1)
         yield gpu_info
         if reading is None:
             return
@@ -111,8 +117,8 @@ def _label(value: str | None) -> str:
 def model_info_labels(info: EngineInfo, digests: ModelDigests) -> dict[str, str]:
     """The labels of conveyor:model_info ("unknown" where the engine did not say)."""
     flags = info.config
-    return {"model_name": info.model_name, "model_path": _label(info.model_path), "dtype": _label(flags.get("dtype")),
-            "revision": _label(flags.get("revision")), "quantization": _label(flags.get("quantization")),
+    return {"model_name": info.model_name, "model_path": _label(info.model_path),
+            "dtype": _label(info.dtype or flags.get("dtype")), "revision": _label(flags.get("revision")), "quantization": _label(flags.get("quantization")),
             "config_sha256": _label(digests.config_sha256), "weights_sha256": _label(digests.weights_sha256),
             "tokenizer_sha256": _label(digests.tokenizer_sha256)}
 
