@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -57,8 +58,11 @@ def test_engine_start_up_failure_is_one_clean_line_and_exit_1(tmp_path: pathlib.
     missing.write_bytes(b"this is no GGUF file")
     code = ("import sys; from conveyor.cli import main; rc = main(['serve', '--model', sys.argv[1], '--port', '0']); "
             "sys.exit(10 + rc if 'torch' not in sys.modules else 99)")
+    # PATH: the engine process builds the CPU kernels before it opens the model, and without PATH the C
+    # compiler finds no linker (minutes of a failing build on a busy machine, then the same error)
+    env = {"PYTHONPATH": str(SRC), "PATH": os.environ.get("PATH", os.defpath)}
     result = subprocess.run([sys.executable, "-c", code, str(missing)], capture_output=True, text=True,
-                            env={"PYTHONPATH": str(SRC)}, timeout=120)
+                            env=env, timeout=120)
     assert result.returncode == 11, result.stderr  # exit 1, and the launching process never loaded torch
     line = [x for x in result.stderr.splitlines() if x.startswith("conveyor serve: error:")]
     assert len(line) == 1 and "the engine failed to start" in line[0] and str(missing) in line[0], result.stderr
