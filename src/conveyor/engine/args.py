@@ -70,6 +70,7 @@ FLAGS: tuple[_Flag, ...] = (
     _Flag("--scheduling-policy", "scheduler", "policy"),
     _Flag("--batching", "scheduler", "batching"),
     _Flag("--max-num-queued-reqs", "scheduler", "max_num_queued_reqs"),
+    _Flag("--max-num-queued-tokens", "scheduler", "max_num_queued_tokens"),
     _Flag("--queue-timeout", "scheduler", "queue_timeout_s"),
     _Flag("--async-scheduling", "scheduler", "async_scheduling"),
     _Flag("--block-size", "cache", "block_size"),
@@ -156,8 +157,12 @@ def _add_scheduler_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--scheduling-policy", choices=[p.value for p in SchedulingPolicy])
     group.add_argument("--batching", choices=[b.value for b in Batching],
                        help="continuous (default) or static fixed batches, for A/B comparison")
-    group.add_argument("--max-num-queued-reqs", type=int, help="bound on waiting requests (503 beyond)")
-    group.add_argument("--queue-timeout", type=float, help="seconds a request may wait before it fails")
+    group.add_argument("--max-num-queued-reqs", type=int,
+                       help="cap on in-flight requests, waiting + running (503 + Retry-After beyond)")
+    group.add_argument("--max-num-queued-tokens", type=int,
+                       help="cap on prompt tokens of requests still in prefill (503 + Retry-After beyond)")
+    group.add_argument("--queue-timeout", type=float,
+                       help="seconds a request may wait unscheduled before it ends with 503")
     group.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                        help="launch step N+1 before step N's tokens are back (overlaps host work with the GPU; "
                             "default: on for CUDA, off for CPU)")
