@@ -115,6 +115,12 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def shutdown(self) -> None:
+        """Release what the runner holds outside this process (tensor-parallel ranks); idempotent."""
+        close = getattr(self.runner, "shutdown", None)
+        if close is not None:
+            close()
+
 
 @dataclass(frozen=True)
 class _InFlight:

@@ -12,8 +12,8 @@ kill -9) it records the failure, logs it, terminates the other ranks -- so a col
 waiting in fails (gloo sees its peers' sockets close) instead of waiting forever -- and calls the
 `on_failure` handler if one was given. From then on every call raises `RankFailedError` naming the
 rank. A collective inside a CUDA kernel (NCCL) cannot be interrupted, so a server passes a handler
-that ends the process after a grace period (`exit_process_after`): its front end then reports the
-engine dead and errors out every request, and nothing hangs. Each rank in turn watches a lifeline
+that stops its loop and ends the process after a grace period (engine/launcher.py): the front end
+then reports the engine dead and errors out every request, and nothing hangs. Each rank in turn watches a lifeline
 pipe and exits when this process is gone, however it went.
 """
 
@@ -39,7 +39,12 @@ from conveyor.core.outputs import ModelRunnerOutput, SchedulerOutput
 from conveyor.model.loader import read_arch_config
 from conveyor.model.parallel_layers import TensorParallelGroup
 from conveyor.model.registry import ModelArchConfig
-from conveyor.model.tensor_parallel import FLAG, TensorParallelError, check_tensor_parallel
+from conveyor.model.tensor_parallel import (
+    FLAG,
+    TensorParallelError,
+    check_tensor_parallel,
+    tensor_parallel_quantization,
+)
 from conveyor.worker.kv_cache import KVCapacity
 from conveyor.worker.parallel import (
     GROUP_TIMEOUT,
@@ -112,6 +117,7 @@ def check_parallel_setup(config: EngineConfig, arch: ModelArchConfig) -> None:
     a second group in this process. More ranks than CPU cores is allowed, with a warning."""
     world_size = config.parallel.tensor_parallel_size
     check_tensor_parallel(arch, world_size)
+    tensor_parallel_quantization(config.model.quantization)
     if dist.is_initialized():
         raise TensorParallelError(f"{FLAG} {world_size}: this process already belongs to a process group")
     if config.device.device == "cuda":
@@ -166,6 +172,11 @@ class TensorParallelExecutor:
             theirs.close()
             life_read.close()
             self._ranks.append(_Rank(rank, process, ours, life_write))
+
+    @property
+    def rank_pids(self) -> list[int | None]:
+        """Process ids of ranks 1 .. N-1."""
+        return [rank.process.pid for rank in self._ranks]
 
     # The engine's runner interface -------------------------------------------------------------
 
@@ -249,16 +260,17 @@ class TensorParallelExecutor:
         while self.failure is None and time.monotonic() < deadline:
             time.sleep(0.01)
         for rank in self._ranks:
-            if rank.commands.poll():  # a rank that failed in a command said why before it exited
-                reply = rank.commands.recv()
-                if isinstance(reply, RankFailed):
-                    return RankFailedError(reply.message)
+            reply = _last_word(rank.commands)  # a rank that failed in a command said why before it exited
+            if isinstance(reply, RankFailed):
+                return RankFailedError(reply.message)
         cause = self.failure.describe() if self.failure is not None else "a tensor-parallel collective failed"
         return RankFailedError(f"{cause}: {type(error).__name__}: {error}")
 
     def _watch(self) -> None:
         """The monitor thread: the first rank to end while not shutting down fails the group."""
         sentinels = {rank.process.sentinel: rank for rank in self._ranks}
+        if not sentinels:  # world size 1: nothing to watch
+            return
         ready = multiprocessing.connection.wait(list(sentinels))
         if self._closing:
             return
@@ -300,14 +312,9 @@ class TensorParallelExecutor:
         self.shutdown()
 
 
-def exit_process_after(grace_s: float) -> FailureHandler:
-    """A failure handler for a serving process: give the engine loop `grace_s` to fail on its own (its
-    next collective or call raises RankFailedError), then end the process with exit code 1 even if it
-    is stuck in a device kernel; the front end sees the engine gone and errors out every request."""
-    def handle(failure: RankFailure) -> None:
-        time.sleep(grace_s)
-        logger.error("%s; exiting", failure.describe())
-        logging.shutdown()
-        os._exit(1)
-
-    return handle
+def _last_word(connection: multiprocessing.connection.Connection) -> object:
+    """What a rank left in its pipe, if anything (a pipe whose rank was killed reads as reset or EOF)."""
+    try:
+        return connection.recv() if connection.poll() else None
+    except (EOFError, OSError):
+        return None
