@@ -122,6 +122,11 @@ class LlamaForCausalLM(nn.Module):
         return self.config.num_hidden_layers
 
     @property
+    def num_heads(self) -> int:
+        """Query heads computed by this process: all of them, or a tensor-parallel rank's share."""
+        return self.model.layers[0].self_attn.num_heads
+
+    @property
     def num_kv_heads(self) -> int:
         """KV heads held (and cached) by this process: all of them, or a tensor-parallel rank's share."""
         return self.model.layers[0].self_attn.num_kv_heads
