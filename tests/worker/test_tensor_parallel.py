@@ -71,11 +71,10 @@ def test_smollm2_on_two_ranks_matches_one_rank(smollm2_reference: tuple[dict[str
     assert outputs == reference
 
 
-@pytest.fixture()
-def tiny_llama(tmp_path: pathlib.Path) -> EngineConfig:
-    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
+def tiny_engine_config(directory: pathlib.Path, hf_config: dict) -> EngineConfig:
+    (directory / "config.json").write_text(json.dumps(hf_config))
     return EngineConfig(
-        model=ModelConfig(model=str(tmp_path), load_format=LoadFormat.DUMMY, seed=5),
+        model=ModelConfig(model=str(directory), load_format=LoadFormat.DUMMY, seed=5),
         scheduler=SchedulerConfig(max_model_len=256, max_num_seqs=8, max_num_batched_tokens=64),
         cache=CacheConfig(block_size=16, num_blocks_override=64),
         device=DeviceConfig(num_threads=1),
@@ -83,9 +82,21 @@ def tiny_llama(tmp_path: pathlib.Path) -> EngineConfig:
     )
 
 
-def test_dummy_weights_are_the_same_model_at_every_size(tiny_llama: EngineConfig) -> None:
-    reference, _ = generate(build_engine_core(tiny_llama), prompts(6, 301), max_tokens=10)
-    core = build_engine_core(tp(tiny_llama, 2))  # one KV head: replicated on both ranks
+@pytest.fixture()
+def tiny_llama(tmp_path: pathlib.Path) -> EngineConfig:
+    return tiny_engine_config(tmp_path, TINY_LLAMA)
+
+
+# Llama: one KV head, replicated on both ranks, untied LM head; Qwen3: per-head q/k norms, tied embeddings.
+QWEN3 = {**TINY_LLAMA, "architectures": ["Qwen3ForCausalLM"], "num_key_value_heads": 2, "head_dim": 16,
+         "tie_word_embeddings": True}
+
+
+@pytest.mark.parametrize("hf_config", [TINY_LLAMA, QWEN3], ids=["llama", "qwen3"])
+def test_dummy_weights_are_the_same_model_at_every_size(tmp_path: pathlib.Path, hf_config: dict) -> None:
+    config = tiny_engine_config(tmp_path, hf_config)
+    reference, _ = generate(build_engine_core(config), prompts(6, 301), max_tokens=10)
+    core = build_engine_core(tp(config, 2))
     try:
         outputs, _ = generate(core, prompts(6, 301), max_tokens=10)
     finally:

@@ -171,7 +171,8 @@ def shape_per_rank(shape: ModelShape, tensor_parallel_size: int) -> ModelShape:
     else:  # each KV head replicated on tp / kv ranks, which share its query heads
         kv_heads = 1
         heads = math.ceil(group / (tp // shape.num_kv_heads))
-    return dataclasses.replace(shape, num_heads=heads, num_kv_heads=kv_heads, vocab_size=math.ceil(shape.vocab_size / tp),
+    return dataclasses.replace(shape, num_heads=heads, num_kv_heads=kv_heads,
+                               vocab_size=math.ceil(shape.vocab_size / tp),
                                intermediate_size=math.ceil(shape.intermediate_size / tp))
 
 

@@ -50,8 +50,10 @@ def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.mo
     scheduler = make_scheduler(config.scheduler, config.cache, capacity.num_blocks, clock)
     limits = ModelLimits(num_kv_blocks=capacity.num_blocks, max_model_len=max_model_len,
                          eos_token_ids=tuple(runner.eos_token_ids), vocab_size=runner.vocab_size)
-    logger.info("KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB), max concurrency %.1f at "
-                "max_model_len=%d", capacity.num_blocks, capacity.block_size, capacity.num_tokens,
+    num_ranks = config.parallel.tensor_parallel_size
+    per_rank = f" per rank of {num_ranks}" if num_ranks > 1 else ""
+    logger.info("KV cache%s: %d blocks x %d tokens = %d tokens (%.1f MiB), max concurrency %.1f at "
+                "max_model_len=%d", per_rank, capacity.num_blocks, capacity.block_size, capacity.num_tokens,
                 capacity.num_bytes / 2**20, capacity.max_concurrency, max_model_len)
     return make_engine_core(config, runner, scheduler, limits)
 
