@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -52,11 +53,13 @@ def test_bad_flag_exits_2_before_loading_the_engine() -> None:
 
 @pytest.mark.slow  # spawns the engine process
 def test_engine_start_up_failure_is_one_clean_line_and_exit_1(tmp_path: pathlib.Path) -> None:
+    # PATH is kept: without it the engine core finds /bin/cc (another kernel-cache key than /usr/bin/cc)
+    # and no linker, and spends minutes failing to build the CPU kernels before it reaches the model path.
     missing = tmp_path / "no-such-model.gguf"
     code = ("import sys; from conveyor.cli import main; rc = main(['serve', '--model', sys.argv[1], '--port', '0']); "
             "sys.exit(10 + rc if 'torch' not in sys.modules else 99)")
     result = subprocess.run([sys.executable, "-c", code, str(missing)], capture_output=True, text=True,
-                            env={"PYTHONPATH": str(SRC)}, timeout=120)
+                            env={"PYTHONPATH": str(SRC), "PATH": os.environ.get("PATH", os.defpath)}, timeout=120)
     assert result.returncode == 11, result.stderr  # exit 1, and the launching process never loaded torch
     line = [x for x in result.stderr.splitlines() if x.startswith("conveyor serve: error:")]
     assert len(line) == 1 and "the engine failed to start" in line[0] and str(missing) in line[0], result.stderr
