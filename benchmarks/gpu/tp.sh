@@ -14,6 +14,8 @@
 #   check; offline conveyor llama-3.1-70b 2; offline vllm llama-3.1-70b 2; online conveyor llama-3.1-70b 2 1 2 4 8 inf;
 #   online vllm llama-3.1-70b 2 1 2 4 8 inf; offline conveyor llama-3.1-8b 2; offline conveyor llama-3.1-8b 1;
 #   online conveyor llama-3.1-8b 2 4 8 16 24 inf; online conveyor llama-3.1-8b 1 4 8 16 24 inf; table
+# Online, both servers run at their defaults (conveyor's CUDA defaults are vLLM's: async scheduling, max_num_seqs
+# 1024, max_num_batched_tokens 8192, prefix caching on; docs/serving.md), as in docs/performance.md's issue-15 table.
 # Results: JSON lines in $OUT/results.jsonl (offline), vbench_<engine>_<model>_tp<N>_r<rate>.json (online), logs in $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -69,8 +71,7 @@ case $step in
     else
       url=http://127.0.0.1:8012; name=$m
       python3 -m conveyor serve benchmarks/models/"$m" --load-format dummy --tokenizer "$TOK" --device cuda \
-        --tensor-parallel-size "$tp" --max-model-len 4096 --max-num-seqs 256 --max-num-batched-tokens 2048 \
-        --no-enable-prefix-caching --async-scheduling --host 127.0.0.1 --port 8012 > "$log" 2>&1 &
+        --tensor-parallel-size "$tp" --max-model-len 4096 --host 127.0.0.1 --port 8012 > "$log" 2>&1 &
     fi
     pid=$!; t0=$(date +%s)
     wait_health $url $pid "$log" || exit 4

@@ -12,7 +12,13 @@ import pytest
 import torch
 
 from conveyor.config import LoadFormat, ModelConfig, Quantization
-from conveyor.model.loader import build_empty_model, init_dummy_weights, load_model, read_arch_config
+from conveyor.model.loader import (
+    DUMMY_WEIGHT_STD,
+    build_empty_model,
+    init_dummy_weights,
+    load_model,
+    read_arch_config,
+)
 from conveyor.model.parallel_layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -165,3 +171,32 @@ def test_a_rank_loads_its_rows_of_the_checkpoint(tmp_path: pathlib.Path) -> None
     assert torch.equal(rank1.lm_head.weight[150:], torch.zeros(1, 64))  # padding row
     down_full = full.model.layers[0].mlp.down_proj.weight
     assert torch.equal(rank1.model.layers[0].mlp.down_proj.weight, down_full[:, 50:])
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 6])
+def test_ranks_shard_a_safetensors_checkpoint_as_they_shard_dummy_weights(tmp_path: pathlib.Path,
+                                                                          world_size: int) -> None:
+    """An HF checkpoint of the seeded dummy model: every rank's shard read from the file equals the shard
+    sharded from the dummy draws (themselves the full model's rows: the test above). 3 KV heads over 2
+    ranks are 2 + 1, over 3 one each, over 6 each replicated on two ranks that share its query heads."""
+    from safetensors.torch import save_file
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    config = ModelArchConfig.from_hf_config(TINY)
+    reference = build_empty_model(config, "meta", torch.float32)
+    tensors = {name: t.clone() for name, t in iter_full_dummy_weights(reference, "cpu", 3, DUMMY_WEIGHT_STD)}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    checkpoint = ModelConfig(model=str(tmp_path), load_format=LoadFormat.SAFETENSORS)
+    dummy = ModelConfig(model=str(tmp_path), load_format=LoadFormat.DUMMY, seed=3)
+    for rank in range(world_size):
+        group = TensorParallelGroup(rank, world_size)
+        from_file = load_model(checkpoint, "cpu", torch.float32, tensor_parallel=group).module
+        drawn = load_model(dummy, "cpu", torch.float32, tensor_parallel=group).module
+        for (name, a), (_, b) in zip(from_file.named_parameters(), drawn.named_parameters(), strict=True):
+            assert torch.equal(a, b), (rank, name)
+        if world_size == 6:  # rank r holds KV head r // 2 whole, and query head r
+            k_full = tensors["model.layers.0.self_attn.k_proj.weight"]  # [3 x 16, 64]
+            q_full = tensors["model.layers.0.self_attn.q_proj.weight"]  # [6 x 16, 64]
+            qkv = from_file.model.layers[0].self_attn.qkv_proj.weight  # [(1 + 1 + 1) x 16, 64]
+            assert torch.equal(qkv[:16], q_full[16 * rank:16 * (rank + 1)])
+            assert torch.equal(qkv[16:32], k_full[16 * (rank // 2):16 * (rank // 2 + 1)])

@@ -1,6 +1,6 @@
 """`conveyor serve --tensor-parallel-size 2` on the embedded model (CPU, gloo): it answers like one rank, and
 a kill -9 of rank 1 mid-stream ends the stream with an error, fails the waiting request and takes the
-server down with a non-zero exit, in seconds (slow)."""
+server down with a non-zero exit, in seconds; SIGTERM drains, stops the ranks and exits 0 (slow)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 
 import httpx2 as httpx
 import pytest
-from serve_process import Server, running_server
+from serve_process import Server, running_server, wait_idle
 
 pytestmark = pytest.mark.slow
 
@@ -74,3 +74,18 @@ def test_two_ranks_serve_and_a_killed_rank_takes_the_server_down() -> None:
         assert server.proc.wait(timeout=15) not in (0, None)
         assert time.monotonic() - killed < 15.0
         assert "tensor-parallel rank 1" in "".join(server.log) and "killed by signal 9" in "".join(server.log)
+
+
+def test_sigterm_stops_the_ranks_and_exits_zero() -> None:
+    with running_server(["--tensor-parallel-size", "2", "--quantization", "none", "--max-model-len", "512"]) as server:
+        rank = _rank_pid(server)
+        replies = [httpx.post(server.url + "/v1/completions", json=BODY, timeout=60) for _ in range(2)]
+        assert [r.json()["choices"][0]["text"] for r in replies] == [ONE_RANK_TEXT] * 2
+        assert wait_idle(server)["vllm:kv_cache_usage_perc"] == 0  # every block back in the pool
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=30) == 0, "".join(server.log)[-3000:]
+        deadline = time.monotonic() + 10
+        while pathlib.Path(f"/proc/{rank}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not pathlib.Path(f"/proc/{rank}").exists(), "rank 1 outlived the server"
+        assert "tensor-parallel rank" not in "".join(server.log)  # no rank failure reported on the way down
