@@ -14,6 +14,7 @@ step loop, scheduler, model runner, sampler and CUDA graphs are exactly those of
 
     PYTHONPATH=src python benchmarks/gpu/offline.py --model benchmarks/models/qwen3-0.6b [--enforce-eager]
     PYTHONPATH=src python benchmarks/gpu/offline.py --model ... --profile-steps 8 --profile-out trace.txt
+    PYTHONPATH=src python benchmarks/gpu/offline.py --model benchmarks/models/llama-3.1-70b --tensor-parallel-size 2
 
 Prints one JSON line ("RESULT {...}") and appends it to --out if given.
 """
@@ -27,7 +28,7 @@ import random
 import sys
 import time
 
-from conveyor.config import (CacheConfig, DeviceConfig, EngineConfig, LoadFormat, ModelConfig,
+from conveyor.config import (CacheConfig, DeviceConfig, EngineConfig, LoadFormat, ModelConfig, ParallelConfig,
                              SchedulerConfig)
 from conveyor.engine.model_setup import build_engine_core
 from conveyor.request import Request
@@ -54,6 +55,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         cache=CacheConfig(block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
                           enable_prefix_caching=False),
         device=DeviceConfig(device=args.device, enforce_eager=args.enforce_eager),
+        parallel=ParallelConfig(tensor_parallel_size=args.tensor_parallel_size),
     )
 
 
@@ -113,6 +115,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--async-scheduling", action="store_true", help="launch step N+1 before step N's tokens are back")
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--num-layers", type=int, default=None, help="truncate the model (smoke tests)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the model is split over")
     parser.add_argument("--temperature", type=float, default=0.6)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile-steps", type=int, default=0, help="also profile this many steps")
@@ -148,10 +151,12 @@ def main() -> int:
         "enforce_eager": args.enforce_eager, "async_scheduling": args.async_scheduling,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens, "num_kv_blocks": core.limits.num_kv_blocks,
+        "tensor_parallel_size": args.tensor_parallel_size,
         "gpu": _gpu_name(), "versions": _versions(),
     }
     if args.profile_steps:
         result.update(profile_steps(core, args))
+    core.shutdown()
     line = json.dumps(result)
     print("RESULT " + line, flush=True)
     if args.out:

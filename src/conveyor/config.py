@@ -222,6 +222,19 @@ class DeviceConfig:
             raise ConfigError(f"max_cudagraph_capture_size must be >= 1 (got {self.max_cudagraph_capture_size})")
 
 
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How the model is split over processes (vLLM's parallel config, tensor parallelism only)."""
+
+    tensor_parallel_size: int = 1
+    """Ranks the model is split over, one process each (GPU i for rank i on CUDA, gloo on CPU):
+    attention heads (by KV-head group), MLP columns and the vocabulary are divided among them."""
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"tensor_parallel_size must be >= 1 (got {self.tensor_parallel_size})")
+
+
 class SpeculativeMethod(enum.Enum):
     """Where draft tokens come from (vLLM's `method` names, for the methods conveyor has)."""
 
@@ -360,8 +373,13 @@ class EngineConfig:
     """Check block-pool and scheduler invariants after every step (debug; slow)."""
     speculative_config: SpeculativeConfig | None = None
     """Speculative decoding (None: off)."""
+    parallel: ParallelConfig = ParallelConfig()
+    """Tensor parallelism (one rank: everything in the engine's own process)."""
 
     def __post_init__(self) -> None:
+        if self.speculative_config is not None and self.parallel.tensor_parallel_size > 1:
+            raise ConfigError("speculative decoding (speculative_config) does not run with tensor_parallel_size "
+                              "> 1 yet (the draft model and its KV cache are single-process); drop one of the two")
         if self.speculative_config is not None and self.scheduler.async_scheduling:
             raise ConfigError(
                 "speculative decoding (speculative_config) cannot run with async_scheduling: a step's "

@@ -47,6 +47,8 @@ class RequestLimits:
     """Token ids must be in [0, vocab_size)."""
     speculative: bool = False
     """Speculative decoding is on: structured outputs are refused (a draft's grammar state is not kept)."""
+    tensor_parallel: bool = False
+    """--tensor-parallel-size > 1: structured outputs are refused (only a single-rank runner masks)."""
 
 
 def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: RequestLimits) -> None:
@@ -76,6 +78,10 @@ def _check_structured_output(constraint: StructuredOutput, limits: RequestLimits
     if limits.speculative:
         raise RequestRejectedError(constraint.field, f"{constraint.field}: structured outputs are not supported "
                                                      "with speculative decoding (--speculative-config) on this server")
+    if limits.tensor_parallel:
+        raise RequestRejectedError(constraint.field, f"{constraint.field}: structured outputs are not supported "
+                                                     "with tensor parallelism (--tensor-parallel-size > 1) on this "
+                                                     "server")
     try:
         check_grammar(constraint)
     except GrammarError as error:

@@ -26,6 +26,7 @@ from conveyor.config import (
     EngineConfig,
     LoadFormat,
     ModelConfig,
+    ParallelConfig,
     Quantization,
     SchedulerConfig,
     SchedulingPolicy,
@@ -52,7 +53,7 @@ class _Flag:
     flag: str
     """Command-line spelling, e.g. --max-num-seqs."""
     section: str
-    """EngineConfig attribute holding the dataclass (model, scheduler, cache, device) or '' for top level."""
+    """EngineConfig attribute holding the dataclass (model, scheduler, cache, device, parallel) or '' for top level."""
     field_name: str
     """Dataclass field the value maps onto."""
 
@@ -89,6 +90,7 @@ FLAGS: tuple[_Flag, ...] = (
     _Flag("--cudagraph-mode", "device", "cudagraph_mode"),
     _Flag("--max-cudagraph-capture-size", "device", "max_cudagraph_capture_size"),
     _Flag("--num-threads", "device", "num_threads"),
+    _Flag("--tensor-parallel-size", "parallel", "tensor_parallel_size"),
     _Flag("--check-invariants", "", "check_invariants"),
     _Flag("--speculative-config", "", "speculative_config"),
 )
@@ -210,7 +212,9 @@ def _add_cache_and_device_flags(group: argparse._ArgumentGroup) -> None:
                        help="full: decode and mixed steps replay graphs (default); full_decode_only")
     group.add_argument("--max-cudagraph-capture-size", type=int,
                        help="largest token count of a captured mixed-step graph (default 2048)")
-    group.add_argument("--num-threads", type=int, help="torch CPU threads")
+    group.add_argument("--num-threads", type=int, help="torch CPU threads (per rank under tensor parallelism)")
+    group.add_argument("--tensor-parallel-size", "-tp", type=int,
+                       help="ranks (processes; one GPU each on CUDA) the model is split over (default 1)")
     group.add_argument("--check-invariants", action="store_true", default=None,
                        help="check scheduler and block-pool invariants after every step (slow)")
     group.add_argument("--speculative-config", "-sc", type=parse_speculative_config, metavar="JSON",
@@ -229,7 +233,8 @@ def _converted(flag: _Flag, value: object) -> object:
 def _given_values(args: argparse.Namespace) -> dict[str, dict[str, object]]:
     """section -> {field: value} for the flags present on the command line, then what vLLM's spellings
     (-O, --compilation-config, --spec-*) imply for the fields no conveyor flag set."""
-    given: dict[str, dict[str, object]] = {"model": {}, "scheduler": {}, "cache": {}, "device": {}, "": {}}
+    given: dict[str, dict[str, object]] = {"model": {}, "scheduler": {}, "cache": {}, "device": {}, "parallel": {},
+                                           "": {}}
     for flag in FLAGS:
         value = getattr(args, _dest(flag.flag), None)
         if value is not None:
@@ -267,6 +272,7 @@ def build_engine_config(args: argparse.Namespace) -> EngineConfig:
             scheduler=SchedulerConfig(**given["scheduler"]),
             cache=CacheConfig(**given["cache"]),
             device=DeviceConfig(**given["device"]),
+            parallel=ParallelConfig(**given["parallel"]),
             **given[""],
         )
     except ConfigError as error:

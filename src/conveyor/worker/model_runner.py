@@ -20,7 +20,7 @@ import torch
 from conveyor.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from conveyor.core.outputs import PLACEHOLDER_TOKEN_ID, ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 from conveyor.kernels.cpu_build import cpu_kernels_available
-from conveyor.model.loader import load_model, resolve_dtype
+from conveyor.model.loader import LoadedModel, load_model, resolve_dtype
 from conveyor.sampling_params import SamplingParams
 from conveyor.worker.cuda_graphs import CudaGraphRunner, GraphPlan
 from conveyor.worker.input_batch import HostBatch, HostStaging, prepare_host_batch
@@ -67,7 +67,7 @@ class ModelRunner:
         self.device = torch.device(device_config.device)
         self.dtype = resolve_dtype(model_config.dtype, device_config.device)
         self.attention_backend = attention_backend_for(self.device, self.dtype)
-        loaded = load_model(model_config, device_config.device, self.dtype, self.attention_backend)
+        loaded = self._load_model(model_config)
         self.model = loaded.module
         self.arch_config = loaded.arch_config
         self.eos_token_ids: tuple[int, ...] = loaded.eos_token_ids
@@ -86,6 +86,14 @@ class ModelRunner:
         """Verification and the proposer (None: speculative decoding off)."""
         self.structured_outputs: StructuredOutputs | None = None
         """Grammar matchers for structured outputs (set by the engine, which has the tokenizer)."""
+
+    def _load_model(self, model_config: ModelConfig) -> LoadedModel:
+        """The whole model (a tensor-parallel rank loads its shard: worker/parallel.py)."""
+        return load_model(model_config, self.device.type, self.dtype, self.attention_backend)
+
+    def _agree_on_num_blocks(self, num_blocks: int) -> int:
+        """The block count every process can hold (one process: its own)."""
+        return num_blocks
 
     def _spec_decoder(self, model_config: ModelConfig) -> SpecDecoder:
         assert self.speculative_config is not None
@@ -125,7 +133,7 @@ class ModelRunner:
     def kv_cache_spec(self) -> KVCacheSpec:
         return KVCacheSpec(
             num_layers=self.arch_config.num_hidden_layers,
-            num_kv_heads=self.arch_config.num_key_value_heads,
+            num_kv_heads=self.model.num_kv_heads,  # this rank's share under tensor parallelism
             head_dim=self.arch_config.head_dim,
             block_size=self.block_size,
             dtype_bytes=dtype_num_bytes(self.dtype),
@@ -137,10 +145,10 @@ class ModelRunner:
         spec = self.kv_cache_spec
         draft_spec = self.spec_decoder.proposer.kv_cache_spec if self.spec_decoder is not None else None
         sizing = SharedBlocksSpec((spec, draft_spec)) if draft_spec is not None else spec
-        num_blocks = resolve_num_blocks(
+        num_blocks = self._agree_on_num_blocks(resolve_num_blocks(
             sizing, self.cache_config, self.device,
             profile=lambda: profile_gpu_memory(self.device, self.profile_run),
-        )
+        ))
         self.kv_caches = allocate_kv_caches(spec, num_blocks, self.device, self.dtype)
         if self.spec_decoder is not None:
             self.spec_decoder.proposer.bind_kv_cache(num_blocks)
