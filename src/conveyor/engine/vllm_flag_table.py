@@ -235,7 +235,7 @@ VLLM_FLAGS: tuple[VllmFlag, ...] = (
     _f("--numa-bind-nodes", L, _G, "conveyor does not bind to NUMA nodes"),
     _f("--numa-bind-cpus", L, _G, "conveyor does not bind to NUMA nodes"),
     _f("--device-ids", V, _D, "choose GPUs with CUDA_VISIBLE_DEVICES", ""),
-    _f("--tensor-parallel-size,-tp", V, _D, "tensor parallelism is not in this build", "1"),
+    _f("--tensor-parallel-size,-tp", V, _I, "one rank process per GPU (NCCL), or per CPU share (gloo)"),
     _f("--decode-context-parallel-size,-dcp", V, _D, PARALLEL, "1"),
     _f("--dcp-comm-backend", V, _G, PARALLEL),
     _f("--dcp-q-replicate", B, _G, PARALLEL),
