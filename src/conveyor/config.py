@@ -166,6 +166,8 @@ class ModelConfig:
     """Name clients use in the `model` field (None: derived from the model path)."""
     num_hidden_layers_override: int | None = None
     """Truncate the model to this many layers (performance work on large shapes)."""
+    revision: str | None = None
+    """The checkpoint's revision as the user names it (vLLM's --revision): recorded, never fetched."""
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -366,29 +368,3 @@ class EngineConfig:
                 "drafts come from the previous step's accepted tokens, which async scheduling has not "
                 "collected yet; drop one of the two"
             )
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """The HTTP front end of `conveyor serve`."""
-
-    host: str = "127.0.0.1"
-    """Address to bind."""
-    port: int = 8000
-    """Port to bind."""
-    api_key: str | None = None
-    """If set, every /v1 request needs `Authorization: Bearer <api_key>`."""
-    shutdown_grace_s: float = 30.0
-    """On SIGTERM, how long in-flight requests may take to finish before they are aborted."""
-    max_request_body_bytes: int = 4 * 1024 * 1024
-    """Largest accepted request body."""
-    api_server_count: int = 1
-    """API-server (front-end) processes sharing the port, all talking to the one engine core."""
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise ConfigError(f"port must be in 0..65535 (got {self.port})")
-        if self.api_server_count < 1:
-            raise ConfigError(f"api_server_count must be >= 1 (got {self.api_server_count})")
-        if self.shutdown_grace_s < 0:
-            raise ConfigError(f"shutdown_grace_s must be >= 0 (got {self.shutdown_grace_s})")

