@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import pathlib
 import re
@@ -28,18 +29,24 @@ def test_demo_quick_writes_every_section(tmp_path: pathlib.Path) -> None:
     result = subprocess.run([sys.executable, "-m", "conveyor", "demo", "--quick", "--out", str(tmp_path)],
                             capture_output=True, text=True, env=env, timeout=880)
     assert result.returncode == 0, result.stderr[-4000:]
-    assert "Recommendation" in result.stdout and "Checklist:" in result.stdout and "Diagnosis:" in result.stdout
-    assert "[demo] calibrating" in result.stderr  # progress is shown throughout
+    assert "Recommendation" in result.stdout and "Checklist:" in result.stdout and "Diagnosis" in result.stdout
+    assert "Demo recommendation:" in result.stdout and "Confidence:" in result.stdout
+    assert "\r" not in result.stderr  # not a terminal: one line per event, no redraws
+    assert "[demo] calibrating" in result.stderr and "run 1/4 done" in result.stderr  # progress throughout
     page = (tmp_path / "report" / "report.html").read_text()
     for section in SECTION_IDS:
         assert f'id="{section}"' in page
+    assert page.count("data:image/png;base64,") == 4  # self-contained
     for name in ("throughput", "latency", "timeseries", "per_class"):
         assert (tmp_path / "report" / "plots" / f"{name}.png").stat().st_size > 10_000
     for config in ("continuous", "static"):
         config_dir = tmp_path / "study" / config
         assert (config_dir / "server.log").is_file() and (config_dir / "command.txt").is_file()
         assert "conveyor serve" in (config_dir / "command.txt").read_text()
-        assert list(config_dir.glob("rate-*/summary.json"))
+        summaries = list(config_dir.glob("rate-*/summary.json"))
+        assert summaries
+        fixed = json.loads(summaries[0].read_text())["fixed"]
+        assert fixed["server_name"] == "conveyor" and fixed["weights_sha256"] and fixed["gpu_name"] == "cpu"
     _plan_matches_serve(tmp_path / "study" / "continuous" / "server.log")
 
 
@@ -61,15 +68,24 @@ def test_demo_study_and_calibration_arithmetic(tmp_path: pathlib.Path) -> None:
     parser = argparse.ArgumentParser()
     demo.add_arguments(parser)
     cfg = demo.config_from_args(parser.parse_args(["--out", str(tmp_path), "--quick"]))
-    assert cfg.rate_factors == (0.4, 1.5) and not cfg.budget_variant
+    assert cfg.rate_factors == (0.6, 3.0) and not cfg.budget_variant and cfg.max_repeats == 1
     full = demo.config_from_args(parser.parse_args(["--out", str(tmp_path)]))
     trace = demo.write_demo_trace(full)
     spec = demo.demo_spec(full, trace)
     assert [(v.name, v.changed) for v in spec.variants] == [
         ("continuous", None), ("static", "batching"), ("budget64", "max_num_batched_tokens")]
     assert "-m conveyor serve --port {port}" in spec.command and spec.command.endswith("{args}")
-    burst = {"request_throughput": 2.0, "p95_ttft_ms": 1000.0, "p95_e2el_ms": 4000.0}
-    tuned = demo.calibrated(spec, full, burst)
-    assert tuned.slo.ttft_p95_ms == 1000 and tuned.slo.e2e_p95_ms == 5000 and tuned.slo.error_rate == 0.05
-    assert tuned.rates == (0.8, 1.6, 6.0) and tuned.sweep.slo == tuned.slo and tuned.main_rate == 0.8
+    assert spec.run_options["num_requests"] == full.num_requests == 40 and spec.sweep.max_repeats == 2
+    if demo.embedded_model_path() is not None:  # served from its file, so every run records its hash
+        assert f"--model {demo.embedded_model_path()}" in spec.command
+    bursts = [{"request_throughput": 1.5, "p95_ttft_ms": 900.0, "p95_e2el_ms": 3000.0},
+              {"request_throughput": 2.5, "p95_ttft_ms": 1100.0, "p95_e2el_ms": 5000.0}]
+    tuned = demo.calibrated(spec, full, bursts)  # the two bursts averaged
+    assert tuned.slo.ttft_p95_ms == 2000 and tuned.slo.e2e_p95_ms == 8000 and tuned.slo.error_rate == 0.1
+    assert tuned.rates == (1.0, 6.0) and tuned.sweep.slo == tuned.slo and tuned.main_rate == 1.0
     assert len(trace.read_text().splitlines()) == 1 + full.num_requests  # header + requests
+    from conveyor.bench.traces import read_trace
+    bursts = [read_trace(p) for p in demo.write_burst_traces(trace, tmp_path)]
+    assert [len(b.requests) for b in bursts] == [8, 8]  # each carries long prompts, none shared
+    assert all(b.header.classes.get("long", 0) >= 1 for b in bursts)
+    assert not {r.request_id for r in bursts[0].requests} & {r.request_id for r in bursts[1].requests}

@@ -100,4 +100,8 @@ def test_prometheus_parsing_and_quantiles() -> None:
     assert histogram_quantile(0.5, [(0.1, 0.0), (math.inf, 0.0)]) is None
     s = server_summary(ServerObservation(before=before, after=after))
     assert s["available"] and s["num_preemptions"] == 5.0 and s["prefix_cache_hit_rate"] == pytest.approx(0.25)
-    assert s["queue_time_p50_ms"] == pytest.approx(100.0) and s["generation_tokens"] is None
+    # p50 falls in the lowest bucket: "<= 100 ms", never an interpolated 100 ms (or 95 ms).
+    assert s["queue_time_p50_ms"] is None and s["queue_time_p50_bucket_ms"] == [0.0, 100.0]
+    # rank 20 of 40 sits on the bucket edge: resampled requests land in the next bucket half the time.
+    assert s["ci"]["queue_time_p50_ms"]["high"] == pytest.approx(500.0) and s["generation_tokens"] is None
+    assert s["queue_time_p95_ms"] is None and s["queue_time_p95_bucket_ms"] == [500.0, "inf"]

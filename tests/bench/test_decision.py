@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from conveyor.bench.decision import CostModel, DecisionInputs, Outcome, evaluate_configs, recommend
-from conveyor.bench.decision_checklist import Answer, answer_checklist
+from conveyor.bench.decision_checklist import Answer, ChecklistInputs, answer_checklist
 from conveyor.bench.rundirs import discover_runs, find_study_file, group_points
 from conveyor.bench.slo import SLO
 
@@ -42,6 +42,7 @@ def test_cheapest_meeting_every_bound_wins() -> None:
     rec = recommend(list(configs.values()))
     assert rec.outcome is Outcome.WINNER and rec.recommended == "continuous"
     assert "cheap_breaking never meets the objective" in rec.explanation
+    assert rec.confidence.startswith("decided")
 
 
 def test_cheaper_but_breaking_never_wins() -> None:
@@ -51,15 +52,16 @@ def test_cheaper_but_breaking_never_wins() -> None:
     assert rec.recommended == "continuous"
 
 
-def test_tie_is_said_and_broken_by_sustained_rate(tmp_path: pathlib.Path) -> None:
+def test_tie_is_said_and_broken_by_study_order(tmp_path: pathlib.Path) -> None:
     shutil.copytree(STUDY / "continuous", tmp_path / "twin")
     shutil.copytree(STUDY / "continuous", tmp_path / "continuous")
     configs = sorted(_configs([tmp_path], costs={}), key=lambda c: c.name != "twin")  # study order: twin first
     rec = recommend(configs)
     assert rec.outcome is Outcome.TIE
     assert rec.tied == ("twin", "continuous") and rec.recommended == "twin"
-    assert "Tie within 2%" in rec.explanation and "baseline first" in rec.explanation
-    cheaper = answer_checklist(configs, rec, main_rate=None)[-1]
+    assert "capacity intervals (per dollar) overlap" in rec.explanation and "baseline first" in rec.explanation
+    assert rec.confidence.startswith("tie:")
+    cheaper = answer_checklist(configs, rec, ChecklistInputs())[-1]
     assert cheaper.answer is Answer.NO and "a tie" in cheaper.evidence
 
 
@@ -73,10 +75,15 @@ def test_no_winner_names_the_closest() -> None:
 def test_checklist_answers_with_evidence() -> None:
     configs = _configs([STUDY])
     rec = recommend(configs)
-    items = answer_checklist(configs, rec, main_rate=2.0)
+    items = answer_checklist(configs, rec, ChecklistInputs(main_rate=2.0))
     answers = [i.answer for i in items]
-    # main scenario met; 8 req/s blows latency up (no rejection); KV stable; repeats within 15%; cheaper.
-    assert answers == [Answer.YES, Answer.NO, Answer.YES, Answer.YES, Answer.YES]
+    # main scenario met; 8 req/s blows latency up (no rejection); KV stable; repeats within 15%; not
+    # cheaper at the main rate of 2 req/s: one server either way, continuous leaves half of it unused.
+    assert answers == [Answer.YES, Answer.NO, Answer.YES, Answer.YES, Answer.NO]
+    assert "50% of their capacity unused" in items[4].evidence and "no saving" in items[4].evidence
+    from conveyor.bench.report import ReportInputs, analyze
+    q4 = analyze(ReportInputs((STUDY,))).checklist[3]  # the fixtures record no fixed things
+    assert q4.answer is Answer.UNKNOWN and "unknown: server_name" in q4.evidence
     assert "blow-up" in items[1].evidence and "operating point 4" in items[1].evidence
     static = next(c for c in configs if c.name == "static")
     from conveyor.bench.decision_checklist import burst
@@ -95,13 +102,26 @@ def test_goodput_bounds_count_accepted_from_requests(tmp_path: pathlib.Path) -> 
     assert accepted_responses(load_run(run), SLO()) == 20
 
 
-def test_invalid_run_fails_its_point(tmp_path: pathlib.Path) -> None:
+def test_invalid_run_counts_neither_way(tmp_path: pathlib.Path) -> None:
+    """The validity gate: an invalid repeat is set aside; a point with no valid repeat is invalid, never met
+    or missed, and the operating point is found among the others."""
     import json
+
+    from conveyor.bench.point_verdict import PointStatus
     shutil.copytree(STUDY / "continuous", tmp_path / "continuous")
-    path = tmp_path / "continuous" / "rate-4-rep1" / "summary.json"
-    summary = json.loads(path.read_text())
-    summary.update(valid=False, invalid_reason="send lag p99 80 ms > 10 ms")
-    path.write_text(json.dumps(summary))
+
+    def invalidate(run: str, **values: object) -> None:
+        path = tmp_path / "continuous" / run / "summary.json"
+        summary = json.loads(path.read_text())
+        summary.update(valid=False, invalid_reason="p99 send lag 80 ms exceeds the 10 ms bound", **values)
+        path.write_text(json.dumps(summary))
+
+    invalidate("rate-4-rep1", p95_ttft_ms=9000.0)  # an invalid run's miss is not evidence
     config = _configs([tmp_path])[0]
-    assert config.max_rate_meeting == 2.0
-    assert config.points[2].invalid_runs == ["continuous@4#1"]
+    assert config.max_rate_meeting == 4.0 and config.points[2].invalid_runs == ["continuous@4#1"]
+    assert len(config.points[2].valid_runs) == 2
+    for rep in range(3):
+        invalidate(f"rate-8-rep{rep}")  # the overloaded point: invalid, so no longer a miss
+    config = _configs([tmp_path])[0]
+    assert config.points[3].status is PointStatus.INVALID
+    assert config.capacity.high == float("inf") and config.max_rate_meeting == 4.0

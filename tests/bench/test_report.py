@@ -29,7 +29,7 @@ def test_dashboard_formats() -> None:
     assert tuple(rows[0]) == DASHBOARD_COLUMNS and len(rows) == 1 + 30
     assert rows[1][:4] == ["continuous", "continuous@1#0", "1", "1"]
     markdown = format_markdown(analysis)
-    for heading in ("## Recommendation", "## Configurations", "## Dashboard", "Checklist:", "Diagnosis:"):
+    for heading in ("## Recommendation", "## Configurations", "## Dashboard", "Checklist:", "Diagnosis"):
         assert heading in markdown
 
 

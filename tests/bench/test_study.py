@@ -89,7 +89,7 @@ def test_flags_override_file(tmp_path: pathlib.Path) -> None:
     assert spec.trace_path == "b.jsonl" and spec.command.startswith("vllm serve")
     assert spec.variants[1].args == {"max_num_seqs": 4, "enable_chunked_prefill": False}
     assert spec.rates == (1.0, 2.0) and spec.sweep.num_repeats == 1
-    assert spec.run_options == {"num_requests": 20} and spec.slo.ttft_p95_ms == 100
+    assert spec.run_options == {"num_requests": 20, "show_progress": False} and spec.slo.ttft_p95_ms == 100
 
 
 def test_study_flags_survive_the_top_level_dispatcher(tmp_path: pathlib.Path) -> None:

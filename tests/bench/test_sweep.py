@@ -110,7 +110,8 @@ def test_cli_sweep_end_to_end_with_fake_runs(tmp_path: pathlib.Path, monkeypatch
                               "--out", str(tmp_path / "sw"), "--repeats", "1", "--bisect-steps", "1"])
     assert cli_sweep.run(args) == 0
     out = capsys.readouterr().out
-    assert "Highest rate meeting the objective: 2.828" in out and "Recommendation" in out
+    assert "Highest rate meeting the objective: 2.83 req/s (capacity [2.83, 4) req/s)" in out
+    assert "Recommendation" in out and "Confidence: decided" in out
     assert (tmp_path / "sw" / "report" / "report.html").is_file()
     both = parser.parse_args(["--base-url", "http://x:1", "--server-command", "x {port}", "--trace", "t",
                               "--slo", "error_rate=0", "--out", str(tmp_path / "b")])

@@ -9,6 +9,7 @@ import json
 import pathlib
 import re
 import sys
+from typing import Any
 
 from conveyor.bench.gpu_catalog import CatalogError, parse_prices, priced_catalog
 from conveyor.bench.plan import (
@@ -96,7 +97,7 @@ def _run_kv_capacity(args: argparse.Namespace, shape: object) -> int:
     return 0
 
 
-def _plan_json(args: argparse.Namespace, inputs: PlanInputs, memory: ModelMemory, fits: list[GPUFit]) -> dict:
+def _plan_json(args: argparse.Namespace, inputs: PlanInputs, memory: ModelMemory, fits: list[GPUFit]) -> dict[str, Any]:
     return {"config": str(args.config), "inputs": dataclasses.asdict(inputs),
             "parameters": dataclasses.asdict(count_parameters(load_shape(args.config))),
             "model": dataclasses.asdict(memory), "gpus": [dataclasses.asdict(f) for f in fits]}

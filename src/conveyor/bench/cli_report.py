@@ -8,7 +8,15 @@ import pathlib
 import sys
 
 from conveyor.bench.decision import CostModel
-from conveyor.bench.report import ReportInputs, analyze, format_csv, format_markdown, format_terminal, write_report
+from conveyor.bench.report import (
+    MixedRunsError,
+    ReportInputs,
+    analyze,
+    format_csv,
+    format_markdown,
+    format_terminal,
+    write_report,
+)
 from conveyor.bench.rundirs import RunDirError
 from conveyor.bench.slo import SLOError, parse_slo_flag
 
@@ -26,15 +34,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("conveyor-report"),
                         help="where report.html, report.md, dashboard.csv and plots/ go")
     parser.add_argument("--no-html", action="store_true", help="print only; write no files")
+    parser.add_argument("--allow-mixed", action="store_true",
+                        help="compare runs whose fixed things (model, tokenizer, GPU, server version, trace) differ")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         slo = parse_slo_flag(args.slo) if args.slo else None
         inputs = ReportInputs(tuple(args.run_dirs), slo, CostModel(args.price_per_gpu_hour, args.num_gpus),
-                              args.main_rate)
+                              args.main_rate, args.allow_mixed)
         analysis = analyze(inputs)
-    except (RunDirError, SLOError) as error:
+    except (RunDirError, SLOError, MixedRunsError) as error:
         print(f"conveyor report: {error}", file=sys.stderr)
         return 2
     render = {"terminal": format_terminal, "markdown": format_markdown, "csv": format_csv}[args.format]

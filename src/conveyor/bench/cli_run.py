@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import pathlib
 import shlex
 import sys
 
 from conveyor.bench.metrics import parse_goodput
 from conveyor.bench.profiles import LoadProfile
+from conveyor.bench.retry import add_retry_arguments, policy_from_args
+from conveyor.bench.rundirs import RunDirError, prepare_out_dir
 from conveyor.bench.runner import BenchError, BenchRunConfig, dashboard_table, run_benchmark
 from conveyor.bench.traces import TraceError
 from conveyor.bench.workers import WorkerError
@@ -60,6 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--request-timeout-s", type=float, default=d["request_timeout_s"].default)
     parser.add_argument("--scrape-interval-s", type=float, default=d["scrape_interval_s"].default)
     parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    parser.add_argument("--force", action="store_true", help="replace an existing run in --out")
+    add_retry_arguments(parser)
 
 
 def add_window_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,13 +90,14 @@ def config_from_args(args: argparse.Namespace) -> BenchRunConfig:
         api_key=args.api_key, num_requests=args.num_requests, show_progress=not args.no_progress,
         profile=args.profile, max_concurrency=args.max_concurrency, num_workers=args.workers,
         warmup_requests=args.warmup_requests, warmup_s=args.warmup_s, cooldown_requests=args.cooldown_requests,
-        cooldown_s=args.cooldown_s, command=shlex.join(["conveyor", *sys.argv[1:]]))
+        cooldown_s=args.cooldown_s, command=shlex.join(["conveyor", *sys.argv[1:]]), retry=policy_from_args(args))
 
 
 def run(args: argparse.Namespace) -> int:
     try:
+        prepare_out_dir(pathlib.Path(args.out), args.force)
         summary = run_benchmark(config_from_args(args))
-    except (BenchError, TraceError, ValueError, WorkerError) as exc:
+    except (BenchError, TraceError, RunDirError, ValueError, WorkerError) as exc:
         print(f"conveyor bench run: error: {exc}", file=sys.stderr)
         return 2
     print(dashboard_table([summary]))

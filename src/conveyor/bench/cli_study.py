@@ -11,23 +11,26 @@ The study is a JSON/TOML file (see docs/decision.md) or flags; flags override th
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
-import tomllib
 from typing import Any
 
 from conveyor.bench.cli_sweep import (
     add_run_option_arguments,
     add_sweep_arguments,
+    counting,
+    estimated_runs,
     run_options_from_args,
     sweep_options_from_args,
 )
 from conveyor.bench.launch import LaunchError
-from conveyor.bench.report import ReportInputs, analyze, format_terminal, write_report
+from conveyor.bench.progress import ProgressReporter
+from conveyor.bench.report import MixedRunsError, ReportInputs, analyze, format_terminal, write_report
+from conveyor.bench.rundirs import RunDirError, prepare_out_dir
 from conveyor.bench.slo import SLOError, parse_slo_flag
 from conveyor.bench.study import StudyError, run_study, spec_from_mapping
-from conveyor.bench.sweep import SweepError
+from conveyor.bench.sweep import RunTemplate, SweepError, make_run_fn
+from conveyor.bench.table_file import read_table_file
 
 
 def parse_value(text: str) -> Any:
@@ -73,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--main-rate", type=float, help="offered rate of the main scenario")
     parser.add_argument("--price-per-gpu-hour", type=float, help="USD per GPU-hour (default 1.0: relative)")
     parser.add_argument("--num-gpus", type=int, help="GPUs per server")
+    parser.add_argument("--planned-context-len", type=int,
+                        help="context length (prompt + output tokens) the deployment plans for (checklist Q3)")
+    parser.add_argument("--force", action="store_true", help="replace an existing study in --out")
     add_sweep_arguments(parser)
     add_run_option_arguments(parser)
 
@@ -82,7 +88,7 @@ def _load_file(path: pathlib.Path | None) -> dict[str, Any]:
         return {}
     if not path.is_file():
         raise StudyError(f"study file {path} does not exist")
-    return tomllib.loads(path.read_text()) if path.suffix == ".toml" else json.loads(path.read_text())
+    return dict(read_table_file(path))
 
 
 def study_mapping(args: argparse.Namespace) -> dict[str, Any]:
@@ -90,7 +96,7 @@ def study_mapping(args: argparse.Namespace) -> dict[str, Any]:
     data = _load_file(args.study_file)
     if args.server_command is not None:
         data["command"] = args.server_command
-    for key in ("trace", "main_rate", "price_per_gpu_hour", "num_gpus"):
+    for key in ("trace", "main_rate", "price_per_gpu_hour", "num_gpus", "planned_context_len"):
         if getattr(args, key) is not None:
             data[key] = getattr(args, key)
     if args.slo:
@@ -111,11 +117,19 @@ def study_mapping(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     try:
         spec = spec_from_mapping(study_mapping(args), str(args.study_file or "flags"))
-        out = run_study(spec, args.out, progress=lambda m: print(m, file=sys.stderr))
-    except (StudyError, SLOError, SweepError, LaunchError) as error:
+        prepare_out_dir(args.out, args.force)
+        num_rates = len(spec.rates) if spec.rates else None
+        reporter = ProgressReporter(len(spec.variants) * estimated_runs(spec.sweep, num_rates))
+
+        def run_fn_factory(template: RunTemplate) -> Any:
+            return counting(make_run_fn(template), reporter)
+
+        out = run_study(spec, args.out, run_fn_factory=run_fn_factory, progress=reporter)
+        reporter.close()
+        analysis = analyze(ReportInputs((out,)))
+    except (StudyError, SLOError, SweepError, LaunchError, RunDirError, MixedRunsError, ValueError) as error:
         print(f"conveyor bench study: {error}", file=sys.stderr)
         return 2
-    analysis = analyze(ReportInputs((out,)))
     print(format_terminal(analysis))
     paths = write_report(analysis, out / "report")
     print(f"\nReport: {paths['html']}")

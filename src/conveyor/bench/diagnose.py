@@ -8,8 +8,11 @@ that shows the symptom most strongly, with the values that triggered it and the 
   3. throughput improves but p95 worsens       -> over-admission (compares configurations at one rate)
   4. preemptions or out-of-memory rise         -> KV capacity
   5. low utilisation while requests wait       -> CPU, tokenization, network, client pacing
-Thresholds live in `DiagnoseThresholds`; a healthy run (little waiting, balanced classes, no preemption,
-client on time) triggers nothing.
+     (inputs: GPU utilisation, from NVML or conveyor:gpu_utilization_perc; CPU tokenization time,
+     conveyor:tokenization_time_seconds; the client's own CPU; running vs max_num_seqs and KV usage)
+Invalid runs (validity.py) are skipped: they measured the client, not the server. Thresholds live in
+`DiagnoseThresholds`; a healthy run (little waiting, balanced classes, no preemption, client on time)
+triggers nothing.
 """
 
 from __future__ import annotations
@@ -53,6 +56,12 @@ class DiagnoseThresholds:
     """Running peak under this fraction of max_num_seqs while requests wait: the engine is starved."""
     low_gpu_utilization: float = 0.5
     """GPU utilisation (if recorded) under which the device idles."""
+    tokenization_share: float = 0.25
+    """Mean CPU tokenization time over median TTFT above which tokenization delays first tokens..."""
+    min_tokenization_ms: float = 10.0
+    """...when it also takes at least this long per request."""
+    busy_client_cpu: float = 0.7
+    """Client CPU (cores) above which the load generator is close to its limit (invalid at 0.9)."""
 
 
 @dataclass(frozen=True)
@@ -93,13 +102,16 @@ def waiting_with_free_kv(runs: list[RunResult], th: DiagnoseThresholds) -> Findi
         return None
     run = min(hits, key=lambda r: r.offered_rate)
     running, cap = run.metric("num_requests_running_max"), _max_num_seqs(run)
-    evidence = (f"at {run.offered_rate:g} req/s waiting peaks at {run.metric('num_requests_waiting_max'):.0f} "
+    evidence = (f"at {run.offered_rate:.3g} req/s waiting peaks at {run.metric('num_requests_waiting_max'):.0f} "
                 f"while KV usage peaks at {run.metric('kv_cache_usage_max'):.0%}")
     trend = _waiting_trend(run)
     if trend is not None:
         evidence += f"; waiting mean {trend[0]:.1f} in the first third -> {trend[1]:.1f} in the last"
     if running is not None:
         evidence += f"; running peak {running:.0f}" + (f" = max_num_seqs {cap:.0f}" if cap == running else "")
+    memory = run.metric("peak_gpu_memory_bytes")
+    evidence += (f"; GPU memory peak {memory / 2**30:.3g} GiB" if memory is not None else
+                 "; GPU memory peak not reported (conveyor:gpu_memory_peak_bytes or NVML)")
     remedy = ("memory is not the limit: check admission limits and max_num_seqs (raise it if running sits at "
               "the cap), CPU tokenization and the client's concurrency")
     return Finding(Symptom.WAITING_WITH_FREE_KV, run.config_name, run.label, evidence, remedy)
@@ -125,12 +137,12 @@ def _long_ratio(run: RunResult) -> tuple[float, str, float, float] | None:
 
 
 def long_prompt_ttft(runs: list[RunResult], th: DiagnoseThresholds) -> Finding | None:
-    scored = [(ratio, r) for r in runs if (ratio := _long_ratio(r)) is not None
-              and ratio[0] >= th.long_ttft_ratio and ratio[2] >= th.min_long_ttft_ms]
+    scored = [(found, r) for r in runs if (found := _long_ratio(r)) is not None
+              and found[0] >= th.long_ttft_ratio and found[2] >= th.min_long_ttft_ms]
     if not scored:
         return None
     (ratio, name, long_p95, others), run = max(scored, key=lambda s: s[0][0])
-    evidence = (f"at {run.offered_rate:g} req/s the {name!r} class has p95 TTFT {long_p95:.0f} ms, "
+    evidence = (f"at {run.offered_rate:.3g} req/s the {name!r} class has p95 TTFT {long_p95:.0f} ms, "
                 f"{ratio:.1f}x the other classes' worst ({others:.0f} ms)")
     remedy = ("enable chunked prefill / tune max_num_batched_tokens and long_prefill_token_threshold; "
               "compare the long class's distribution, not only the mean")
@@ -164,7 +176,7 @@ def _compare(a: Point | None, b: Point, th: DiagnoseThresholds) -> Finding | Non
     for metric in ("p95_e2el_ms", "p95_ttft_ms"):
         lat_a, lat_b = a.median(metric), b.median(metric)
         if lat_a and lat_b and lat_b >= lat_a * (1 + th.p95_loss):
-            evidence = (f"at {b.offered_rate:g} req/s {b.config_name} completes {thr_b:.3g} req/s vs "
+            evidence = (f"at {b.offered_rate:.3g} req/s {b.config_name} completes {thr_b:.3g} req/s vs "
                         f"{a.config_name}'s {thr_a:.3g} (+{thr_b / thr_a - 1:.0%}) but {metric} is "
                         f"{lat_b:.0f} vs {lat_a:.0f} ms (+{lat_b / lat_a - 1:.0%})")
             remedy = ("it admits more concurrent work than the interactive objective allows: limit admission "
@@ -189,7 +201,7 @@ def preemptions_or_oom(runs: list[RunResult], th: DiagnoseThresholds) -> Finding
     run = max(hits, key=rate_of)
     by_rate = sorted({(r.offered_rate, r.metric("num_preemptions") or 0.0) for r in runs})
     trend = ", ".join(f"{rate:g}->{count:.0f}" for rate, count in by_rate[:6])
-    evidence = (f"at {run.offered_rate:g} req/s {run.metric('num_preemptions') or 0:.0f} preemptions for "
+    evidence = (f"at {run.offered_rate:.3g} req/s {run.metric('num_preemptions') or 0:.0f} preemptions for "
                 f"{run.summary.get('completed')} completed ({rate_of(run):.2f}/request), KV peak "
                 f"{run.metric('kv_cache_usage_max') or 0:.0%}, out-of-memory errors {_oom_errors(run)}; "
                 f"preemptions by rate: {trend}")
@@ -198,16 +210,29 @@ def preemptions_or_oom(runs: list[RunResult], th: DiagnoseThresholds) -> Finding
     return Finding(Symptom.PREEMPTIONS_OR_OOM, run.config_name, run.label, evidence, remedy)
 
 
+def _upstream_evidence(run: RunResult, waiting: float, th: DiagnoseThresholds) -> str | None:
+    """CPU tokenization or a busy client while requests wait (the inputs diagnosis 5 names)."""
+    tokenize, ttft = run.metric("tokenization_time_mean_ms"), run.metric("median_ttft_ms")
+    if tokenize is not None and ttft and tokenize >= th.min_tokenization_ms and tokenize >= th.tokenization_share * ttft:
+        return (f"CPU tokenization takes {tokenize:.0f} ms per request ({tokenize / ttft:.0%} of the median TTFT "
+                f"{ttft:.0f} ms) while waiting peaks at {waiting:.0f}")
+    cpu = run.metric("client_cpu_utilization")
+    if cpu is not None and cpu >= th.busy_client_cpu:
+        return (f"the benchmark client used {cpu:.0%} of a core while waiting peaks at {waiting:.0f}: the load "
+                "generator is close to its limit")
+    return None
+
+
 def _idle_evidence(run: RunResult, th: DiagnoseThresholds) -> str | None:
-    lag, bound = run.summary.get("send_lag_p99_ms"), run.summary.get("max_send_lag_p99_ms")
-    if lag is not None and bound is not None and float(lag) > float(bound):
-        return f"client send lag p99 {float(lag):.0f} ms > {float(bound):.0f} ms: the load generator fell behind"
     waiting = run.metric("num_requests_waiting_max") or 0.0
     if waiting < th.min_waiting:
         return None
     util = run.metric("gpu_utilization_mean")
     if util is not None and util < th.low_gpu_utilization:
         return f"GPU utilisation {util:.0%} while waiting peaks at {waiting:.0f}"
+    upstream = _upstream_evidence(run, waiting, th)
+    if upstream is not None:
+        return upstream
     running, cap, kv = run.metric("num_requests_running_max"), _max_num_seqs(run), run.metric("kv_cache_usage_max")
     if running is not None and cap and kv is not None and running < th.low_running_fraction * cap \
             and kv <= th.low_kv_usage:
@@ -223,13 +248,20 @@ def idle_while_waiting(runs: list[RunResult], th: DiagnoseThresholds) -> Finding
             remedy = ("inspect CPU, tokenization, network, storage, model loading and the client's pacing "
                       "before blaming continuous batching")
             return Finding(Symptom.IDLE_WHILE_WAITING, run.config_name, run.label,
-                           f"at {run.offered_rate:g} req/s {evidence}", remedy)
+                           f"at {run.offered_rate:.3g} req/s {evidence}", remedy)
     return None
 
 
+def _valid_only(point: Point) -> Point | None:
+    """The point without its invalid runs (they measured the client); None when none is left."""
+    runs = tuple(r for r in point.runs if r.summary.get("valid") is not False)
+    return Point(point.config_name, point.offered_rate, runs) if runs else None
+
+
 def diagnose(points: dict[str, list[Point]], th: DiagnoseThresholds | None = None) -> list[Finding]:
-    """Every finding, per configuration in order, then the cross-configuration one."""
+    """Every finding on valid runs only, per configuration in order, then the cross-configuration one."""
     th = th or DiagnoseThresholds()
+    points = {name: [valid for p in pts if (valid := _valid_only(p)) is not None] for name, pts in points.items()}
     findings: list[Finding] = []
     for config_points in points.values():
         runs = [r for p in config_points for r in p.runs]

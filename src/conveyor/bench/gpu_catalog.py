@@ -8,9 +8,9 @@ they vary by provider, region and commitment, so the user supplies them (`--pric
 
 from __future__ import annotations
 
-import json
 import pathlib
-import tomllib
+
+from conveyor.bench.table_file import read_table_file
 from dataclasses import dataclass, replace
 
 _MIB = 1 << 20
@@ -88,7 +88,7 @@ def _price(value: object, origin: str) -> float:
 
 
 def _prices_from_file(path: pathlib.Path) -> dict[str, float]:
-    data = tomllib.loads(path.read_text()) if path.suffix == ".toml" else json.loads(path.read_text())
+    data = read_table_file(path)
     if not isinstance(data, dict):
         raise CatalogError(f"{path}: expected an object {{GPU: USD_PER_HOUR}}")
     return {find_gpu(str(k)).name: _price(v, str(path)) for k, v in data.items()}

@@ -1,35 +1,40 @@
 """From run directories to the guide's dashboard, the recommendation, the checklist and the diagnosis.
 
-The model: `analyze` loads every run under the given paths (run, sweep or study directories), groups
-them by configuration and offered rate, judges them against the objective (from the flags, else the
-study's study.json), prices them, and collects the findings. The same `Analysis` is rendered as a
-terminal table, Markdown, CSV, and (report_html.py) an HTML page with plots.
+The model: `analyze` loads every run under the given paths (run, sweep or study directories), checks
+that their fixed things agree (fixed.py; a difference is refused unless `allow_mixed`, except what a
+study varies on purpose), groups them by configuration and offered rate, judges every point on its
+valid repeats against the objective (from the flags, else the study's study.json), prices them, and
+collects the findings. The same `Analysis` is rendered as a terminal table, Markdown, CSV, and
+(report_html.py) a self-contained HTML page with plots. Invalid runs are listed, marked INVALID, and
+counted nowhere.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import math
 import pathlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.bench.decision import (
-    ConfigEval,
-    CostModel,
-    DecisionInputs,
-    Recommendation,
-    evaluate_configs,
-    recommend,
-)
-from conveyor.bench.decision_checklist import ChecklistItem, answer_checklist
+from conveyor.bench.decision import ConfigEval, CostModel, DecisionInputs, Recommendation, evaluate_configs, money, recommend
+from conveyor.bench.decision_checklist import ChecklistInputs, ChecklistItem, answer_checklist
 from conveyor.bench.diagnose import Finding, diagnose
+from conveyor.bench.fixed import FixedDifference, FixedRecord, differences, unknown_keys
+from conveyor.bench.intervals import IntervalConfig
+from conveyor.bench.point_verdict import PointStatus
+from conveyor.bench.report_format import fmt_count, fmt_interval, fmt_rate, summary_cell
 from conveyor.bench.rundirs import Point, RunResult, discover_runs, find_study_file, group_points
-from conveyor.bench.slo import SLO, slo_from_mapping
+from conveyor.bench.slo import SLO, SLOVerdict, describe_objective, slo_from_mapping
 
-DASHBOARD_COLUMNS = ("Config", "Run", "Offered req/s", "Completed req/s", "TTFT p95 ms", "Queue p95 ms",
-                     "E2E p95 ms", "Error rate", "Preemptions", "Objective")
+DASHBOARD_COLUMNS = ("Config", "Run", "Offered req/s", "Completed req/s", "TTFT p95", "Queue p95",
+                     "E2E p95", "Error rate", "Preemptions", "Objective")
+POINT_COLUMNS = ("Config", "Offered req/s", "Valid repeats", "Completed req/s", "TTFT p95", "E2E p95",
+                 "Error rate", "Verdict")
+
+
+class MixedRunsError(ValueError):
+    """Runs whose fixed things differ were given together without --allow-mixed."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,8 @@ class ReportInputs:
     """Price of configurations the study does not price."""
     main_rate: float | None = None
     """Main-scenario rate (None: the study's, else the lowest measured)."""
+    allow_mixed: bool = False
+    """Compare runs whose fixed things differ (the report then says how)."""
 
 
 @dataclass(frozen=True)
@@ -61,11 +68,15 @@ class Analysis:
     checklist: list[ChecklistItem]
     """The guide's five questions."""
     findings: list[Finding]
-    """Diagnosis."""
+    """Diagnosis (on valid runs only)."""
     study: dict[str, Any]
     """study.json ({} for loose runs)."""
     main_rate: float | None
     """Main-scenario rate used."""
+    fixed_differences: list[FixedDifference] = field(default_factory=list)
+    """Fixed things that differ (only with allow_mixed)."""
+    fixed_unknown: list[str] = field(default_factory=list)
+    """Fixed things some run did not record."""
 
     def runs(self) -> list[RunResult]:
         return [r for pts in self.points.values() for p in pts for r in p.runs]
@@ -77,80 +88,93 @@ def _costs(study: dict[str, Any], default: CostModel) -> dict[str, CostModel]:
             for name, c in (study.get("configs") or {}).items()}
 
 
+def check_fixed(runs: list[RunResult], study: dict[str, Any],
+                allow_mixed: bool) -> tuple[list[FixedDifference], list[str]]:
+    """Fixed things that differ, and those unknown; raises MixedRunsError on a difference unless allowed."""
+    records = [FixedRecord(r.label, r.config_name, dict(r.summary.get("fixed") or {})) for r in runs]
+    varied = {name: set(c.get("varies") or []) for name, c in (study.get("configs") or {}).items()}
+    found = differences(records, varied)
+    if found and not allow_mixed:
+        raise MixedRunsError("these runs differ in what must stay fixed between compared runs: "
+                             + "; ".join(d.describe() for d in found)
+                             + ". Compare like with like, or pass --allow-mixed to compare them anyway.")
+    return found, unknown_keys(records)
+
+
 def analyze(inputs: ReportInputs) -> Analysis:
     study = find_study_file(list(inputs.paths))
     slo = inputs.slo or slo_from_mapping(dict(study.get("slo") or {}), "study.json [slo]")
     main_rate = inputs.main_rate if inputs.main_rate is not None else study.get("main_rate")
-    points = group_points(discover_runs(list(inputs.paths)))
+    runs = discover_runs(list(inputs.paths))
+    mixed, unknown = check_fixed(runs, study, inputs.allow_mixed)
+    points = group_points(runs)
     order = list(study.get("configs") or {})
     points = dict(sorted(points.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order))))
     decision = DecisionInputs(slo=slo, default_cost=inputs.default_cost,
                               costs=_costs(study, inputs.default_cost), main_rate=main_rate)
     configs = evaluate_configs(points, decision)
-    recommendation = recommend(configs, decision.tie_tolerance)
-    return Analysis(slo, points, configs, recommendation, answer_checklist(configs, recommendation, main_rate),
-                    diagnose(points), study, main_rate)
+    recommendation = recommend(configs)
+    checklist_inputs = ChecklistInputs(main_rate, study.get("planned_context_len"), mixed, unknown)
+    return Analysis(slo, points, configs, recommendation, answer_checklist(configs, recommendation, checklist_inputs),
+                    diagnose(points), study, main_rate, mixed, unknown)
 
 
-def _fmt(value: float | None, digits: int = 4) -> str:
-    if value is None:
-        return "-"
-    if math.isinf(value):
-        return "inf"
-    return f"{value:.{digits}g}"
+def objective_cell(run: RunResult, verdict: SLOVerdict) -> str:
+    if run.summary.get("valid") is False:
+        reason = str(run.summary.get("invalid_reason") or "client fell behind").split(":")[0]
+        return f"INVALID ({reason})"
+    return {"met": "met", "missed": "MISSED"}.get(verdict.status.value, verdict.status.value)
 
 
 def dashboard_rows(analysis: Analysis) -> list[list[str]]:
-    """One row per run: the guide's dashboard (RUNDIR.md mapping) plus configuration and verdict."""
+    """One row per run: the guide's dashboard (RUNDIR.md mapping), with intervals, and its own verdict."""
     rows = []
     for config in analysis.configs:
         for evaluated in config.points:
             for run, verdict in zip(evaluated.point.runs, evaluated.verdicts, strict=True):
-                error_rate = run.metric("error_rate")
+                s = run.summary
                 rows.append([
-                    config.name, run.label, _fmt(run.offered_rate), _fmt(run.metric("request_throughput")),
-                    _fmt(run.metric("p95_ttft_ms")), _fmt(run.metric("queue_time_p95_ms")),
-                    _fmt(run.metric("p95_e2el_ms")), "-" if error_rate is None else f"{error_rate:.1%}",
-                    _fmt(run.metric("num_preemptions")), _objective_cell(run, verdict.passed),
+                    config.name, run.label, fmt_rate(run.offered_rate), summary_cell(s, "request_throughput"),
+                    summary_cell(s, "p95_ttft_ms"), summary_cell(s, "server.queue_time_p95_ms"),
+                    summary_cell(s, "p95_e2el_ms"), summary_cell(s, "error_rate"),
+                    fmt_count(run.metric("num_preemptions")), objective_cell(run, verdict),
                 ])
     return rows
 
 
-def _objective_cell(run: RunResult, passed: bool) -> str:
-    if run.summary.get("valid") is False:
-        reason = str(run.summary.get("invalid_reason") or "client fell behind").split(":")[0]
-        return f"INVALID ({reason})"
-    return "met" if passed else "MISSED"
-
-
-def config_rows(analysis: Analysis) -> list[list[str]]:
-    """One row per configuration: what it changed, highest rate meeting the objective, cost."""
-    configs = analysis.study.get("configs") or {}
+def point_rows(analysis: Analysis) -> list[list[str]]:
+    """One row per point: the valid repeats pooled, with intervals, and the point's verdict."""
     rows = []
     for config in analysis.configs:
-        cost = config.cost_per_accepted
-        changed = (configs.get(config.name) or {}).get("changed") or "-"
-        rows.append([config.name, str(changed), _fmt(config.max_rate_meeting),
-                     "-" if cost is None else f"${cost:.3g}", _spread_cell(config),
-                     "recommended" if config.name == analysis.recommendation.recommended else ""])
+        for p in config.points:
+            pooled = p.intervals
+            cells = [fmt_interval(iv.estimate if iv else None, iv, unit) for iv, unit in (
+                (pooled.get("request_throughput"), "rate"), (pooled.get("p95_ttft_ms"), "ms"),
+                (pooled.get("p95_e2el_ms"), "ms"), (pooled.get("error_rate"), "percent"))]
+            invalid = f" (+{len(p.invalid_runs)} invalid)" if p.invalid_runs else ""
+            status = p.status.value.upper() if p.status is PointStatus.MISSED else p.status.value
+            rows.append([config.name, fmt_rate(p.offered_rate), f"{len(p.valid_runs)}{invalid}", *cells, status])
     return rows
 
 
-def _spread_cell(config: ConfigEval) -> str:
-    """Range over repeats at the operating point (else the first point): n repeats, p95 E2E and req/s."""
-    evaluated = config.operating_point or (config.points[0] if config.points else None)
-    if evaluated is None or len(evaluated.point.runs) < 2:
-        return "1 run"
-    parts = [f"{len(evaluated.point.runs)} runs"]
-    for metric, name in (("p95_e2el_ms", "E2E"), ("request_throughput", "req/s")):
-        spread = evaluated.point.spread(metric)
-        if spread is not None:
-            parts.append(f"{name} ±{spread.relative / 2:.0%}")
-    return ", ".join(parts)
+def config_rows(analysis: Analysis) -> list[list[str]]:
+    """One row per configuration: what it changed, capacity, cost, whether recommended."""
+    configs = analysis.study.get("configs") or {}
+    rows = []
+    for config in analysis.configs:
+        changed = (configs.get(config.name) or {}).get("changed") or "-"
+        mark = ""
+        if config.name == analysis.recommendation.recommended:
+            mark = "recommended"
+        elif config.name in analysis.recommendation.tied:
+            mark = "tied"
+        rows.append([config.name, str(changed), fmt_rate(config.max_rate_meeting), config.capacity.describe(),
+                     money(config.cost_per_accepted), mark])
+    return rows
 
 
-CONFIG_COLUMNS = ("Config", "Changes", "Max req/s meeting objective", "Cost per accepted response",
-                  "Spread over repeats", "")
+CONFIG_COLUMNS = ("Config", "Changes", "Max req/s meeting objective", "Capacity (req/s)",
+                  "Cost per accepted response", "")
 
 
 def format_table(columns: tuple[str, ...] | list[str], rows: list[list[str]]) -> str:
@@ -176,15 +200,28 @@ def format_csv(analysis: Analysis) -> str:
     return out.getvalue()
 
 
+def fixed_lines(analysis: Analysis) -> list[str]:
+    if analysis.fixed_differences:
+        return ["WARNING (--allow-mixed): the runs differ in what should stay fixed: "
+                + "; ".join(d.describe() for d in analysis.fixed_differences)]
+    runs = analysis.runs()
+    fixed = dict(runs[0].summary.get("fixed") or {}) if runs else {}
+    shown = ", ".join(f"{k}={str(v)[:12] if k.endswith('sha256') else v}" for k, v in fixed.items()
+                      if k != "server_flags" and v is not None)
+    unknown = f"; unknown: {', '.join(analysis.fixed_unknown)}" if analysis.fixed_unknown else ""
+    return [f"Fixed across all runs: {shown or 'nothing recorded'}{unknown}"]
+
+
 def decision_lines(analysis: Analysis) -> list[str]:
-    """Recommendation, checklist and diagnosis as plain lines (terminal and Markdown share them)."""
-    objective = (str(analysis.slo.to_dict()) if not analysis.slo.is_empty() else
-                 "none set (give --slo): every run meets it and the choice rests on cost alone")
-    lines = [f"Objective: {objective}",
-             f"Recommendation ({analysis.recommendation.outcome.value}): {analysis.recommendation.explanation}",
-             "", "Checklist:"]
+    """Objective, recommendation and its confidence, checklist and diagnosis as plain lines."""
+    rec = analysis.recommendation
+    lines = [f"Objective: {describe_objective(analysis.slo)}",
+             f"Intervals: {IntervalConfig().confidence:.0%} confidence (bootstrap over requests and repeats).",
+             *fixed_lines(analysis),
+             f"Recommendation ({rec.outcome.value}): {rec.explanation}",
+             f"Confidence: {rec.confidence}", "", "Checklist:"]
     lines.extend(f"- [{i.answer.value}] {i.question} {i.evidence}" for i in analysis.checklist)
-    lines.extend(["", "Diagnosis:"])
+    lines.extend(["", "Diagnosis (valid runs only):"])
     if not analysis.findings:
         lines.append("- no symptom of the guide's five found")
     lines.extend(f"- {f.symptom.value} ({f.config_name}): {f.evidence}. Look at: {f.remedy}"
@@ -194,19 +231,22 @@ def decision_lines(analysis: Analysis) -> list[str]:
 
 def format_terminal(analysis: Analysis) -> str:
     return "\n".join([format_table(DASHBOARD_COLUMNS, dashboard_rows(analysis)), "",
+                      format_table(POINT_COLUMNS, point_rows(analysis)), "",
                       format_table(CONFIG_COLUMNS, config_rows(analysis)), "", *decision_lines(analysis)])
 
 
 def format_markdown(analysis: Analysis) -> str:
-    return "\n".join(["# Conveyor report", "", "## Recommendation", "",
-                      analysis.recommendation.explanation, "", "## Configurations", "",
-                      format_markdown_table(CONFIG_COLUMNS, config_rows(analysis)), "", "## Dashboard", "",
+    rec = analysis.recommendation
+    return "\n".join(["# Conveyor report", "", "## Recommendation", "", rec.explanation, "",
+                      f"Confidence: {rec.confidence}", "", "## Configurations", "",
+                      format_markdown_table(CONFIG_COLUMNS, config_rows(analysis)), "", "## Points", "",
+                      format_markdown_table(POINT_COLUMNS, point_rows(analysis)), "", "## Dashboard", "",
                       format_markdown_table(DASHBOARD_COLUMNS, dashboard_rows(analysis)), "",
                       "## Decision details", "", *decision_lines(analysis), ""])
 
 
 def write_report(analysis: Analysis, out_dir: pathlib.Path) -> dict[str, pathlib.Path]:
-    """report.md, dashboard.csv, report.html and plots/*.png under `out_dir`."""
+    """report.md, dashboard.csv and a self-contained report.html (plots embedded; also plots/*.png)."""
     from conveyor.bench.report_html import write_html  # matplotlib is loaded only when writing plots
 
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import shutil
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -167,3 +168,17 @@ def find_study_file(paths: list[pathlib.Path]) -> dict[str, Any]:
             if candidate.is_file():
                 return dict(json.loads(candidate.read_text()))
     return {}
+
+
+def prepare_out_dir(path: pathlib.Path, force: bool) -> None:
+    """Refuse to write over an existing run, sweep or study unless `force`; with force, clear it first
+    (stale runs left in it would be read back as part of the new one)."""
+    if not path.exists():
+        return
+    markers = ("summary.json", SWEEP_FILE, STUDY_FILE)
+    holds_runs = path.is_dir() and any(next(path.rglob(m), None) is not None for m in markers)
+    if not holds_runs:
+        return
+    if not force:
+        raise RunDirError(f"--out {path} already holds a run; choose another directory or pass --force to replace it")
+    shutil.rmtree(path)

@@ -24,13 +24,24 @@ from typing import Any
 
 from conveyor.bench.arrivals import ArrivalProcess, send_offsets_s
 from conveyor.bench.client import ClientConfig, Endpoint
+from conveyor.bench.fixed import ServerView, collect_fixed
 from conveyor.bench.load_summary import LoadOutcome, drive, load_fields, load_validity
 from conveyor.bench.loadgen import LoadPlan, new_session
 from conveyor.bench.metrics import GoodputBounds, client_summary
 from conveyor.bench.profiles import LoadFlags, LoadProfile, LoadShape, resolve_load
-from conveyor.bench.server_metrics import ServerObservation, ServerScraper, config_info, get_json, server_summary
+from conveyor.bench.retry import RetryLog, new_retrying_session
+from conveyor.bench.run_record import RunContext, extend_summary
+from conveyor.bench.server_metrics import (
+    ServerObservation,
+    ServerScraper,
+    config_info,
+    get_json,
+    nvml_reading,
+    server_summary,
+)
 from conveyor.bench.traces import Trace, TraceError, dispatch_units, read_trace
 from conveyor.bench.window import WindowConfig, apply_window
+from conveyor.bench.validity import ClientCpuMeter, ValidityBounds
 from conveyor.bench.workers import run_async
 
 SCHEMA_VERSION = 1
@@ -96,6 +107,10 @@ class BenchRunConfig:
     """Progress line on stderr."""
     command: str | None = None
     """The command line to record in command.txt (default: this process's argv)."""
+    max_client_cpu: float = 0.9
+    """The run is invalid if the benchmark process used this much of a core or more."""
+    retry: Any = None
+    """bench/retry.py RetryPolicy: retry 503s honouring Retry-After (None: off)."""
 
     def __post_init__(self) -> None:
         parts = urllib.parse.urlsplit(self.base_url)
@@ -182,7 +197,9 @@ async def _identify(cfg: BenchRunConfig, session: Any) -> tuple[str, dict[str, A
 
 
 async def _run(cfg: BenchRunConfig, trace: Trace, plan: LoadPlan) -> dict[str, Any]:
-    async with new_session() as session:
+    retry_log = RetryLog()
+    session_cm = new_retrying_session(cfg.retry, retry_log) if cfg.retry is not None else new_session()
+    async with session_cm as session:
         model, identity = await _identify(cfg, session)
         scraper = ServerScraper(session, cfg.base_url, cfg.scrape_interval_s)
         await scraper.start()
@@ -190,19 +207,25 @@ async def _run(cfg: BenchRunConfig, trace: Trace, plan: LoadPlan) -> dict[str, A
         started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         client = ClientConfig(base_url=cfg.base_url, model=model, endpoint=Endpoint(cfg.endpoint),
                               api_key=cfg.api_key, request_timeout_s=cfg.request_timeout_s)
+        meter = ClientCpuMeter()  # this process only: --workers processes are gated by their send lag
         try:
             load = await drive(session, client, plan, cfg.num_workers, cfg.show_progress)
         finally:
             sampler.cancel()
+        cpu = meter.stop()
         obs = await scraper.stop()
     identity["config_info"] = config_info(obs.after or obs.before)
-    summary = build_summary(cfg, trace, model, (load, obs, started_at))
+    view = ServerView(identity["models"], identity["version"], obs.after or obs.before, scraper.local,
+                      nvml_reading() if scraper.local else None)
+    context = RunContext(client_cpu=cpu, fixed=collect_fixed(view, identity["config_info"], cfg.trace_path),
+                         retry_policy=cfg.retry, retry_log=retry_log)
+    summary = build_summary(cfg, trace, model, (load, obs, started_at), context)
     write_run_dir(cfg, identity, load, obs, summary)
     return summary
 
 
 def build_summary(cfg: BenchRunConfig, trace: Trace, model: str,
-                  run: tuple[LoadOutcome, ServerObservation, str]) -> dict[str, Any]:
+                  run: tuple[LoadOutcome, ServerObservation, str], context: RunContext | None = None) -> dict[str, Any]:
     load, obs, started_at = run
     shape = cfg.load_shape()
     window = apply_window(load.records, cfg.window())
@@ -214,11 +237,14 @@ def build_summary(cfg: BenchRunConfig, trace: Trace, model: str,
         "burstiness": cfg.burstiness, "arrival": shape.arrival.process.value, "profile": cfg.profile,
         "max_concurrency": shape.max_concurrency, "seed": cfg.seed, "started_at": started_at,
     }
-    summary.update(client_summary(measured, goodput_bounds(cfg.slo)))
+    bounds = goodput_bounds(cfg.slo)
+    summary.update(client_summary(measured, bounds))
     summary.update(load_fields(load, measured, window))
     valid, reason = load_validity(load, window, cfg.max_send_lag_p99_ms)
     summary.update({"max_send_lag_p99_ms": cfg.max_send_lag_p99_ms, "valid": valid, "invalid_reason": reason,
                     "server": server_summary(obs)})
+    extend_summary(summary, measured, bounds, ValidityBounds(cfg.max_client_cpu),
+                   context or RunContext())
     return summary
 
 

@@ -2,16 +2,24 @@
 
 Counters and histograms are cumulative since server start, so everything is a delta between the scrape
 before the first request and the scrape after the last one: queue-time percentiles come from the delta
-of the `vllm:request_queue_time_seconds` buckets (histogram_quantile), preemptions and token counts from
-counter deltas, the prefix-cache hit rate from hits/queries deltas. Gauges (running, waiting, KV usage)
-are sampled every scrape interval into a time series. vLLM's V1 names are read first, older vLLM names
-as fallbacks, so the same code measures conveyor and vLLM. A server without /metrics gives
-available=false and every number null; the run stays valid.
+of the queue-time buckets (`conveyor:request_queue_time_seconds`, finer, when the server has it, else
+vLLM's `vllm:request_queue_time_seconds`), preemptions and token counts from counter deltas, the
+prefix-cache hit rate from hits/queries deltas, CPU tokenization time from
+`conveyor:tokenization_time_seconds`. A histogram percentile is the bucket holding it, with an interval
+over requests (intervals.bucket_quantile); one in the lowest bucket is reported as "<= bound"
+(`queue_time_p95_ms` null, `queue_time_p95_bucket_ms` [0, bound]), never interpolated. Gauges (running,
+waiting, KV usage, GPU memory and utilisation) are sampled every scrape interval into a time series;
+GPU memory and utilisation come from NVML when the server is on this host and pynvml is installed, else
+from the server's `conveyor:gpu_*` gauges, else stay null (unknown, never invented). vLLM's V1 names are
+read first, older vLLM names as fallbacks, so the same code measures conveyor and vLLM. A server without
+/metrics gives available=false and every number null; the run stays valid. docs/decision.md lists every
+name read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import time
 import urllib.parse
 from dataclasses import dataclass, field
@@ -19,7 +27,8 @@ from typing import Any
 
 import aiohttp
 
-from conveyor.bench.prom_text import Snapshot, bucket_delta, histogram_quantile
+from conveyor.bench.intervals import IntervalConfig, bucket_quantile
+from conveyor.bench.prom_text import Snapshot, bucket_delta
 
 RUNNING = ("vllm:num_requests_running",)
 WAITING = ("vllm:num_requests_waiting",)
@@ -29,8 +38,10 @@ PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_quer
 PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
 GENERATION_TOKENS = ("vllm:generation_tokens_total",)
 PROMPT_TOKENS = ("vllm:prompt_tokens_total",)
-QUEUE_TIME = "vllm:request_queue_time_seconds"
+QUEUE_TIME = ("conveyor:request_queue_time_seconds", "vllm:request_queue_time_seconds")
+TOKENIZATION_TIME = ("conveyor:tokenization_time_seconds",)
 GPU_MEMORY = ("conveyor:gpu_memory_peak_bytes", "conveyor:gpu_memory_used_bytes")
+GPU_UTILIZATION = ("conveyor:gpu_utilization_perc",)
 CONFIG_INFO = ("conveyor:config_info", "vllm:cache_config_info")
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0"})
 
@@ -43,6 +54,7 @@ class Sample:
     num_requests_running: float | None
     num_requests_waiting: float | None
     kv_cache_usage_perc: float | None
+    gpu_utilization_perc: float | None = None
 
 
 @dataclass
@@ -53,16 +65,31 @@ class ServerObservation:
     after: Snapshot | None = None
     samples: list[Sample] = field(default_factory=list)
     peak_gpu_memory_bytes: float | None = None
+    gpu_memory_source: str | None = None
+    """"nvml" or "server" (None: not measured)."""
 
 
-def _nvml_used_bytes() -> float | None:
-    """Total used memory over local GPUs via NVML, or None when pynvml or a GPU is missing."""
+@dataclass(frozen=True)
+class NvmlReading:
+    """Local GPUs via NVML: used memory summed, utilisation averaged (0..1), names."""
+
+    used_bytes: float
+    utilization: float
+    names: tuple[str, ...]
+
+
+def nvml_reading() -> NvmlReading | None:
+    """Read NVML, or None when pynvml or a GPU is missing (only meaningful for a server on this host)."""
     try:
-        import pynvml  # optional; only meaningful when the server runs on this machine
-        pynvml.nvmlInit()
-        count = pynvml.nvmlDeviceGetCount()
-        used = sum(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used for i in range(count))
-        return float(used) if count else None
+        nvml: Any = importlib.import_module("pynvml")  # optional dependency
+        nvml.nvmlInit()
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        if not handles:
+            return None
+        used = sum(float(nvml.nvmlDeviceGetMemoryInfo(h).used) for h in handles)
+        util = sum(float(nvml.nvmlDeviceGetUtilizationRates(h).gpu) for h in handles) / (100.0 * len(handles))
+        names = tuple(str(nvml.nvmlDeviceGetName(h)) for h in handles)
+        return NvmlReading(used, util, names)
     except Exception:  # noqa: BLE001 - any NVML failure just means "not available"
         return None
 
@@ -85,16 +112,20 @@ class ServerScraper:
         except (aiohttp.ClientError, asyncio.TimeoutError):
             return None
 
-    def _track_gpu(self, snap: Snapshot | None) -> None:
-        used = _nvml_used_bytes() if self.local else None
-        if used is None and snap is not None:
-            used = snap.total(*GPU_MEMORY)
+    def _track_gpu(self, snap: Snapshot | None) -> float | None:
+        """Record the GPU memory peak; return the utilisation now (None: unknown)."""
+        reading = nvml_reading() if self.local else None
+        used, util, source = (reading.used_bytes, reading.utilization, "nvml") if reading else (None, None, None)
+        if reading is None and snap is not None:
+            used, util, source = snap.total(*GPU_MEMORY), snap.total(*GPU_UTILIZATION), "server"
         if used is not None:
             self.obs.peak_gpu_memory_bytes = max(used, self.obs.peak_gpu_memory_bytes or 0.0)
+            self.obs.gpu_memory_source = source
+        return util
 
-    def _sample(self, snap: Snapshot) -> None:
+    def _sample(self, snap: Snapshot, util: float | None) -> None:
         self.obs.samples.append(Sample(time.perf_counter(), snap.total(*RUNNING), snap.total(*WAITING),
-                                       snap.total(*KV_USAGE)))
+                                       snap.total(*KV_USAGE), util))
 
     async def start(self) -> None:
         self.obs.before = await self.scrape()
@@ -104,15 +135,15 @@ class ServerScraper:
         while self.obs.before is not None:
             await asyncio.sleep(self.interval_s)
             snap = await self.scrape()
+            util = self._track_gpu(snap)
             if snap is not None:
-                self._sample(snap)
-            self._track_gpu(snap)
+                self._sample(snap, util)
 
     async def stop(self) -> ServerObservation:
         self.obs.after = await self.scrape()
+        util = self._track_gpu(self.obs.after)
         if self.obs.after is not None:
-            self._sample(self.obs.after)
-        self._track_gpu(self.obs.after)
+            self._sample(self.obs.after, util)
         return self.obs
 
 
@@ -125,32 +156,74 @@ def _gauge_stats(samples: list[Sample]) -> dict[str, float | None]:
     kv = [s.kv_cache_usage_perc for s in samples if s.kv_cache_usage_perc is not None]
     waiting = [s.num_requests_waiting for s in samples if s.num_requests_waiting is not None]
     running = [s.num_requests_running for s in samples if s.num_requests_running is not None]
+    util = [s.gpu_utilization_perc for s in samples if s.gpu_utilization_perc is not None]
     return {"kv_cache_usage_max": max(kv) if kv else None, "kv_cache_usage_mean": sum(kv) / len(kv) if kv else None,
             "num_requests_waiting_max": max(waiting) if waiting else None,
-            "num_requests_running_max": max(running) if running else None}
+            "num_requests_running_max": max(running) if running else None,
+            "gpu_utilization_mean": sum(util) / len(util) if util else None}
 
 
-def server_summary(obs: ServerObservation) -> dict[str, Any]:
+def _histogram(before: Snapshot, after: Snapshot, names: tuple[str, ...]) -> tuple[str | None, list[tuple[float, float]]]:
+    """(name read, bucket deltas) of the first histogram of `names` the server exposes."""
+    for name in names:
+        if after.buckets(name):
+            return name, bucket_delta(after.buckets(name), before.buckets(name))
+    return None, []
+
+
+def _histogram_percentiles(prefix: str, buckets: list[tuple[float, float]], cfg: IntervalConfig,
+                           out: dict[str, Any]) -> None:
+    """`{prefix}_p{50,95,99}_ms` (None in the lowest bucket), their buckets and intervals, in ms."""
+    for q in (50, 95, 99):
+        key = f"{prefix}_p{q}_ms"
+        found = bucket_quantile(q / 100, buckets, cfg)
+        out[key] = None if found is None or found.interpolated is None else found.interpolated * 1000.0
+        if found is not None:
+            upper = found.upper * 1000.0
+            out[f"{key.removesuffix('_ms')}_bucket_ms"] = [found.lower * 1000.0, "inf" if upper == float("inf") else upper]
+            iv = found.interval
+            out.setdefault("ci", {})[key] = {**iv.to_json(), "estimate": iv.estimate * 1000.0, "low": iv.low * 1000.0,
+                                             "high": "inf" if iv.high == float("inf") else iv.high * 1000.0}
+
+
+def server_summary(obs: ServerObservation, cfg: IntervalConfig | None = None) -> dict[str, Any]:
     """The `server` object of summary.json (+ generation/prompt token deltas for cross-checks)."""
     out: dict[str, Any] = {"available": obs.before is not None and obs.after is not None}
-    keys = ("queue_time_p50_ms", "queue_time_p95_ms", "queue_time_p99_ms", "num_preemptions",
-            "prefix_cache_hit_rate", "generation_tokens", "prompt_tokens")
+    keys = ("queue_time_p50_ms", "queue_time_p95_ms", "queue_time_p99_ms", "queue_time_histogram",
+            "num_preemptions", "prefix_cache_hit_rate", "generation_tokens", "prompt_tokens",
+            "tokenization_time_mean_ms", "tokenization_time_p95_ms")
     out.update(dict.fromkeys(keys, None))
     out.update(_gauge_stats(obs.samples))
     out["peak_gpu_memory_bytes"] = obs.peak_gpu_memory_bytes
+    out["gpu_memory_source"] = obs.gpu_memory_source
     if obs.before is None or obs.after is None:
         return out
     before, after = obs.before, obs.after
-    queue = bucket_delta(after.buckets(QUEUE_TIME), before.buckets(QUEUE_TIME))
-    for q in (50, 95, 99):
-        value = histogram_quantile(q / 100, queue)
-        out[f"queue_time_p{q}_ms"] = None if value is None else value * 1000.0
+    cfg = cfg or IntervalConfig()
+    name, queue = _histogram(before, after, QUEUE_TIME)
+    out["queue_time_histogram"] = name
+    out["queue_time_buckets"] = [["inf" if le == float("inf") else le, count] for le, count in queue]
+    _histogram_percentiles("queue_time", queue, cfg, out)
+    _tokenization(before, after, cfg, out)
     out["num_preemptions"] = _delta(before, after, PREEMPTIONS)
     queries, hits = _delta(before, after, PREFIX_QUERIES), _delta(before, after, PREFIX_HITS)
     out["prefix_cache_hit_rate"] = hits / queries if queries and hits is not None else None
     out["generation_tokens"] = _delta(before, after, GENERATION_TOKENS)
     out["prompt_tokens"] = _delta(before, after, PROMPT_TOKENS)
     return out
+
+
+def _tokenization(before: Snapshot, after: Snapshot, cfg: IntervalConfig, out: dict[str, Any]) -> None:
+    """CPU tokenization time per request (conveyor:tokenization_time_seconds): mean and p95."""
+    name, buckets = _histogram(before, after, TOKENIZATION_TIME)
+    if name is None:
+        return
+    total, count = _delta(before, after, (f"{name}_sum",)), _delta(before, after, (f"{name}_count",))
+    out["tokenization_time_mean_ms"] = 1000.0 * total / count if total is not None and count else None
+    found = bucket_quantile(0.95, buckets, cfg)
+    if found is not None:
+        out["tokenization_time_p95_le_ms"] = found.upper * 1000.0
+        out["tokenization_time_p95_ms"] = None if found.interpolated is None else found.interpolated * 1000.0
 
 
 def config_info(snap: Snapshot | None) -> dict[str, str]:

@@ -4,18 +4,23 @@ The model: an objective is a set of optional upper bounds. Aggregate bounds (p95
 p95 ITL, p95 end-to-end latency, error rate) are checked against a run's `summary.json`; a missing bound
 is simply not checked. Per-request bounds (`ttft_ms`, `tpot_ms`, `e2el_ms`, as vLLM's `--goodput`)
 decide which completed responses count as *accepted*: they feed goodput and the cost per accepted
-response. A bound whose measurement is missing (no completed request, no server metrics) is reported
-as `no_data` and does not pass: an objective we cannot see is not met.
+response. Each measurement carries a confidence interval (run_stats.py): a bound is *met* when the
+whole interval lies under it, *missed* when the whole interval lies above it, and *undecided* when the
+interval straddles it (more requests or repeats are needed). A bound whose measurement is missing (no
+completed request, no server metrics) is `no_data` and does not pass: an objective we cannot see is not
+met. A summary recorded without intervals is decided on its value alone.
 """
 
 from __future__ import annotations
 
 import enum
-import json
+import math
 import pathlib
-import tomllib
 from dataclasses import asdict, dataclass, fields
 from typing import Any
+
+from conveyor.bench.intervals import Interval, IntervalMethod
+from conveyor.bench.table_file import read_table_file
 
 
 class SLOError(ValueError):
@@ -68,43 +73,82 @@ class SLO:
 
 
 class BoundStatus(enum.Enum):
-    PASS = "pass"
-    FAIL = "fail"
+    MET = "met"
+    MISSED = "missed"
+    UNDECIDED = "undecided"
     NO_DATA = "no_data"
+
+
+BOUND_NAMES = {"ttft_p95_ms": "p95 TTFT", "itl_p95_ms": "p95 ITL", "e2e_p95_ms": "p95 end-to-end latency",
+               "queue_p95_ms": "p95 queue time", "error_rate": "error rate"}
+"""How each aggregate bound reads in a sentence."""
+
+
+def format_value(name: str, value: float) -> str:
+    """A bound's value with its unit and sensible precision (error rates as percentages)."""
+    if math.isinf(value):
+        return "unbounded"
+    if name == "error_rate":
+        return f"{100.0 * value:.3g}%"
+    return f"{value:,.0f} ms" if abs(value) >= 100 else f"{value:.3g} ms"
 
 
 @dataclass(frozen=True)
 class BoundCheck:
-    """One aggregate bound against its measurement."""
+    """One aggregate bound against its measurement and that measurement's interval."""
 
     name: str
     """SLO field name, e.g. ttft_p95_ms."""
     bound: float
     """The upper bound."""
     measured: float | None
-    """The run's value (None: not measured)."""
+    """The run's (or point's) value (None: not measured)."""
     status: BoundStatus
-    """pass, fail or no_data."""
+    """met (whole interval under the bound), missed (whole interval over), undecided, no_data."""
+    interval: Interval | None = None
+    """The measurement's interval (None: no data, or recorded without one: decided on the value)."""
 
     def describe(self) -> str:
-        shown = "n/a" if self.measured is None else f"{self.measured:.4g}"
-        return f"{self.name} = {shown} (bound {self.bound:.4g}): {self.status.value}"
+        label = BOUND_NAMES.get(self.name, self.name)
+        interval = self.interval
+        if self.measured is None and interval is None:
+            return f"{label} not measured (bound {format_value(self.name, self.bound)}): no data"
+        if self.measured is None and interval is not None:  # a histogram's lowest (or +Inf) bucket
+            shown = (f"<= {format_value(self.name, interval.high)}" if interval.low == 0 else
+                     f"in [{format_value(self.name, interval.low)}, {format_value(self.name, interval.high)}]")
+            return f"{label} {shown} vs bound {format_value(self.name, self.bound)}: {self.status.value}"
+        shown = format_value(self.name, self.measured or 0.0)
+        if interval is not None and interval.method is not IntervalMethod.NONE:
+            shown += f" [{format_value(self.name, interval.low)}, {format_value(self.name, interval.high)}]"
+        return f"{label} {shown} vs bound {format_value(self.name, self.bound)}: {self.status.value}"
 
 
 @dataclass(frozen=True)
 class SLOVerdict:
-    """Every checked bound; the objective is met when all pass."""
+    """Every checked bound; met when all are met, missed when one is missed, else undecided/no data."""
 
     checks: tuple[BoundCheck, ...]
     """One entry per aggregate bound that is set."""
 
     @property
+    def status(self) -> BoundStatus:
+        statuses = {c.status for c in self.checks}
+        for status in (BoundStatus.MISSED, BoundStatus.NO_DATA, BoundStatus.UNDECIDED):
+            if status in statuses:
+                return status
+        return BoundStatus.MET
+
+    @property
     def passed(self) -> bool:
-        return all(c.status is BoundStatus.PASS for c in self.checks)
+        return self.status is BoundStatus.MET
+
+    @property
+    def decided(self) -> bool:
+        return self.status in (BoundStatus.MET, BoundStatus.MISSED)
 
     @property
     def failures(self) -> tuple[BoundCheck, ...]:
-        return tuple(c for c in self.checks if c.status is not BoundStatus.PASS)
+        return tuple(c for c in self.checks if c.status is not BoundStatus.MET)
 
     def describe(self) -> str:
         if not self.checks:
@@ -118,31 +162,69 @@ def _as_float(value: object) -> float | None:
     return float(value)  # type: ignore[arg-type]
 
 
+SUMMARY_KEYS = {"ttft_p95_ms": "p95_ttft_ms", "itl_p95_ms": "p95_itl_ms", "e2e_p95_ms": "p95_e2el_ms",
+                "queue_p95_ms": "server.queue_time_p95_ms", "error_rate": "error_rate"}
+"""SLO field -> the summary.json key it is checked against ("server." keys live under `server`)."""
+
+
+def summary_value(summary: dict[str, Any], key: str) -> float | None:
+    if key.startswith("server."):
+        return _as_float((summary.get("server") or {}).get(key.removeprefix("server.")))
+    return _as_float(summary.get(key))
+
+
+def summary_interval(summary: dict[str, Any], key: str) -> Interval | None:
+    """The interval recorded for `key` in summary.json's `ci` table, or the server's for "server." keys
+    (None: recorded without one)."""
+    table = summary.get("ci") or {}
+    if key.startswith("server."):
+        table, key = (summary.get("server") or {}).get("ci") or {}, key.removeprefix("server.")
+    data = table.get(key)
+    return Interval.from_json(data) if isinstance(data, dict) else None
+
+
 def measured_values(summary: dict[str, Any]) -> dict[str, float | None]:
     """SLO field -> the summary.json value it is checked against (RUNDIR.md names)."""
-    server = summary.get("server") or {}
-    return {
-        "ttft_p95_ms": _as_float(summary.get("p95_ttft_ms")),
-        "itl_p95_ms": _as_float(summary.get("p95_itl_ms")),
-        "e2e_p95_ms": _as_float(summary.get("p95_e2el_ms")),
-        "queue_p95_ms": _as_float(server.get("queue_time_p95_ms")),
-        "error_rate": _as_float(summary.get("error_rate")),
-    }
+    return {name: summary_value(summary, key) for name, key in SUMMARY_KEYS.items()}
+
+
+def check_bound(name: str, bound: float, measured: float | None, interval: Interval | None) -> BoundCheck:
+    """met when the interval lies under the bound, missed when above it, undecided when it straddles."""
+    if measured is None and interval is None:
+        return BoundCheck(name, bound, None, BoundStatus.NO_DATA)
+    if interval is None:
+        status = BoundStatus.MET if (measured or 0.0) <= bound else BoundStatus.MISSED
+        return BoundCheck(name, bound, measured, status, None)
+    if interval.high <= bound:
+        status = BoundStatus.MET
+    elif interval.low > bound:
+        status = BoundStatus.MISSED
+    else:
+        status = BoundStatus.UNDECIDED
+    return BoundCheck(name, bound, measured, status, interval)
 
 
 def evaluate(slo: SLO, summary: dict[str, Any]) -> SLOVerdict:
-    """Check each aggregate bound of `slo` against one run's summary."""
+    """Check each aggregate bound of `slo` against one run's summary (and its intervals, if recorded)."""
     checks = []
-    for name, measured in measured_values(summary).items():
+    for name, key in SUMMARY_KEYS.items():
         bound = getattr(slo, name)
-        if bound is None:
-            continue
-        if measured is None:
-            status = BoundStatus.NO_DATA
-        else:
-            status = BoundStatus.PASS if measured <= bound else BoundStatus.FAIL
-        checks.append(BoundCheck(name, float(bound), measured, status))
+        if bound is not None:
+            checks.append(check_bound(name, float(bound), summary_value(summary, key), summary_interval(summary, key)))
     return SLOVerdict(tuple(checks))
+
+
+def describe_objective(slo: SLO) -> str:
+    """The objective as a sentence: 'p95 TTFT at most 500 ms, error rate at most 1%; accepted responses: ...'."""
+    parts = [f"{BOUND_NAMES[n]} at most {format_value(n, float(getattr(slo, n)))}"
+             for n in SUMMARY_KEYS if getattr(slo, n) is not None]
+    per_request = [f"{k.removesuffix('_ms').upper()} <= {v:g} ms" for k, v in slo.goodput_bounds().items()]
+    if not parts and not per_request:
+        return "none set (give --slo): every run meets it and the choice rests on cost alone"
+    text = ", ".join(parts) if parts else "no aggregate bound"
+    if per_request:
+        text += "; a response is accepted when " + " and ".join(per_request)
+    return text + "."
 
 
 def request_meets_goodput(slo: SLO, record: dict[str, Any]) -> bool:
@@ -190,8 +272,7 @@ def load_slo_file(path: pathlib.Path) -> SLO:
     """An SLO from a JSON or TOML file, either flat or under an `slo` key/table."""
     if not path.is_file():
         raise SLOError(f"--slo: file {path} does not exist")
-    text = path.read_text()
-    data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    data = read_table_file(path)
     if isinstance(data, dict) and isinstance(data.get("slo"), dict):
         data = data["slo"]
     if not isinstance(data, dict):

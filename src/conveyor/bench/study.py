@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import pathlib
-import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ContextManager
@@ -23,6 +22,7 @@ from conveyor.bench.launch import ServerProcess, ServerSpec
 from conveyor.bench.rundirs import STUDY_FILE
 from conveyor.bench.slo import SLO, slo_from_mapping
 from conveyor.bench.sweep import RunFn, RunTemplate, SweepConfig, Sweeper, SweepResult, make_run_fn
+from conveyor.bench.table_file import read_table_file
 
 _COST_KEYS = {"price_per_gpu_hour", "num_gpus"}
 _SWEEP_KEYS = {f.name for f in fields(SweepConfig)} - {"slo"}
@@ -46,6 +46,17 @@ class Variant:
     """USD per GPU-hour for the cost per accepted response."""
     num_gpus: int
     """GPUs per server."""
+    trace_path: str | None = None
+    """This configuration's own trace (None: the study's), e.g. to measure at another context length."""
+    own_cost: bool = False
+    """Prices its own GPUs (price_per_gpu_hour / num_gpus): the GPU may differ from the baseline's."""
+
+    def varied_fixed_keys(self) -> list[str]:
+        """The fixed things (fixed.FIXED_KEYS) this configuration changes on purpose."""
+        keys = {"trace": ["trace_sha256"], "dtype": ["dtype"],
+                "model": ["model_path", "model_config_sha256", "weights_sha256", "tokenizer_sha256"],
+                "tokenizer": ["tokenizer_sha256"]}.get(self.changed or "", [])
+        return keys + (["gpu_name", "gpu_count"] if self.own_cost else [])
 
 
 @dataclass(frozen=True)
@@ -70,12 +81,14 @@ class StudySpec:
     """Further BenchRunConfig fields (num_requests, seed, endpoint, burstiness, ...)."""
     server_options: dict[str, Any] = field(default_factory=dict)
     """Further ServerSpec fields (env, health_path, startup_timeout_s, num_warmup_requests, model)."""
+    planned_context_len: int | None = None
+    """Context length (prompt + output tokens) the deployment plans for (checklist question 3)."""
 
 
 def _variants(data: dict[str, Any]) -> tuple[Variant, ...]:
     baseline = dict(data.get("baseline") or {})
-    cost = {"price_per_gpu_hour": float(data.get("price_per_gpu_hour", 1.0)), "num_gpus": int(data.get("num_gpus", 1))}
-    out = [Variant(str(data.get("baseline_name", "baseline")), baseline, None, **cost)]
+    price, num_gpus = float(data.get("price_per_gpu_hour", 1.0)), int(data.get("num_gpus", 1))
+    out = [Variant(str(data.get("baseline_name", "baseline")), baseline, None, price, num_gpus)]
     for i, raw in enumerate(data.get("variants") or []):
         raw = dict(raw)
         name = str(raw.pop("name", "") or f"variant{i + 1}")
@@ -86,7 +99,9 @@ def _variants(data: dict[str, Any]) -> tuple[Variant, ...]:
         (key, value), = raw.items()
         if baseline.get(key) == value:
             raise StudyError(f"variants[{i}] ({name}) sets {key}={value!r}, the baseline's own value")
-        out.append(Variant(name, {**baseline, key: value}, key, **{**cost, **own_cost}))
+        args, trace = ({**baseline}, str(value)) if key == "trace" else ({**baseline, key: value}, None)
+        out.append(Variant(name, args, key, float(own_cost.get("price_per_gpu_hour", price)),
+                           int(own_cost.get("num_gpus", num_gpus)), trace, bool(own_cost)))
     names = [v.name for v in out]
     if len(set(names)) != len(names):
         raise StudyError(f"configuration names must be unique, got {names}")
@@ -103,19 +118,19 @@ def spec_from_mapping(data: dict[str, Any], origin: str) -> StudySpec:
     unknown = set(sweep_data) - _SWEEP_KEYS
     if unknown:
         raise StudyError(f"{origin} [sweep]: unknown key(s) {sorted(unknown)}; known: {sorted(_SWEEP_KEYS)} + rates")
-    main_rate = data.get("main_rate")
+    main_rate, context = data.get("main_rate"), data.get("planned_context_len")
     return StudySpec(
         command=str(data["command"]), trace_path=str(data["trace"]), slo=slo, variants=_variants(data),
         sweep=SweepConfig(slo=slo, **sweep_data), rates=rates,
         main_rate=None if main_rate is None else float(main_rate),
-        run_options=dict(data.get("run") or {}), server_options=dict(data.get("server") or {}))
+        run_options=dict(data.get("run") or {}), server_options=dict(data.get("server") or {}),
+        planned_context_len=None if context is None else int(context))
 
 
 def load_study_file(path: pathlib.Path) -> StudySpec:
     if not path.is_file():
         raise StudyError(f"study file {path} does not exist")
-    text = path.read_text()
-    data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    data = read_table_file(path)
     return spec_from_mapping(data, str(path))
 
 
@@ -134,8 +149,10 @@ def study_record(spec: StudySpec) -> dict[str, Any]:
     """What study.json keeps: the objective, costs and the exact configurations."""
     return {
         "command": spec.command, "trace": spec.trace_path, "slo": spec.slo.to_dict(), "main_rate": spec.main_rate,
+        "planned_context_len": spec.planned_context_len,
         "configs": {v.name: {"args": v.args, "changed": v.changed, "price_per_gpu_hour": v.price_per_gpu_hour,
-                             "num_gpus": v.num_gpus} for v in spec.variants},
+                             "num_gpus": v.num_gpus, "trace": v.trace_path or spec.trace_path,
+                             "varies": v.varied_fixed_keys()} for v in spec.variants},
         "sweep": {k: v for k, v in asdict(spec.sweep).items() if k != "slo"}, "rates": list(spec.rates),
     }
 
@@ -154,7 +171,8 @@ class ConfigurationRunner:
     def run(self, variant: Variant, base_url: str, config_dir: pathlib.Path) -> SweepResult:
         """Sweep (or run the fixed rates of) `variant`, served at `base_url`, into `config_dir`."""
         spec = self.spec
-        template = RunTemplate(base_url, spec.trace_path, variant.name, spec.slo, dict(spec.run_options))
+        template = RunTemplate(base_url, variant.trace_path or spec.trace_path, variant.name, spec.slo,
+                               dict(spec.run_options))
         sweeper = Sweeper(variant.name, spec.sweep, self.run_fn_factory(template), config_dir, self.progress)
         if not spec.rates:
             return sweeper.run()

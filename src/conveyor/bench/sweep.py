@@ -1,16 +1,20 @@
-"""Rate sweep of one server: find the highest offered rate that meets the objective.
+"""Rate sweep of one server: find the highest offered rate that meets the objective, and how sure we are.
 
 The model: offered rates rise geometrically from `start_rate` (chosen below the expected load) by
-`growth_factor` until a point fails the objective; if the very first point fails, rates fall by the same
-factor until one passes. The boundary between the last passing and the first failing rate is then
-bisected `bisect_steps` times at the geometric midpoint. Every point is run `num_repeats` times and
-passes only if every repeat passes (the spread is reported). A repeat showing *runaway overload*
-(error rate above `runaway_error_rate`; half the requests waiting at once; or completed req/s below
-`runaway_completion_ratio` × offered over a dispatch window long against the median latency, so that a
-short run's drain is not mistaken for a backlog) fails its point at once: the remaining repeats and any
-higher rate are skipped, since they would only
-pile up a queue that never drains. The run function is injected, so the search is tested without a
-server; `make_run_fn` wires it to `conveyor.bench.runner.run_benchmark`.
+`growth_factor` until a point is not met; if the very first point is missed, rates fall by the same
+factor until one is met. The boundary between the last met and the first not-met rate is then bisected
+`bisect_steps` times at the geometric midpoint. Each point is judged on its valid repeats pooled
+(point_verdict.py: met / missed / undecided). A point runs `num_repeats` repeats, then more, one at a
+time (arrival seed `seed + k`), while it is undecided and neither `max_repeats` nor `max_duration_s` (run
+seconds spent on the point) is spent; it ends undecided if the budget runs out. An invalid run (the
+client fell behind, saturated its CPU, or hit client-side errors) is moved aside as
+`rate-<r>-rep<k>-invalid<i>` and run again, up to `max_invalid_reruns` times: it counts neither way; a
+point with no valid repeat is invalid and stops the upward search (the client cannot measure there).
+A repeat showing *runaway overload* (error rate above `runaway_error_rate`; half the requests waiting at
+once; or completed req/s below `runaway_completion_ratio` × offered over a dispatch window long against
+the median latency) makes its point missed at once: further repeats and higher rates are skipped, since
+they would only pile up a queue that never drains. The run function is injected, so the search is tested
+without a server; `make_run_fn` wires it to `conveyor.bench.runner.run_benchmark`.
 """
 
 from __future__ import annotations
@@ -18,12 +22,15 @@ from __future__ import annotations
 import enum
 import json
 import math
+import os
 import pathlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from conveyor.bench.rundirs import SPREAD_METRICS, SWEEP_FILE
+from conveyor.bench.intervals import IntervalConfig
+from conveyor.bench.point_verdict import PointStatus, point_verdict
+from conveyor.bench.rundirs import SPREAD_METRICS, SWEEP_FILE, RunResult
 from conveyor.bench.slo import SLO
 
 RunFn = Callable[[float, int, pathlib.Path], dict[str, Any]]
@@ -62,8 +69,14 @@ class SweepConfig:
     """Most distinct rates before bisection."""
     bisect_steps: int = 2
     """Bisections of the boundary once it is bracketed."""
-    num_repeats: int = 3
-    """Runs per rate (the spread over them is reported)."""
+    num_repeats: int = 2
+    """Repeats every point runs (the spread over them is reported)."""
+    max_repeats: int = 5
+    """Most repeats of an undecided point."""
+    max_duration_s: float | None = None
+    """Most run seconds spent on one point, all its repeats together (None: no limit)."""
+    max_invalid_reruns: int = 2
+    """Times an invalid run is run again before its repeat is given up."""
     runaway_error_rate: float = 0.5
     """Error rate that stops the sweep at once."""
     runaway_completion_ratio: float = 0.5
@@ -78,6 +91,10 @@ class SweepConfig:
             raise SweepError(f"--growth-factor must be > 1 (got {self.growth_factor})")
         if self.num_repeats < 1 or self.max_points < 1 or self.bisect_steps < 0:
             raise SweepError("--repeats and --max-points must be >= 1, --bisect-steps >= 0")
+        if self.max_repeats < self.num_repeats:
+            raise SweepError(f"--max-repeats ({self.max_repeats}) must be >= --repeats ({self.num_repeats})")
+        if self.max_invalid_reruns < 0 or (self.max_duration_s is not None and self.max_duration_s <= 0):
+            raise SweepError("--max-invalid-reruns must be >= 0 and --max-duration > 0")
 
 
 @dataclass(frozen=True)
@@ -86,16 +103,22 @@ class SweepPoint:
 
     rate: float
     """Offered req/s."""
-    passed: bool
-    """Every repeat met the objective."""
+    status: str
+    """met / missed / undecided / no_data / invalid (PointStatus) over the valid repeats pooled."""
     runaway: bool
     """A repeat showed runaway overload (remaining repeats skipped)."""
     run_dirs: list[str]
-    """Run directories, relative to the sweep directory."""
+    """Valid run directories, relative to the sweep directory."""
     failures: list[str]
-    """Failed bounds or the runaway reason, per failing repeat."""
+    """Bounds not met (with their intervals), or the runaway reason."""
     spread: dict[str, dict[str, float]] = field(default_factory=dict)
-    """metric -> {median, low, high} over repeats."""
+    """metric -> {median, low, high} over valid repeats."""
+    invalid_dirs: list[str] = field(default_factory=list)
+    """Invalid runs moved aside (shown greyed in the report, never counted)."""
+
+    @property
+    def passed(self) -> bool:
+        return self.status == PointStatus.MET.value
 
 
 @dataclass(frozen=True)
@@ -113,9 +136,9 @@ class SweepResult:
 
     @property
     def max_rate_meeting(self) -> float | None:
-        """Highest passing rate below the lowest failing one."""
-        failing = [p.rate for p in self.points if not p.passed]
-        ceiling = min(failing, default=math.inf)
+        """Highest met rate below the lowest missed one (undecided and invalid points count neither way)."""
+        missed = [p.rate for p in self.points if p.status == PointStatus.MISSED.value]
+        ceiling = min(missed, default=math.inf)
         passing = [p.rate for p in self.points if p.passed and p.rate < ceiling]
         return max(passing, default=None)
 
@@ -173,6 +196,32 @@ def _server_version(run_dir: pathlib.Path) -> str:
     return json.dumps(json.loads(path.read_text()).get("version"), sort_keys=True)
 
 
+@dataclass
+class PointProgress:
+    """A point being measured: its repeats so far and their pooled verdict."""
+
+    rate: float
+    """Offered req/s."""
+    repeats: int = 0
+    """Repeats run (valid or not)."""
+    summaries: list[dict[str, Any]] = field(default_factory=list)
+    """Valid repeats' summaries."""
+    dirs: list[str] = field(default_factory=list)
+    """Valid repeats' directories."""
+    results: list[RunResult] = field(default_factory=list)
+    """Valid repeats, as the verdict reads them."""
+    invalid_dirs: list[str] = field(default_factory=list)
+    """Invalid runs, set aside."""
+    spent_s: float = 0.0
+    """Run seconds spent on the point."""
+    status: PointStatus = PointStatus.INVALID
+    """Pooled verdict over the valid repeats (invalid until one is valid)."""
+    description: str = "no valid run"
+    """The bound checks, in words."""
+    runaway: str | None = None
+    """Why a repeat showed runaway overload (None: none did)."""
+
+
 class Sweeper:
     """Runs the search, writing each run under `out_dir/rate-<r>-rep<k>/` and `sweep.json` after each point."""
 
@@ -182,30 +231,73 @@ class Sweeper:
         self.points: list[SweepPoint] = []
         self.summaries: list[dict[str, Any]] = []
         self.server_versions: set[str] = set()
+        self.intervals = IntervalConfig()
 
-    def run_point(self, rate: float) -> SweepPoint:
-        summaries, failures, dirs, runaway = [], [], [], False
-        for repeat in range(self.cfg.num_repeats):
-            run_dir = self.out_dir / run_dir_name(self.cfg, rate, repeat)
+    def run_repeat(self, rate: float, repeat: int) -> tuple[pathlib.Path, dict[str, Any], list[str]]:
+        """One repeat, re-run while invalid (up to max_invalid_reruns); returns (dir, summary, invalid dirs)."""
+        run_dir = self.out_dir / run_dir_name(self.cfg, rate, repeat)
+        invalid: list[str] = []
+        while True:
             summary = self.run_fn(rate, repeat, run_dir)
             self.server_versions.add(_server_version(run_dir))
-            summaries.append(summary)
-            dirs.append(run_dir.name)
-            verdict = self.cfg.slo.evaluate(summary)
-            reason = runaway_reason(summary, rate, self.cfg)
-            if not verdict.passed:
-                failures.append(f"rep{repeat}: {'; '.join(c.describe() for c in verdict.failures)}")
-            if reason is not None:
-                failures.append(f"rep{repeat}: {reason}")
-                runaway = True
-                break
-        point = SweepPoint(rate, not failures, runaway, dirs, failures, _spread(summaries))
+            if summary.get("valid") is not False or len(invalid) >= self.cfg.max_invalid_reruns:
+                return run_dir, summary, invalid
+            aside = run_dir.with_name(f"{run_dir.name}-invalid{len(invalid) + 1}")
+            run_dir.rename(aside)
+            invalid.append(aside.name)
+            self.progress(f"[sweep {self.name}] {rate:.4g} {axis_unit(self.cfg)} repeat {repeat}: INVALID "
+                          f"({summary.get('invalid_reason')}); running it again")
+
+    def wants_more(self, state: PointProgress) -> bool:
+        """Another repeat: below num_repeats, or undecided and within max_repeats / max_duration_s."""
+        if state.runaway is not None:
+            return False
+        if state.repeats < self.cfg.num_repeats:
+            return True
+        if state.status not in (PointStatus.UNDECIDED, PointStatus.NO_DATA, PointStatus.INVALID):
+            return False
+        over_time = self.cfg.max_duration_s is not None and state.spent_s >= self.cfg.max_duration_s
+        return state.repeats < self.cfg.max_repeats and not over_time
+
+    def add_repeat(self, state: PointProgress) -> None:
+        """Run the point's next repeat and judge the point again on all its valid repeats."""
+        run_dir, summary, invalid = self.run_repeat(state.rate, state.repeats)
+        state.repeats += 1
+        state.invalid_dirs.extend(invalid)
+        state.spent_s += float(summary.get("duration") or 0.0)
+        if summary.get("valid") is False:
+            state.invalid_dirs.append(run_dir.name)
+            return
+        state.summaries.append(summary)
+        state.dirs.append(run_dir.name)
+        state.results.append(RunResult(run_dir, self.name, summary))  # requests.jsonl is read from run_dir
+        state.status, verdict = point_verdict(state.results, self.cfg.slo, self.intervals)
+        state.description = verdict.describe()
+        state.runaway = runaway_reason(summary, state.rate, self.cfg)
+        if state.runaway is not None:
+            state.status = PointStatus.MISSED
+
+    def finish_point(self, state: PointProgress) -> SweepPoint:
+        """Record the point (sweep.json is rewritten) and report its verdict."""
+        failures = [] if state.status is PointStatus.MET else (
+            [state.runaway] if state.runaway else []) + [state.description]
+        point = SweepPoint(state.rate, state.status.value, state.runaway is not None, state.dirs, failures,
+                           _spread(state.summaries), state.invalid_dirs)
         self.points.append(point)
-        self.summaries.extend(summaries)
-        self.progress(f"[sweep {self.name}] {rate:.4g} {axis_unit(self.cfg)}: {'PASS' if point.passed else 'FAIL'}"
-                      + (f" ({failures[0]})" if failures else ""))
+        self.summaries.extend(state.summaries)
+        invalid = f", {len(state.invalid_dirs)} invalid" if state.invalid_dirs else ""
+        self.progress(f"[sweep {self.name}] {state.rate:.4g} {axis_unit(self.cfg)}: {state.status.value.upper()} after "
+                      f"{len(state.dirs)} valid repeat(s){invalid} ({state.description})"
+                      + (f"; {state.runaway}" if state.runaway else ""))
         self.write()
         return point
+
+    def run_point(self, rate: float) -> SweepPoint:
+        state = PointProgress(rate)
+        os.makedirs(self.out_dir, exist_ok=True)
+        while self.wants_more(state):
+            self.add_repeat(state)
+        return self.finish_point(state)
 
     def _capped(self, rate: float) -> float:
         return rate if self.cfg.max_rate is None else min(rate, self.cfg.max_rate)
@@ -239,6 +331,8 @@ class Sweeper:
                 break
             rate = nxt
             point = self.run_point(rate)
+            if point.status == PointStatus.INVALID.value:
+                return good, bad  # the client cannot measure here: a rate further out would be worse
             if point.passed and step > 1:
                 good = rate
             elif point.passed:
@@ -266,6 +360,8 @@ class Sweeper:
         fixed = {key: sorted({str(s.get(key)) for s in self.summaries})
                  for key in ("trace_path", "trace_version", "model")}
         fixed["server_version"] = sorted(self.server_versions)
+        for key in ("model_path", "weights_sha256", "tokenizer_sha256", "gpu_name", "trace_sha256"):
+            fixed[key] = sorted({str((s.get("fixed") or {}).get(key)) for s in self.summaries})
         result = SweepResult(self.name, self.cfg.slo.to_dict(), list(self.points), fixed)
         data = asdict(result) | {"max_rate_meeting": result.max_rate_meeting, "sweep": asdict(self.cfg)}
         (self.out_dir / SWEEP_FILE).write_text(json.dumps(data, indent=2, default=str))
