@@ -14,6 +14,7 @@ from conveyor.bench.profiles import LoadProfile
 from conveyor.bench.retry import add_retry_arguments, policy_from_args
 from conveyor.bench.rundirs import RunDirError, prepare_out_dir
 from conveyor.bench.runner import BenchError, BenchRunConfig, dashboard_table, run_benchmark
+from conveyor.bench.spec_metrics import describe_spec_decode
 from conveyor.bench.traces import TraceError
 from conveyor.bench.workers import WorkerError
 
@@ -101,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"conveyor bench run: error: {exc}", file=sys.stderr)
         return 2
     print(dashboard_table([summary]))
+    spec_line = describe_spec_decode(summary.get("server") or {})
+    if spec_line is not None:
+        print(spec_line)
     print(f"{summary['completed']} completed, {summary['cancelled']} cancelled, {summary['failed']} failed "
           f"of {summary['num_prompts']} measured; {summary['window']['label']}; run directory {args.out}")
     if not summary["valid"]:
