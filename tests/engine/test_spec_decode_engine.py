@@ -27,12 +27,13 @@ from conveyor.sampling_params import SamplingParams
 pytestmark = pytest.mark.slow
 
 BASE = EngineConfig(
-    scheduler=SchedulerConfig(max_model_len=512, max_num_seqs=8, max_num_batched_tokens=48),
+    scheduler=SchedulerConfig(max_model_len=256, max_num_seqs=8, max_num_batched_tokens=32),
     cache=CacheConfig(block_size=16, kv_cache_memory_bytes=40 * 2**20),
     device=DeviceConfig(num_threads=1),  # the CPU is shared: more threads than free cores spin and crawl
     check_invariants=True,
 )
-SHARED = "You are a careful assistant who repeats text exactly when asked.\n"
+SHARED = ("You are a careful assistant. When you are asked to repeat text, you repeat it exactly, word for word, "
+          "and add nothing.\n")
 TEXTS = [
     "Copy this sentence exactly, twice: The quick brown fox jumps over the lazy dog near the river bank.\n"
     "The quick brown fox",

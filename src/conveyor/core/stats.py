@@ -43,6 +43,16 @@ class SpecDecodingStats:
         for position in range(num_accepted_tokens):
             per_pos[position] += 1
 
+    def merged(self, other: SpecDecodingStats | None) -> SpecDecodingStats:
+        """A new sum of this and `other` (e.g. over a run's steps)."""
+        other = other or SpecDecodingStats(num_spec_tokens=self.num_spec_tokens)
+        return SpecDecodingStats(
+            num_spec_tokens=self.num_spec_tokens, num_drafts=self.num_drafts + other.num_drafts,
+            num_draft_tokens=self.num_draft_tokens + other.num_draft_tokens,
+            num_accepted_tokens=self.num_accepted_tokens + other.num_accepted_tokens,
+            num_accepted_tokens_per_pos=[a + b for a, b in zip(self.num_accepted_tokens_per_pos,
+                                                               other.num_accepted_tokens_per_pos)])
+
 
 @dataclass(frozen=True, kw_only=True)
 class SchedulerStats:

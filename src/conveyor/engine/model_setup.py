@@ -5,7 +5,9 @@ then sizes and allocates the KV cache from the memory budget; only then can the 
 pool be built with exactly that many blocks. `max_model_len` is resolved here: the configured value
 (SchedulerConfig's default 2048 unless --max-model-len is given) capped by the model's
 `max_position_embeddings`, so a request can never run past the positions the model was trained for;
-the scheduler is built with the resolved value so admission and the runner agree.
+the scheduler is built with the resolved value so admission and the runner agree. Speculative decoding
+(`--speculative-config`) goes to both: the runner builds the proposer (and loads a draft model), the
+scheduler schedules the drafts and reserves the draft model's lookahead slots.
 """
 
 from __future__ import annotations
@@ -32,14 +34,14 @@ def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.mo
     from conveyor.core.policies import make_scheduler
     from conveyor.worker.model_runner import ModelRunner
 
-    runner = ModelRunner(config.model, config.cache, config.scheduler, config.device)
+    runner = ModelRunner(config.model, config.cache, config.scheduler, config.device, config.speculative_config)
     max_model_len = min(config.scheduler.max_model_len, runner.max_position_embeddings)
     if max_model_len < config.scheduler.max_model_len:
         logger.warning("max_model_len lowered from %d to the model's max_position_embeddings %d",
                        config.scheduler.max_model_len, max_model_len)
         config = with_overrides(config, "scheduler", max_model_len=max_model_len)
     capacity = runner.initialize_kv_cache()
-    scheduler = make_scheduler(config.scheduler, config.cache, capacity.num_blocks, clock)
+    scheduler = make_scheduler(config.scheduler, config.cache, capacity.num_blocks, clock, config.speculative_config)
     limits = ModelLimits(num_kv_blocks=capacity.num_blocks, max_model_len=max_model_len,
                          eos_token_ids=tuple(runner.eos_token_ids), vocab_size=runner.vocab_size)
     logger.info("KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB), max concurrency %.1f at "

@@ -6,6 +6,7 @@ implementation is `engine.async_engine.AsyncEngine`; tests may pass any object w
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -119,6 +120,12 @@ class EngineInfo:
     def max_concurrency(self) -> float:
         """Requests of max_model_len tokens that fit in the KV cache at once."""
         return self.num_kv_tokens / self.max_model_len
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """K of speculative decoding, from the resolved --speculative-config JSON (0: off)."""
+        text = self.config.get("speculative-config", "none")
+        return 0 if text == "none" else int(json.loads(text)["num_speculative_tokens"])
 
 
 class EngineClient(Protocol):

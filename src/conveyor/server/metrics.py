@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from conveyor.engine.types import EngineInfo, FinishedRequestStats, SchedulerStats
 from conveyor.request import FinishReason
 from conveyor.server.errors import RejectReason
+from conveyor.server.spec_metrics import SpecDecodeMetrics
 
 TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                   10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -66,6 +67,8 @@ class ServerMetrics:
         self._make_gauges_and_counters()
         self._make_histograms(info.max_model_len)
         self._make_conveyor_metrics(info)
+        k = info.num_speculative_tokens  # vLLM's vllm:spec_decode_* counters exist only with speculation
+        self.spec_decode = SpecDecodeMetrics(self.registry, self.model_name, k) if k else None
 
     # Each helper returns the child for this server's model_name (the only label vLLM's dashboards need).
     def _gauge(self, name: str, doc: str) -> Gauge:
@@ -153,6 +156,8 @@ class ServerMetrics:
         self.queue_timeouts.inc(stats.num_queue_timeouts)
         if stats.num_scheduled_tokens > 0:
             self.iteration_tokens.observe(stats.num_scheduled_tokens)
+        if self.spec_decode is not None:
+            self.spec_decode.observe(stats)
         for request in finished:
             self._observe_finished(request)
 

@@ -1,0 +1,180 @@
+"""Speculative decoding on the CPU: `conveyor serve` + `conveyor bench run`, speculation off vs n-gram vs
+a draft model, on copy-heavy agent traffic and on chat traffic, with the same trace for every config.
+
+Per traffic class one trace is made (`conveyor trace make`: the agent class with every turn a copy task
+-- quote a passage, edit code, fill JSON -- and the chat class, both shrunk to fit a CPU). Per repeat,
+every configuration in turn gets a fresh server (embedded SmolLM2, float32) that serves both traces,
+closed loop at `--concurrency` requests in flight (low concurrency is where speculation pays: the
+step is memory-bound and verifying 1 + K tokens costs little more than decoding one). The order of the
+configurations alternates between repeats (A B C, C B A, ...) so that a drift of a shared machine does
+not favour one. Printed per class and configuration: output tok/s, median TPOT and ITL (ITL is the gap
+between streamed chunks, as vllm bench serve defines it: a verifying step streams several tokens in
+one chunk, so per-token time is TPOT), median TTFT, draft acceptance and mean accepted length (from
+the server's vllm:spec_decode_* counters) -- the median over repeats with the min-max -- and output
+tok/s relative to speculation off. Results go to OUT/results.json, every run directory under OUT.
+
+    PYTHONPATH=src python benchmarks/spec_decode_cpu.py --out /tmp/spec-cpu
+    PYTHONPATH=src python benchmarks/spec_decode_cpu.py --out /tmp/spec-cpu --repeats 3 --num-requests 16 \\
+        --serve-args "--num-threads 4"       # a quiet machine: more threads, more repeats
+
+`--configs` takes a JSON object name -> speculative config (null: off) to try other proposers, e.g.
+'{"off": null, "ngram-k2": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}}'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shlex
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+HERE = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(HERE / "src"))
+
+from conveyor.bench.launch import ServerProcess, ServerSpec  # noqa: E402
+from conveyor.model.loader import embedded_gguf_path  # noqa: E402
+
+TRACE_PARAMS = {
+    "agent": ["--mix", "agent=1", "--param", "agent.copy_fraction=1.0", "--param", "agent.system_prompt_len=96",
+              "--param", "agent.documents_len=192", "--param", "agent.copy_len_median=64", "--param",
+              "agent.output_len_max=96", "--param", "agent.cancel_fraction=0", "--param", "agent.turns_mean=1",
+              "--param", "agent.think_time_s_mean=0"],
+    "chat": ["--mix", "chat=1", "--param", "chat.output_len_median=64", "--param", "chat.output_len_max=96"],
+}
+"""`conveyor trace make` flags per traffic class."""
+METRICS = (("output tok/s", "output_throughput", 1.0), ("TPOT ms", "median_tpot_ms", 1.0),
+           ("ITL ms", "median_itl_ms", 1.0), ("TTFT ms", "median_ttft_ms", 1.0),
+           ("accept %", "server.spec_decode_acceptance_rate", 100.0),
+           ("accepted len", "server.spec_decode_mean_accepted_length", 1.0))
+"""(column, summary.json key, scale) of the table."""
+
+
+def default_configs() -> dict[str, dict[str, Any] | None]:
+    draft = {"method": "draft_model", "model": str(embedded_gguf_path()), "num_speculative_tokens": 3,
+             "num_hidden_layers_override": 10}
+    return {"off": None,
+            "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+            "draft-10-layers": draft}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one benchmark invocation runs."""
+
+    out: pathlib.Path
+    """Traces, run directories, server logs and results.json."""
+    configs: dict[str, dict[str, Any] | None]
+    """Name -> speculative config (None: off)."""
+    classes: list[str]
+    """Traffic classes (keys of TRACE_PARAMS)."""
+    num_requests: int
+    """Requests per run."""
+    concurrency: int
+    """Requests in flight (closed loop)."""
+    repeats: int
+    """Rounds over every configuration."""
+    serve_args: list[str]
+    """Extra `conveyor serve` flags."""
+
+
+def conveyor(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "conveyor", *args], check=True, cwd=HERE,
+                   env={**os.environ, "PYTHONPATH": str(HERE / "src")})
+
+
+def make_traces(plan: Plan) -> dict[str, pathlib.Path]:
+    traces = {}
+    for name in plan.classes:
+        path = plan.out / f"trace-{name}.jsonl"
+        if not path.exists():
+            conveyor("trace", "make", *TRACE_PARAMS[name], "--num-requests", str(plan.num_requests), "--seed", "7",
+                     "--out", str(path))
+        traces[name] = path
+    return traces
+
+
+def run_config(plan: Plan, name: str, repeat: int, traces: dict[str, pathlib.Path]) -> dict[str, dict[str, Any]]:
+    """One fresh server for this configuration; one bench run per traffic class; their summaries."""
+    spec_config = plan.configs[name]
+    args: dict[str, Any] = {"max_model_len": 2048} | ({"speculative_config": spec_config} if spec_config else {})
+    command = f"{sys.executable} -m conveyor serve --host {{host}} --port {{port}} {{args}} {shlex.join(plan.serve_args)}"
+    server_dir = plan.out / f"{name}-r{repeat}"
+    summaries = {}
+    spec = ServerSpec(name=name, command=command, args=args, env={"PYTHONPATH": str(HERE / "src")},
+                      startup_timeout_s=600)
+    with ServerProcess(spec, server_dir) as server:
+        for traffic, trace in traces.items():
+            run_dir = server_dir / traffic
+            conveyor("bench", "run", "--base-url", server.base_url, "--trace", str(trace), "--rate", "inf",
+                     "--max-concurrency", str(plan.concurrency), "--out", str(run_dir), "--label",
+                     f"{name}/{traffic}/r{repeat}", "--no-progress", "--force")
+            summaries[traffic] = json.loads((run_dir / "summary.json").read_text())
+    return summaries
+
+
+def value(summary: dict[str, Any], key: str) -> float | None:
+    holder = summary.get("server") or {} if key.startswith("server.") else summary
+    found = holder.get(key.removeprefix("server."))
+    return None if found is None else float(found)
+
+
+def cell(values: list[float]) -> str:
+    if not values:
+        return "-"
+    middle = statistics.median(values)
+    spread = f" [{min(values):.3g}-{max(values):.3g}]" if len(values) > 1 else ""
+    return f"{middle:.3g}{spread}"
+
+
+def print_table(plan: Plan, results: dict[str, dict[str, list[dict[str, Any]]]]) -> None:
+    """Per class: one row per configuration, medians over repeats [min-max], and tok/s vs off."""
+    columns = ["class", "config", *(c for c, _, _ in METRICS), "tok/s vs off"]
+    print(" | ".join(columns))
+    for traffic in plan.classes:
+        base = [value(s, "output_throughput") or 0.0 for s in results.get("off", {}).get(traffic, [])]
+        for name in plan.configs:
+            runs = results[name][traffic]
+            cells = [cell([v * scale for s in runs if (v := value(s, key)) is not None]) for _, key, scale in METRICS]
+            ratio = [(value(s, "output_throughput") or 0.0) / b for s, b in zip(runs, base) if b]
+            print(" | ".join([traffic, name, *cells, cell(ratio)]))
+
+
+def run(plan: Plan) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    plan.out.mkdir(parents=True, exist_ok=True)
+    traces = make_traces(plan)
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {name: {c: [] for c in plan.classes} for name in plan.configs}
+    names = list(plan.configs)
+    for repeat in range(plan.repeats):
+        for name in names if repeat % 2 == 0 else names[::-1]:
+            for traffic, summary in run_config(plan, name, repeat, traces).items():
+                results[name][traffic].append(summary)
+            (plan.out / "results.json").write_text(json.dumps(results, indent=1))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("/tmp/conveyor-spec-cpu"))
+    parser.add_argument("--configs", type=json.loads, default=None, help="JSON: name -> speculative config or null")
+    parser.add_argument("--classes", default="agent,chat", help="traffic classes, of: agent, chat")
+    parser.add_argument("--num-requests", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--serve-args", default="--num-threads 2", help="extra conveyor serve flags")
+    args = parser.parse_args()
+    configs = args.configs or default_configs()
+    if "off" not in configs:
+        parser.error("--configs needs an 'off' entry (null): ratios are taken against it")
+    plan = Plan(out=args.out, configs=configs, classes=args.classes.split(","), num_requests=args.num_requests,
+                concurrency=args.concurrency, repeats=args.repeats, serve_args=shlex.split(args.serve_args))
+    print_table(plan, run(plan))
+
+
+if __name__ == "__main__":
+    main()
