@@ -311,8 +311,7 @@ async def send_request(ctx: SendContext, prepared: PreparedRequest, rec: Request
     rec.sent_s = st.t_send - ctx.t0
     rec.send_lag_s = rec.sent_s - rec.scheduled_s - rec.client_queue_s
     try:
-        async with asyncio.timeout(limit_s):  # cheaper than wait_for: no extra task per request
-            await _exchange(ctx.session, prepared, st, rec)
+        await asyncio.wait_for(_exchange(ctx.session, prepared, st, rec), limit_s)
     except _Cancel:
         rec.status = RequestStatus.CANCELLED
     except asyncio.TimeoutError:

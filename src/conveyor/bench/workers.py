@@ -70,18 +70,28 @@ def split_plan(plan: LoadPlan, num_workers: int) -> list[LoadPlan]:
     return plans
 
 
-def event_loop_runner() -> asyncio.Runner:
-    """An asyncio.Runner on uvloop when it is installed (`conveyor[fast]`), else on the stdlib loop."""
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A uvloop event loop when it is installed (`conveyor[fast]`), else the stdlib one."""
     try:
         import uvloop
     except ImportError:
-        return asyncio.Runner()
-    return asyncio.Runner(loop_factory=uvloop.new_event_loop)
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    with event_loop_runner() as runner:
-        return runner.run(coro)
+    """`asyncio.run` on `new_event_loop()` (asyncio.Runner's loop_factory needs Python 3.11; we support 3.10)."""
+    loop = new_event_loop()
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(coro)
+    finally:
+        try:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
 
 
 class _SharedProgress(Progress):
