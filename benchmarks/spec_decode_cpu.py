@@ -1,17 +1,22 @@
 """Speculative decoding on the CPU: `conveyor serve` + `conveyor bench run`, speculation off vs n-gram vs
-a draft model, on copy-heavy agent traffic and on chat traffic, with the same trace for every config.
+a draft model, on copy-heavy agent traffic, on chat traffic and on plain copying, the same trace for
+every configuration.
 
-Per traffic class one trace is made (`conveyor trace make`: the agent class with every turn a copy task
--- quote a passage, edit code, fill JSON -- and the chat class, both shrunk to fit a CPU). Per repeat,
-every configuration in turn gets a fresh server (embedded SmolLM2, float32) that serves both traces
-through the chat endpoint (`--endpoint`), closed loop at `--concurrency` requests in flight (low concurrency is where speculation pays: the
-step is memory-bound and verifying 1 + K tokens costs little more than decoding one). The order of the
-configurations alternates between repeats (A B C, C B A, ...) so that a drift of a shared machine does
-not favour one. Printed per class and configuration: output tok/s, median TPOT and ITL (ITL is the gap
-between streamed chunks, as vllm bench serve defines it: a verifying step streams several tokens in
-one chunk, so per-token time is TPOT), median TTFT, draft acceptance and mean accepted length (from
-the server's vllm:spec_decode_* counters) -- the median over repeats with the min-max -- and output
-tok/s relative to speculation off. Results go to OUT/results.json, every run directory under OUT.
+Traffic classes: `agent` (`conveyor trace make`'s agent class with every turn a copy task -- quote a
+passage, edit code, fill JSON -- shrunk to fit a CPU), `chat` (its chat class) and `copy` (written
+here: "repeat this exactly" over natural passages and code, COPY_TEXTS, stopping at EOS). The agent
+class's bodies are word soup from a word list, which SmolLM2-135M does not copy; `copy` is what the
+model really copies, so it bounds what n-gram lookup can buy here. Per repeat, every configuration in
+turn gets a fresh server (embedded SmolLM2, float32) that serves every trace through the chat
+endpoint (`--endpoint`), closed loop at `--concurrency` requests in flight (low concurrency is where
+speculation pays: the step is memory-bound and verifying 1 + K tokens costs little more than decoding
+one). The order of the configurations alternates between repeats (A B C, C B A, ...) so that a drift
+of a shared machine does not favour one. Printed per class and configuration: output tok/s, median
+TPOT and ITL (ITL is the gap between streamed chunks, as vllm bench serve defines it: a verifying step
+streams several tokens in one chunk, so per-token time is TPOT), median TTFT, draft acceptance and
+mean accepted length (from the server's vllm:spec_decode_* counters) -- the median over repeats with
+the min-max -- and output tok/s relative to speculation off. Results go to OUT/results.json, every run
+directory under OUT.
 
     PYTHONPATH=src python benchmarks/spec_decode_cpu.py --out /tmp/spec-cpu
     PYTHONPATH=src python benchmarks/spec_decode_cpu.py --out /tmp/spec-cpu --repeats 3 --num-requests 16 \\
@@ -38,6 +43,7 @@ HERE = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE / "src"))
 
 from conveyor.bench.launch import ServerProcess, ServerSpec  # noqa: E402
+from conveyor.bench.traces import TraceRequest, make_trace, write_trace  # noqa: E402
 from conveyor.model.loader import embedded_gguf_path  # noqa: E402
 
 TRACE_PARAMS = {
@@ -47,7 +53,28 @@ TRACE_PARAMS = {
               "--param", "agent.think_time_s_mean=0"],
     "chat": ["--mix", "chat=1", "--param", "chat.output_len_median=64", "--param", "chat.output_len_max=96"],
 }
-"""`conveyor trace make` flags per traffic class."""
+"""`conveyor trace make` flags per traffic class (`copy` is written here: COPY_TEXTS)."""
+COPY_TEXTS = [
+    "The river rises in the hills above the old town and runs for forty miles to the sea. In spring the water is "
+    "high and fast, and the fishermen stay at home; in late summer it is slow and clear, and the children swim "
+    "under the stone bridge.",
+    "def rectangle_area(width, height):\n    if width < 0 or height < 0:\n        raise ValueError('negative size')\n"
+    "    return width * height\n\n\ndef square_area(side):\n    return rectangle_area(side, side)",
+    "Our office opens at nine in the morning and closes at six in the evening, Monday to Friday. Parcels can be "
+    "collected at the back door until five. On public holidays the office is closed, and urgent requests go to "
+    "the duty manager by telephone.",
+    '{"name": "Ada Lovelace", "born": 1815, "city": "London", "known_for": ["the first published algorithm", '
+    '"notes on the Analytical Engine"], "languages": ["English", "French"]}',
+    "To reset the router, hold the small button on the back for ten seconds until the light turns orange. Wait "
+    "two minutes, then connect to the network named on the label and open the setup page in a browser.",
+    "for index, line in enumerate(lines):\n    words = line.split()\n    if not words:\n        continue\n"
+    "    counts[words[0]] = counts.get(words[0], 0) + len(words)\nprint(sorted(counts.items()))",
+    "The meeting is moved from Tuesday to Thursday at three o'clock, in the large room on the second floor. "
+    "Please bring the budget figures for the last quarter and the list of open questions from the previous meeting.",
+    "Mix two cups of flour with one spoon of sugar and a pinch of salt. Add one cup of warm milk and two eggs, "
+    "stir until smooth, and let the batter rest for half an hour before you cook it in a hot pan.",
+]
+"""Natural passages and code the instruct model really copies (the agent class's word-soup bodies it does not)."""
 METRICS = (("output tok/s", "output_throughput", 1.0), ("TPOT ms", "median_tpot_ms", 1.0),
            ("ITL ms", "median_itl_ms", 1.0), ("TTFT ms", "median_ttft_ms", 1.0),
            ("accept %", "server.spec_decode_acceptance_rate", 100.0),
@@ -92,11 +119,26 @@ def conveyor(*args: str) -> None:
                    env={**os.environ, "PYTHONPATH": str(HERE / "src")})
 
 
+def write_copy_trace(path: pathlib.Path, num_requests: int) -> None:
+    """`copy`: 'repeat exactly' over COPY_TEXTS, stopping at EOS (max_tokens 2x the passage's words)."""
+    requests = []
+    for index in range(num_requests):
+        text = COPY_TEXTS[index % len(COPY_TEXTS)]
+        prompt = f"Repeat the following text exactly, word for word, and nothing else:\n\n{text}"
+        requests.append(TraceRequest(request_id=f"copy-{index}", request_class="copy", prompt_len=len(prompt.split()),
+                                     output_len=2 * len(text.split()), prompt=prompt, ignore_eos=False))
+    write_trace(make_trace(requests, seed=None, generator={"name": "spec_decode_cpu.copy"}), path)
+
+
 def make_traces(plan: Plan) -> dict[str, pathlib.Path]:
     traces = {}
     for name in plan.classes:
         path = plan.out / f"trace-{name}.jsonl"
-        if not path.exists():
+        if path.exists():
+            pass
+        elif name == "copy":
+            write_copy_trace(path, plan.num_requests)
+        else:
             conveyor("trace", "make", *TRACE_PARAMS[name], "--num-requests", str(plan.num_requests), "--seed", "7",
                      "--out", str(path))
         traces[name] = path
@@ -167,7 +209,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("/tmp/conveyor-spec-cpu"))
     parser.add_argument("--configs", type=json.loads, default=None, help="JSON: name -> speculative config or null")
-    parser.add_argument("--classes", default="agent,chat", help="traffic classes, of: agent, chat")
+    parser.add_argument("--classes", default="agent,chat,copy", help="traffic classes, of: agent, chat, copy")
     parser.add_argument("--num-requests", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=2)
