@@ -19,8 +19,7 @@ the min-max -- and output tok/s relative to speculation off. Results go to OUT/r
 directory under OUT.
 
     PYTHONPATH=src python benchmarks/spec_decode_cpu.py --out /tmp/spec-cpu
-    PYTHONPATH=src python benchmarks/spec_decode_cpu.py --out /tmp/spec-cpu --repeats 3 --num-requests 16 \\
-        --serve-args "--num-threads 4"       # a quiet machine: more threads, more repeats
+    PYTHONPATH=src python benchmarks/spec_decode_cpu.py --out /tmp/spec-cpu --repeats 3 --num-requests 16
 
 `--configs` takes a JSON object name -> speculative config (null: off) to try other proposers, e.g.
 '{"off": null, "ngram-k2": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}}'.
@@ -213,7 +212,8 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--serve-args", default="--num-threads 2", help="extra conveyor serve flags")
+    parser.add_argument("--serve-args", default="", help="extra conveyor serve flags (default none: on CPU the "
+                        "engine then leaves a core to the API server)")
     parser.add_argument("--endpoint", choices=["chat", "completions"], default="chat",
                         help="chat (default: SmolLM2 is an instruct model) or completions (raw prompts)")
     args = parser.parse_args()

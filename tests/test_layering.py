@@ -122,7 +122,11 @@ def test_table_covers_every_package() -> None:
 
 @pytest.mark.parametrize(("module", "walk"), [("conveyor", False), ("conveyor.cli", False),
                                               ("conveyor.core", True), ("conveyor.bench", True),
-                                              ("conveyor.engine.types", False)])
+                                              ("conveyor.engine.types", False),
+                                              # the API-process half of the engine: torch only in the core
+                                              ("conveyor.engine.core_client", False),
+                                              ("conveyor.engine.launcher", False),
+                                              ("conveyor.engine.messages", False)])
 def test_light_modules_do_not_load_torch(module: str, walk: bool) -> None:
     """The benchmark side and the core must work on a laptop without torch."""
     code = (

@@ -35,6 +35,17 @@ class CUDAGraphMode(enum.Enum):
     """Only pure-decode steps; steps with a prefill chunk run eagerly."""
 
 
+class Quantization(enum.Enum):
+    """How a quantized checkpoint's weights are served (vLLM's `--quantization`)."""
+
+    AUTO = "auto"
+    """GGUF for a GGUF checkpoint on CPU in float32 where the CPU kernels build, else NONE."""
+    GGUF = "gguf"
+    """Compute on the GGUF's Q4_0 / Q4_1 / Q8_0 blocks as stored (CPU, float32 activations)."""
+    NONE = "none"
+    """Dequantize every weight to `dtype` at load time."""
+
+
 class LoadFormat(enum.Enum):
     AUTO = "auto"
     GGUF = "gguf"
@@ -65,9 +76,13 @@ class SchedulerConfig:
     batching: Batching = Batching.CONTINUOUS
     """`continuous` refills every step; `static` runs fixed batches to completion (for A/B only)."""
     max_num_queued_reqs: int | None = None
-    """Bound on the waiting queue; beyond it `add_request` rejects (None: unbounded)."""
+    """Cap on in-flight requests (waiting + running, n sequences counting n), enforced by the front
+    end with a 503 (vLLM >= 0.32's meaning); the engine core never sees it (None: no cap)."""
+    max_num_queued_tokens: int | None = None
+    """Cap on the prompt tokens of requests still in prefill, enforced by the front end with a 503
+    (vLLM's TTFT valve; None: no cap)."""
     queue_timeout_s: float | None = None
-    """A request waiting longer than this without ever being scheduled ends as timed out."""
+    """A request waiting longer than this without ever being scheduled ends as timed out (a 503)."""
     async_scheduling: bool = False
     """Schedule and launch step N+1 before step N's tokens are back (vLLM's --async-scheduling): the
     host work of a step overlaps the previous step on the device. Continuous batching only."""
@@ -96,6 +111,8 @@ class SchedulerConfig:
             raise ConfigError(f"long_prefill_token_threshold must be >= 1 or unset (got {threshold})")
         if self.max_num_queued_reqs is not None and self.max_num_queued_reqs < 1:
             raise ConfigError(f"max_num_queued_reqs must be >= 1 or unset (got {self.max_num_queued_reqs})")
+        if self.max_num_queued_tokens is not None and self.max_num_queued_tokens < 1:
+            raise ConfigError(f"max_num_queued_tokens must be >= 1 or unset (got {self.max_num_queued_tokens})")
         if self.queue_timeout_s is not None and self.queue_timeout_s <= 0:
             raise ConfigError(f"queue_timeout_s must be > 0 or unset (got {self.queue_timeout_s})")
 
@@ -141,6 +158,8 @@ class ModelConfig:
     """Directory or file holding tokenizer.json / a GGUF (None: the model's own)."""
     dtype: str = "auto"
     """Weight and activation dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16."""
+    quantization: Quantization = Quantization.AUTO
+    """auto, gguf (serve the GGUF's blocks as they are) or none (dequantize at load)."""
     seed: int = 0
     """Seed for dummy weights and for sampling of requests without their own seed."""
     served_model_name: str | None = None
@@ -363,9 +382,13 @@ class ServerConfig:
     """On SIGTERM, how long in-flight requests may take to finish before they are aborted."""
     max_request_body_bytes: int = 4 * 1024 * 1024
     """Largest accepted request body."""
+    api_server_count: int = 1
+    """API-server (front-end) processes sharing the port, all talking to the one engine core."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in 0..65535 (got {self.port})")
+        if self.api_server_count < 1:
+            raise ConfigError(f"api_server_count must be >= 1 (got {self.api_server_count})")
         if self.shutdown_grace_s < 0:
             raise ConfigError(f"shutdown_grace_s must be >= 0 (got {self.shutdown_grace_s})")

@@ -33,7 +33,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    pytest.importorskip("conveyor.engine.async_engine", reason="engine not built yet")
+    pytest.importorskip("conveyor.engine.core_client", reason="engine not built yet")
     port = _free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     cmd = [sys.executable, "-m", "conveyor", "serve", "--host", "127.0.0.1", "--port", str(port),

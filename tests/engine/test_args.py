@@ -8,7 +8,8 @@ import json
 import pytest
 
 from conveyor.config import (
-    Batching, CUDAGraphMode, EngineConfig, LoadFormat, SchedulingPolicy, SpeculativeConfig, SpeculativeMethod,
+    Batching, CUDAGraphMode, EngineConfig, LoadFormat, Quantization, SchedulingPolicy, SpeculativeConfig,
+    SpeculativeMethod,
 )
 from conveyor.engine.args import (
     add_engine_arguments,
@@ -120,6 +121,16 @@ def test_resolved_config_as_flag_strings() -> None:
     flat = engine_config_to_flags(EngineConfig())
     assert flat["max-num-seqs"] == "128" and flat["batching"] == "continuous"
     assert flat["enable-prefix-caching"] == "true" and flat["queue-timeout"] == "none"
+
+
+def test_quantization_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert EngineConfig().model.quantization is Quantization.AUTO
+    assert build_engine_config(parse(["--quantization", "none"])).model.quantization is Quantization.NONE
+    assert build_engine_config(parse(["-q", "gguf"])).model.quantization is Quantization.GGUF
+    assert engine_config_to_flags(EngineConfig())["quantization"] == "auto"
+    with pytest.raises(SystemExit):
+        parse(["--quantization", "awq"])
+    assert "--quantization" in capsys.readouterr().err
 
 
 def test_speculative_config_flag_takes_vllm_json(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,7 +14,6 @@ import pytest
 from conveyor.config import CacheConfig, DeviceConfig, EngineConfig, ModelConfig, SchedulerConfig
 from conveyor.engine.engine_core import ModelLimits, make_engine_core
 from conveyor.engine.llm import LLM, CompletionResult, engine_config_from_kwargs
-from conveyor.engine.llm_engine import LLMEngine
 from conveyor.engine.model_setup import tokenizer_path
 from conveyor.sampling_params import SamplingParams
 
@@ -56,7 +55,7 @@ def make_llm(shared, **overrides: object) -> LLM:
     blocks = config.cache.num_blocks_override or num_blocks
     scheduler = make_scheduler(config.scheduler, config.cache, blocks, time.monotonic)
     limits = ModelLimits(blocks, config.scheduler.max_model_len, tuple(runner.eos_token_ids), runner.vocab_size)
-    return LLM.from_engine(LLMEngine(make_engine_core(config, runner, scheduler, limits), tokenizer))
+    return LLM.from_core(make_engine_core(config, runner, scheduler, limits), tokenizer, config)
 
 
 def token_ids(results: list[CompletionResult]) -> list[list[int]]:
@@ -158,32 +157,43 @@ def test_matches_transformers_greedy(shared) -> None:
         assert result.output_token_ids == generated[0, input_ids.shape[1]:].tolist(), prompt
 
 
-def test_async_engine_streams_and_aclose_frees_blocks(shared) -> None:
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async-scheduling"])
+def test_split_engine_streams_and_aclose_frees_blocks(shared, async_scheduling: bool) -> None:
+    """The real model behind the engine-core loop and its sockets, with the API-side client; with async
+    scheduling (AsyncEngineCore) the streamed text is the offline synchronous one."""
     import asyncio
 
-    from conveyor.engine.async_engine import AsyncEngine, build_engine_info
+    from proc_harness import serving
+
     from conveyor.engine.types import GenerateRequest
 
-    llm = make_llm(shared)
-    engine = AsyncEngine(llm.engine, build_engine_info(llm.engine))
+    llm = make_llm(shared, async_scheduling=async_scheduling)
+    tokenizer = shared[2]
     usage: list[float] = []
-    engine.add_stats_listener(lambda stats, finished: usage.append(stats.kv_cache_usage))
 
-    async def consume(request_id: str, question: str) -> list:
+    async def consume(client, request_id: str, question: str) -> list:  # noqa: ANN001
         params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-        return [out async for out in engine.generate(GenerateRequest(request_id, PREFIX + question, params))]
+        request = GenerateRequest(request_id, tokenizer.encode(PREFIX + question), params)
+        return [out async for out in client.generate(request)]
+
+    offline = make_llm(shared).generate([tokenizer.encode(PREFIX + q) for q in QUESTIONS[:4]],
+                                        SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
 
     async def main() -> None:
-        results = await asyncio.gather(*(consume(f"c{i}", q) for i, q in enumerate(QUESTIONS[:4])))
-        assert all(outs[-1].num_output_tokens == 6 for outs in results)
-        stream = engine.generate(GenerateRequest("gone", PREFIX, SamplingParams(max_tokens=400)))
-        await stream.__anext__()
-        await stream.aclose()  # the client went away
-        for _ in range(200):
-            if engine.num_unfinished_requests() == 0 and usage and usage[-1] == 0.0:
-                break
-            await asyncio.sleep(0.02)
-        assert usage[-1] == 0.0
-        await engine.shutdown()
+        async with serving(llm.core, tokenizer=tokenizer) as served:
+            client = served.client
+            client.add_stats_listener(lambda stats: usage.append(stats.scheduler.kv_cache_usage)
+                                      if stats.scheduler else None)
+            results = await asyncio.gather(*(consume(client, f"c{i}", q) for i, q in enumerate(QUESTIONS[:4])))
+            assert all(outs[-1].num_output_tokens == 6 for outs in results)
+            assert ["".join(o.new_text for o in outs) for outs in results] == [r.text for r in offline]
+            stream = client.generate(GenerateRequest("gone", tokenizer.encode(PREFIX), SamplingParams(max_tokens=400)))
+            await stream.__anext__()
+            await stream.aclose()  # the client went away
+            for _ in range(200):
+                if client.num_unfinished_requests() == 0 and usage and usage[-1] == 0.0:
+                    break
+                await asyncio.sleep(0.02)
+            assert usage[-1] == 0.0
 
     asyncio.run(main())

@@ -1,19 +1,22 @@
-"""Offline LLM.generate over fakes: input order, prompt forms, kwargs → config, queue bound respected."""
+"""Offline LLM.generate over fakes (in-process core, no sockets): input order, prompt forms, kwargs →
+config, the in-flight cap respected, stop strings finished in the core, queue timeouts, validation."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 from engine_fakes import ByteTokenizer, FakeScheduler, make_fake_core
 
-from conveyor.config import Batching, EngineConfig
+from conveyor.config import Batching, EngineConfig, SchedulerConfig
 from conveyor.engine.llm import LLM, engine_config_from_kwargs
-from conveyor.engine.llm_engine import LLMEngine
+from conveyor.engine.types import RequestRejectedError
 from conveyor.request import FinishReason
 from conveyor.sampling_params import SamplingParams
 
 
-def make_llm(scheduler: FakeScheduler | None = None) -> LLM:
-    return LLM.from_engine(LLMEngine(make_fake_core(scheduler=scheduler), ByteTokenizer()))
+def make_llm(scheduler: FakeScheduler | None = None, config: EngineConfig | None = None) -> LLM:
+    return LLM.from_core(make_fake_core(config, scheduler=scheduler), ByteTokenizer(), config)
 
 
 def test_results_in_input_order_with_per_prompt_params() -> None:
@@ -33,10 +36,43 @@ def test_single_prompt_forms() -> None:
     assert llm.generate([3, 4], SamplingParams(max_tokens=2))[0].prompt_token_ids == [3, 4]
 
 
-def test_queue_bound_holds_requests_back_without_losing_any() -> None:
-    llm = make_llm(FakeScheduler(max_running=1, max_queued=1))
+def test_in_flight_cap_holds_requests_back_without_losing_any() -> None:
+    scheduler = FakeScheduler(max_running=4)
+    llm = make_llm(scheduler, EngineConfig(scheduler=SchedulerConfig(max_num_queued_reqs=2)))
     results = llm.generate([str(i) for i in range(5)], SamplingParams(max_tokens=3))
     assert [len(r.output_token_ids) for r in results] == [3] * 5
+    assert llm.last_run.max_num_running == 2  # never more than the cap in the core at once
+
+
+def test_stop_string_is_finished_in_the_core_within_the_step() -> None:
+    scheduler = FakeScheduler()
+    result = make_llm(scheduler).generate("x", SamplingParams(max_tokens=50, stop=("cde",)))[0]
+    assert result.text == "ab" and result.finish_reason is FinishReason.STOP
+    assert len(result.output_token_ids) == 5 and not scheduler.has_unfinished_requests()
+    assert result.timings.finished_s is not None  # the core's finish (timings) reached the result
+
+
+def test_queue_timeout_result_has_its_error_message() -> None:
+    now = [time.monotonic()]  # the LLM stamps arrivals with time.monotonic()
+    scheduler = FakeScheduler(max_running=1, queue_timeout_s=2.0, clock=lambda: now[0])
+    llm = make_llm(scheduler, EngineConfig(scheduler=SchedulerConfig(queue_timeout_s=2.0)))
+    real_step = llm.core.step
+
+    def step():  # time passes between steps
+        now[0] += 1.0
+        return real_step()
+
+    llm.core.step = step
+    results = llm.generate(["a", "b"], SamplingParams(max_tokens=5))
+    assert results[1].finish_reason is FinishReason.QUEUE_TIMEOUT
+    assert results[1].error_message == "request waited longer than --queue-timeout=2.0s in the queue"
+
+
+def test_a_prompt_that_cannot_fit_is_refused_before_anything_runs() -> None:
+    llm = make_llm(config=EngineConfig(scheduler=SchedulerConfig(max_model_len=10)))
+    with pytest.raises(RequestRejectedError) as info:
+        llm.generate(["ok", "x" * 20], SamplingParams(max_tokens=2))
+    assert info.value.field == "prompt" and llm.last_run.num_steps == 0
 
 
 def test_stop_string_result() -> None:

@@ -20,7 +20,6 @@ from conveyor.config import (CacheConfig, DeviceConfig, EngineConfig, ModelConfi
                              SpeculativeMethod)
 from conveyor.engine.engine_core import ModelLimits, make_engine_core
 from conveyor.engine.llm import LLM, CompletionResult, engine_config_from_kwargs
-from conveyor.engine.llm_engine import LLMEngine
 from conveyor.engine.model_setup import tokenizer_path
 from conveyor.sampling_params import SamplingParams
 
@@ -76,7 +75,7 @@ def make_llm() -> MakeLLM:
         blocks = config.cache.num_blocks_override or num_blocks
         scheduler = make_scheduler(config.scheduler, config.cache, blocks, time.monotonic, speculative_config)
         limits = ModelLimits(blocks, config.scheduler.max_model_len, tuple(runner.eos_token_ids), runner.vocab_size)
-        return LLM.from_engine(LLMEngine(make_engine_core(config, runner, scheduler, limits), tokenizer))
+        return LLM.from_core(make_engine_core(config, runner, scheduler, limits), tokenizer, config)
 
     return build
 

@@ -1,4 +1,4 @@
-"""The torch paged-attention backend equals dense causal attention computed per sequence."""
+"""The torch and cpu paged-attention backends equal dense causal attention computed per sequence."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conveyor.model.attention import (
-    Attention, TorchAttentionBackend, get_attention_backend, kv_cache_shape, paged_attention_torch,
+    Attention, TorchAttentionBackend, get_attention_backend, kv_cache_shape,
     write_kv_torch,
 )
 from conveyor.model.attention_metadata import SequenceSpec, build_attention_metadata, positions_of
@@ -26,7 +26,7 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
 
 
 def run_mixed_batch(specs: list[tuple[int, int]], num_heads: int, num_kv_heads: int, head_dim: int,
-                    block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+                    block_size: int, backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
     """(paged output, dense reference) for sequences given as (num_query_tokens, seq_len)."""
     gen = torch.Generator().manual_seed(sum(q * 31 + s for q, s in specs) + num_heads)
     blocks_needed = [-(-s // block_size) for _, s in specs]
@@ -45,7 +45,7 @@ def run_mixed_batch(specs: list[tuple[int, int]], num_heads: int, num_kv_heads: 
         write_kv_torch(k, v, kv_cache, context.slot_mapping)
     query = torch.randn(metadata.num_tokens, num_heads, head_dim, generator=gen)
     scale = head_dim**-0.5
-    out = paged_attention_torch(query, kv_cache, metadata, scale)
+    out = get_attention_backend(backend).forward(query, kv_cache, metadata, scale)
     starts = metadata.query_start_loc.tolist()
     reference = torch.cat([
         dense_attention(query[starts[i]:starts[i + 1]], full_k[i], full_v[i], scale) for i in range(len(specs))
@@ -60,10 +60,12 @@ def run_mixed_batch(specs: list[tuple[int, int]], num_heads: int, num_kv_heads: 
         ([(1, 9), (1, 1), (1, 33)], 8, 2, 32, 8),  # decodes only, GQA
         ([(7, 20), (1, 13), (12, 12), (1, 40), (3, 3)], 9, 3, 64, 4),  # SmolLM2-like mixed batch
         ([(16, 64), (1, 17), (2, 2)], 6, 1, 8, 16),  # MQA, chunk with a cached prefix
+        ([(1, 300), (4, 40), (1, 1), (1, 77)], 4, 2, 32, 32),  # long decode across many blocks
     ],
 )
-def test_mixed_batch_matches_dense_reference(specs, num_heads, num_kv_heads, head_dim, block_size) -> None:
-    out, reference = run_mixed_batch(specs, num_heads, num_kv_heads, head_dim, block_size)
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_mixed_batch_matches_dense_reference(specs, num_heads, num_kv_heads, head_dim, block_size, backend) -> None:
+    out, reference = run_mixed_batch(specs, num_heads, num_kv_heads, head_dim, block_size, backend)
     torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-4)
 
 
@@ -103,6 +105,7 @@ def test_metadata_rejects_too_few_blocks() -> None:
 
 def test_backend_factory() -> None:
     assert get_attention_backend("torch").name == "torch"
+    assert get_attention_backend("cpu").name == "cpu"
     with pytest.raises(ValueError, match="unknown attention backend 'flash'"):
         get_attention_backend("flash")
 
@@ -114,3 +117,10 @@ def test_decodes_split_into_length_groups_still_match(monkeypatch: pytest.Monkey
     specs = [(1, 5), (1, 37), (1, 12), (4, 9), (1, 30), (1, 2), (1, 19)]
     out, reference = run_mixed_batch(specs, num_heads=4, num_kv_heads=2, head_dim=16, block_size=4)
     torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-4)
+
+
+def test_cpu_backend_rejects_a_non_float32_cache() -> None:
+    metadata = build_attention_metadata([SequenceSpec(1, 3, [0])], 4, "cpu")
+    kv_cache = torch.zeros(kv_cache_shape(1, 4, 1, 16), dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="float32 CPU KV cache"):
+        get_attention_backend("cpu").forward(torch.zeros(1, 1, 16, dtype=torch.bfloat16), kv_cache, metadata, 0.25)

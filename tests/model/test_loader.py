@@ -137,3 +137,45 @@ def test_bfloat16_dummy_model_runs_close_to_float32(tmp_path: pathlib.Path) -> N
     _, half_logits = greedy_generate(half, [[3, 1, 4, 1, 5, 9, 2, 6]], 1)
     _, full_logits = greedy_generate(full, [[3, 1, 4, 1, 5, 9, 2, 6]], 1)
     torch.testing.assert_close(half_logits[0], full_logits[0], atol=0.05, rtol=0.05)
+
+
+def test_quantization_resolves_per_format_device_and_dtype() -> None:
+    from conveyor.config import Quantization
+    from conveyor.kernels.cpu_build import cpu_kernels_available
+    from conveyor.model.loader import resolve_quantization
+
+    gguf, auto = LoadFormat.GGUF, Quantization.AUTO
+    native = Quantization.GGUF if cpu_kernels_available() else Quantization.NONE
+    assert resolve_quantization(auto, gguf, "cpu", torch.float32) is native
+    assert resolve_quantization(auto, gguf, "cpu", torch.bfloat16) is Quantization.NONE
+    assert resolve_quantization(auto, gguf, "cuda", torch.bfloat16) is Quantization.NONE
+    assert resolve_quantization(auto, LoadFormat.SAFETENSORS, "cpu", torch.float32) is Quantization.NONE
+    assert resolve_quantization(Quantization.NONE, gguf, "cpu", torch.float32) is Quantization.NONE
+    with pytest.raises(ValueError, match="--quantization gguf needs a GGUF model on --device cpu"):
+        resolve_quantization(Quantization.GGUF, LoadFormat.SAFETENSORS, "cpu", torch.float32)
+    with pytest.raises(ValueError, match="--dtype float32"):
+        resolve_quantization(Quantization.GGUF, gguf, "cpu", torch.bfloat16)
+
+
+def test_embedded_gguf_served_in_its_blocks_holds_under_a_third_of_the_float32_bytes() -> None:
+    from conveyor.config import Quantization
+    from conveyor.kernels.cpu_build import cpu_kernels_available
+    from conveyor.model.quantized import QuantizedEmbedding, QuantizedLinear
+
+    if not cpu_kernels_available():
+        pytest.skip("no C compiler for the CPU kernels")
+    config = ModelConfig(quantization=Quantization.GGUF, num_hidden_layers_override=2)
+    loaded = load_model(config, "cpu", torch.float32)
+    model = loaded.module
+    assert loaded.quantization is Quantization.GGUF and model.dtype == torch.float32
+    assert isinstance(model.model.embed_tokens, QuantizedEmbedding)
+    layer = model.model.layers[0]
+    for projection in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+        assert isinstance(projection, QuantizedLinear)
+    float_model = load_model(ModelConfig(quantization=Quantization.NONE, num_hidden_layers_override=2), "cpu",
+                             torch.float32).module
+    num_bytes = lambda m: sum(t.numel() * t.element_size() for t in [*m.parameters(), *m.buffers()])  # noqa: E731
+    assert num_bytes(model) < num_bytes(float_model) / 3  # Q8_0 embedding ~1.06 B, Q4_1 ~0.75 B per weight
+    _, logits = greedy_generate(model, [[1, 2, 3, 4, 5]], 2)
+    _, expected = greedy_generate(float_model, [[1, 2, 3, 4, 5]], 2)
+    torch.testing.assert_close(logits[0], expected[0], atol=5e-4, rtol=1e-5)

@@ -2,6 +2,9 @@
 
 transformers dequantizes and un-permutes the GGUF with its own code, so this checks our loader,
 layers and paged attention (chunked prefill with cached prefixes mixed with decodes) together.
+transformers is the reference for the dequantized float32 path; the GGUF blocks served as they are
+(with the C paged-decode attention) must then give the same greedy tokens and the same logits up
+to float32 accumulation error.
 """
 
 from __future__ import annotations
@@ -9,7 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conveyor.config import ModelConfig
+from conveyor.config import ModelConfig, Quantization
+from conveyor.kernels.cpu_build import cpu_kernels_available
+from conveyor.model.attention import get_attention_backend
+from conveyor.model.quantized import QuantizedLinear
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.model.loader import embedded_gguf_path, load_model
 from tests.model.paged import greedy_generate
@@ -49,7 +55,7 @@ def hf_model():
 
 @pytest.fixture(scope="module")
 def our_model():
-    return load_model(ModelConfig(), "cpu", torch.float32).module
+    return load_model(ModelConfig(quantization=Quantization.NONE), "cpu", torch.float32).module
 
 
 @pytest.mark.slow
@@ -72,3 +78,16 @@ def test_greedy_tokens_and_logits_match_transformers(hf_model, our_model, prompt
 def test_model_shape_attributes(our_model) -> None:
     assert (our_model.num_layers, our_model.num_kv_heads, our_model.head_dim) == (30, 3, 64)
     assert our_model.dtype == torch.float32
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not cpu_kernels_available(), reason="no C compiler for the CPU kernels")
+def test_gguf_blocks_match_the_float32_path(our_model, prompt_ids) -> None:
+    native = load_model(ModelConfig(quantization=Quantization.GGUF), "cpu", torch.float32).module
+    native.set_attention_backend(get_attention_backend("cpu"))
+    assert isinstance(native.model.layers[0].mlp.gate_up_proj, QuantizedLinear)
+    ours, our_logits = greedy_generate(our_model, prompt_ids, NUM_NEW_TOKENS, chunk_size=7)
+    theirs, native_logits = greedy_generate(native, prompt_ids, NUM_NEW_TOKENS, chunk_size=7)
+    assert theirs == ours
+    for expected, logits in zip(our_logits, native_logits):  # |logits| reach ~45: float32 rounding
+        assert (expected - logits).abs().max().item() < 5e-4

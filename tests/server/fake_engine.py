@@ -1,10 +1,11 @@
-"""A deterministic stand-in for `AsyncEngine`, implementing `EngineClient` on the event loop.
+"""A deterministic stand-in for `AsyncEngineClient`, implementing `EngineClient` on the event loop.
 
 Tokenizer: one token per character (`ord`), plus BOS = 1 with special tokens. Output token i is id
-`1000 + i` with text `" w{i}"`. `max_num_seqs` requests run at once, the rest wait (bounded by
-`max_num_queued_reqs`, timing out after `queue_timeout_s`). Like the real engine it raises
-RequestRejectedError / EngineOverloadedError on the first `__anext__`, honours `abort` and closing the
-iterator, and calls stats listeners after every token and at every finish.
+`1000 + i` with text `" w{i}"`. `max_num_seqs` requests run at once, the rest wait (timing out after
+`queue_timeout_s`). Admission is the real one (`engine.admission`: lengths, in-flight and prefill-token
+caps), raised from `generate` as the real client does; `abort` ends a stream with a final ABORT
+output; stats listeners are called after every token and at every finish; `die()` plays the engine
+core's death.
 """
 
 from __future__ import annotations
@@ -14,15 +15,17 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from conveyor.config import SchedulerConfig
+from conveyor.core.lifecycle import KVPoolSize
+from conveyor.engine.admission import AdmissionControl, QueueLimits, RequestLimits, check_request
 from conveyor.engine.types import (
     EngineDeadError,
     EngineInfo,
-    EngineOverloadedError,
     FinishedRequestStats,
     GenerateRequest,
+    IterationStats,
     LogprobEntry,
     RequestOutput,
-    RequestRejectedError,
     SchedulerStats,
     StatsListener,
 )
@@ -44,6 +47,7 @@ class FakeEngineConfig:
     max_model_len: int = 128
     max_num_seqs: int = 4
     max_num_queued_reqs: int | None = None
+    max_num_queued_tokens: int | None = None
     queue_timeout_s: float | None = None
     token_delay_s: float = 0.0
     held_back_tokens: frozenset[int] = frozenset()
@@ -51,6 +55,7 @@ class FakeEngineConfig:
     comes with the next token (as half a UTF-8 character does)."""
     num_kv_blocks: int = 64
     block_size: int = 16
+    vocab_size: int = 2_000_000
 
 
 @dataclass
@@ -72,27 +77,34 @@ class FakeEngine:
         self.dead = False
         self.shut_down = False
         self._listeners: list[StatsListener] = []
+        self._dead_listeners: list = []
         self._slots = asyncio.Semaphore(config.max_num_seqs)
+        self._limits = RequestLimits(SchedulerConfig(max_model_len=config.max_model_len),
+                                     KVPoolSize(config.num_kv_blocks, config.block_size), config.vocab_size)
+        self.admission = AdmissionControl(QueueLimits(config.max_num_queued_reqs, config.max_num_queued_tokens))
 
     @property
     def info(self) -> EngineInfo:
         c = self.config
         return EngineInfo(model_name=c.model_name, max_model_len=c.max_model_len, block_size=c.block_size,
-                          num_kv_blocks=c.num_kv_blocks,
+                          num_kv_blocks=c.num_kv_blocks, vocab_size=c.vocab_size,
                           config={"max-num-seqs": str(c.max_num_seqs), "block-size": str(c.block_size)})
 
-    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return ([BOS_ID] if add_special_tokens else []) + [ord(ch) for ch in text]
 
-    def detokenize(self, token_ids: list[int]) -> str:
+    async def detokenize(self, token_ids: list[int]) -> str:
         return "".join(chr(t) for t in token_ids if t != BOS_ID)
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    async def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 
     def add_stats_listener(self, listener: StatsListener) -> None:
         self._listeners.append(listener)
+
+    def add_dead_listener(self, listener) -> None:  # noqa: ANN001
+        self._dead_listeners.append(listener)
 
     def num_unfinished_requests(self) -> int:
         if self.dead:
@@ -109,31 +121,42 @@ class FakeEngine:
     async def shutdown(self) -> None:
         self.shut_down = True
 
+    def die(self) -> None:
+        """The engine core died: live streams fail at their next token, the dead listeners run."""
+        self.dead = True
+        for listener in self._dead_listeners:
+            listener()
+
     def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
-        return self._run(request)
+        if self.dead:
+            raise EngineDeadError("fake engine is dead")
+        check_request(request.prompt_token_ids, request.sampling_params, self._limits)
+        self.admission.admit(request.request_id, len(request.prompt_token_ids))
+        return self._admitted(request)
+
+    async def _admitted(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        outputs = self._run(request)
+        try:
+            async for output in outputs:
+                if self.dead:
+                    raise EngineDeadError("fake engine died")
+                if output.num_output_tokens:
+                    self.admission.prefill_done(request.request_id)
+                yield output
+        finally:
+            await outputs.aclose()  # (not running: we are suspended at our own yield or done)
+            self.admission.release(request.request_id)
 
     def _emit(self, finished: list[FinishedRequestStats], **counts: int) -> None:
         usage = len(self.state.running) / self.config.max_num_seqs / 2
         stats = SchedulerStats(num_running_reqs=len(self.state.running), num_waiting_reqs=self.state.num_waiting,
                                kv_cache_usage=usage, step_time_s=time.monotonic(), **counts)
         for listener in self._listeners:
-            listener(stats, finished)
-
-    def _check(self, request: GenerateRequest) -> tuple[list[int], int]:
-        if self.dead:
-            raise EngineDeadError("fake engine is dead")
-        prompt = request.prompt if isinstance(request.prompt, list) else self.tokenize(request.prompt)
-        limit = self.config.max_model_len
-        max_tokens = request.sampling_params.max_tokens or limit - len(prompt)
-        if len(prompt) + max_tokens > limit:
-            raise RequestRejectedError("max_tokens", f"prompt + max_tokens exceeds max_model_len ({limit})")
-        queued = self.config.max_num_queued_reqs
-        if queued is not None and self.state.num_waiting >= queued:
-            raise EngineOverloadedError(f"waiting queue is full (max_num_queued_reqs={queued})")
-        return prompt, max_tokens
+            listener(IterationStats(stats, finished))
 
     async def _run(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
-        prompt, max_tokens = self._check(request)
+        prompt = request.prompt_token_ids
+        max_tokens = request.sampling_params.max_tokens or self.config.max_model_len - len(prompt)
         self.state.requests.append(request)
         rid = request.request_id
         timings = RequestTimings(arrival_s=time.monotonic())
@@ -162,8 +185,13 @@ class FakeEngine:
             finally:
                 self.state.running.discard(rid)
                 self._slots.release()
+            if reason is None and rid in self.state.abort_requested:  # abort(): a final ABORT output
+                reason = FinishReason.ABORT
+                self.state.aborted.append(rid)
+                self._finish(rid, reason, timings, prompt, num_output)
+                yield RequestOutput(rid, "", [], len(prompt), num_output, reason)
         finally:
-            if reason is None or reason is FinishReason.ABORT:
+            if reason is None:  # the consumer left
                 self.state.aborted.append(rid)
                 self._finish(rid, FinishReason.ABORT, timings, prompt, num_output)
 

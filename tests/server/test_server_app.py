@@ -32,7 +32,7 @@ def test_token_id_prompts_and_defaults() -> None:
         async with app_client(engine) as client:
             body = (await client.post(COMP, json={"prompt": [[5, 6, 7]]})).json()
             assert body["usage"]["prompt_tokens"] == 3 and body["usage"]["completion_tokens"] == 16  # OpenAI default
-            assert engine.state.requests[-1].prompt == [5, 6, 7]
+            assert engine.state.requests[-1].prompt_token_ids == [5, 6, 7]
     run(main())
 
 
@@ -116,7 +116,7 @@ def test_chat_completion_and_stream() -> None:
             body = (await client.post(CHAT, json={"messages": USER, "max_completion_tokens": 2})).json()
             assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
             assert body["choices"][0]["message"] == {"role": "assistant", "content": output_text(2)}
-            assert engine.state.requests[-1].prompt == engine.tokenize("<user>hi\n<assistant>", False)
+            assert engine.state.requests[-1].prompt_token_ids == [ord(c) for c in "<user>hi\n<assistant>"]
             events = sse_events((await client.post(CHAT, json={
                 "messages": USER, "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True},
                 "logprobs": True, "top_logprobs": 1})).text)
@@ -155,34 +155,55 @@ def test_api_key() -> None:
     run(main())
 
 
-def test_overload_is_503_with_retry_after_while_admitted_finish() -> None:
+def test_in_flight_cap_is_503_with_retry_after_while_admitted_finish() -> None:
+    """--max-num-queued-reqs counts waiting + running (vLLM >= 0.32): cap 2, one running, one waiting."""
     async def main() -> None:
-        engine = FakeEngine(FakeEngineConfig(max_num_seqs=1, max_num_queued_reqs=1, token_delay_s=0.01))
+        engine = FakeEngine(FakeEngineConfig(max_num_seqs=1, max_num_queued_reqs=2, token_delay_s=0.01))
         async with app_client(engine) as client:
             admitted = [asyncio.ensure_future(client.post(COMP, json={"prompt": "x", "max_tokens": 10}))
                         for _ in range(2)]
-            await asyncio.sleep(0.03)  # one running, one waiting: the queue is full
+            await asyncio.sleep(0.03)  # one running, one waiting: two in flight
             rejected = await client.post(COMP, json={"prompt": "x", "max_tokens": 10})
             assert rejected.status_code == 503 and rejected.headers["retry-after"] == "1"
-            assert "max_num_queued_reqs" in rejected.json()["error"]["message"]
+            assert "--max-num-queued-reqs=2" in rejected.json()["error"]["message"]
             assert [r.status_code for r in await asyncio.gather(*admitted)] == [200, 200]
+            again = await client.post(COMP, json={"prompt": "x", "max_tokens": 1})
+            assert again.status_code == 200  # finished requests leave the count
             metrics = (await client.get("/metrics")).text
-            assert 'conveyor:requests_rejected_total{model_name="fake-model",reason="queue_full"} 1.0' in metrics
+            labels = 'model_name="fake-model",reason="max_num_queued_reqs"'
+            assert f"conveyor:requests_rejected_total{{{labels}}} 1.0" in metrics
+            assert f"vllm:admission_rejections_total{{{labels}}} 1.0" in metrics
     run(main())
 
 
-def test_queue_timeout_non_streaming_503_and_streaming_error_event() -> None:
+def test_prefill_token_cap_counts_prompts_until_their_first_token() -> None:
+    async def main() -> None:
+        engine = FakeEngine(FakeEngineConfig(max_num_seqs=1, max_num_queued_tokens=5, token_delay_s=0.01))
+        async with app_client(engine) as client:
+            running = asyncio.ensure_future(client.post(COMP, json={"prompt": "abcd", "max_tokens": 10}))
+            await asyncio.sleep(0.03)  # it has produced tokens: its 5 prompt tokens no longer count
+            waiting = asyncio.ensure_future(client.post(COMP, json={"prompt": "abcdefgh", "max_tokens": 2}))
+            await asyncio.sleep(0.005)  # 9 prompt tokens wait for prefill: at the cap
+            rejected = await client.post(COMP, json={"prompt": "x", "max_tokens": 1})
+            assert rejected.status_code == 503 and "--max-num-queued-tokens=5" in rejected.json()["error"]["message"]
+            assert [r.status_code for r in await asyncio.gather(running, waiting)] == [200, 200]
+            metrics = (await client.get("/metrics")).text
+            assert 'vllm:admission_rejections_total{model_name="fake-model",reason="max_num_queued_tokens"} 1.0' in metrics
+    run(main())
+
+
+def test_queue_timeout_is_503_with_retry_after_streamed_or_not() -> None:
+    """A request that never ran gets a real 503, also with stream: true (no 200 before its first output)."""
     async def main() -> None:
         engine = FakeEngine(FakeEngineConfig(max_num_seqs=1, queue_timeout_s=0.05, token_delay_s=0.02))
         async with app_client(engine) as client:
             blocker = asyncio.ensure_future(client.post(COMP, json={"prompt": "x", "max_tokens": 20}))
             await asyncio.sleep(0.01)
-            timed_out = await client.post(COMP, json={"prompt": "x", "max_tokens": 2})
-            assert timed_out.status_code == 503 and timed_out.json()["error"]["type"] == "timeout_error"
-            assert "queue timeout" in timed_out.json()["error"]["message"]
-            streamed = await client.post(COMP, json={"prompt": "x", "max_tokens": 2, "stream": True})
-            events = sse_events(streamed.text)
-            assert streamed.status_code == 200 and events[-1]["error"]["type"] == "timeout_error"
+            for stream in (False, True):
+                timed_out = await client.post(COMP, json={"prompt": "x", "max_tokens": 2, "stream": stream})
+                assert timed_out.status_code == 503 and timed_out.headers["retry-after"] == "1"
+                assert timed_out.json()["error"]["type"] == "timeout_error"
+                assert "queue timeout" in timed_out.json()["error"]["message"]
             assert (await blocker).status_code == 200
             assert 'conveyor:queue_timeouts_total{model_name="fake-model"} 2.0' in (await client.get("/metrics")).text
     run(main())

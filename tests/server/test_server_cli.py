@@ -26,16 +26,20 @@ def test_defaults_come_from_server_config() -> None:
 
 def test_server_and_engine_flags() -> None:
     args = parse("--host", "0.0.0.0", "--port", "0", "--api-key", "k", "--shutdown-grace", "2.5",
-                  "--max-num-seqs", "4", "--max-num-queued-reqs", "3", "--queue-timeout", "1.5")
-    assert server_config_from_args(args) == ServerConfig(host="0.0.0.0", port=0, api_key="k", shutdown_grace_s=2.5)
+                  "--max-num-seqs", "4", "--max-num-queued-reqs", "3", "--queue-timeout", "1.5",
+                  "--max-num-queued-tokens", "4096", "--api-server-count", "2")
+    assert server_config_from_args(args) == ServerConfig(host="0.0.0.0", port=0, api_key="k", shutdown_grace_s=2.5,
+                                                         api_server_count=2)
     engine = engine_config_from_args(args)
     assert engine.scheduler.max_num_seqs == 4 and engine.scheduler.max_num_queued_reqs == 3
-    assert engine.scheduler.queue_timeout_s == 1.5
+    assert engine.scheduler.queue_timeout_s == 1.5 and engine.scheduler.max_num_queued_tokens == 4096
 
 
 def test_bad_server_flag_names_the_field() -> None:
     with pytest.raises(ConfigError, match="--port must be in"):
         server_config_from_args(parse("--port", "70000"))
+    with pytest.raises(ConfigError, match="--api-server-count must be >= 1"):
+        server_config_from_args(parse("--api-server-count", "0"))
 
 
 def test_bad_flag_exits_2_before_loading_the_engine() -> None:
@@ -44,3 +48,30 @@ def test_bad_flag_exits_2_before_loading_the_engine() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": str(SRC)})
     assert result.returncode == 12, result.stderr
     assert "--shutdown-grace must be >= 0" in result.stderr
+
+
+@pytest.mark.slow  # spawns the engine process
+def test_engine_start_up_failure_is_one_clean_line_and_exit_1(tmp_path: pathlib.Path) -> None:
+    missing = tmp_path / "no-such-model.gguf"
+    code = ("import sys; from conveyor.cli import main; rc = main(['serve', '--model', sys.argv[1], '--port', '0']); "
+            "sys.exit(10 + rc if 'torch' not in sys.modules else 99)")
+    result = subprocess.run([sys.executable, "-c", code, str(missing)], capture_output=True, text=True,
+                            env={"PYTHONPATH": str(SRC)}, timeout=120)
+    assert result.returncode == 11, result.stderr  # exit 1, and the launching process never loaded torch
+    line = [x for x in result.stderr.splitlines() if x.startswith("conveyor serve: error:")]
+    assert len(line) == 1 and "the engine failed to start" in line[0] and str(missing) in line[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_on_cpu_the_engine_leaves_a_core_per_api_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    from conveyor.server.cli import leave_cores_to_api_servers
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda _: {0, 1, 2, 3})
+    config = engine_config_from_args(parse())
+    assert leave_cores_to_api_servers(config, 1).device.num_threads == 3
+    assert leave_cores_to_api_servers(config, 2).device.num_threads == 2
+    assert leave_cores_to_api_servers(config, 8).device.num_threads == 1
+    given = engine_config_from_args(parse("--num-threads", "4"))
+    assert leave_cores_to_api_servers(given, 1).device.num_threads == 4  # the flag wins
+    cuda = engine_config_from_args(parse("--device", "cuda"))
+    assert leave_cores_to_api_servers(cuda, 1).device.num_threads is None

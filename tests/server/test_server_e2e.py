@@ -1,98 +1,38 @@
-"""A real `conveyor serve` process on the embedded model, driven by real clients (slow: loads the model).
+"""A real `conveyor serve` on the embedded model: engine-core process + API server, driven by real clients.
 
-One server for the module (small limits so overload is easy to reach): the official `openai` client,
-32 concurrent streams whose token counts agree with /metrics, 20 clients that leave mid-stream,
-overload 503s, and finally SIGTERM -> exit 0.
+One server for the module (slow: loads the model): the official `openai` client, 32 concurrent streams
+whose token counts agree with /metrics, 20 clients that leave mid-stream, a burst admitted by vLLM's
+in-flight rule, and finally SIGTERM: a short stream finishes, a long one is aborted when the grace runs
+out (`finish_reason: "abort"` + `[DONE]`), and both processes exit 0.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import pathlib
-import queue
-import re
+import json
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import httpx2 as httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from serve_process import Server, running_server, scrape, stream_status, wait_idle
 
 pytestmark = pytest.mark.slow
 
-SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
 MAX_NUM_SEQS = 8
 MAX_NUM_QUEUED = 32
-SERVE_ARGS = ["--port", "0", "--max-model-len", "512", "--max-num-seqs", str(MAX_NUM_SEQS),
-              "--max-num-queued-reqs", str(MAX_NUM_QUEUED), "--shutdown-grace", "20", "--seed", "0"]
-URL_LINE = re.compile(r"serving (\S+) at (http://\S+)/v1")
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen
-    url: str
-    model: str
-    log: list[str]
-
-
-def _pump(proc: subprocess.Popen, lines: queue.Queue, log: list[str]) -> None:
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        log.append(line)
-        lines.put(line)
-    lines.put(None)
+GRACE_S = 8
+SERVE_ARGS = ["--max-model-len", "512", "--max-num-seqs", str(MAX_NUM_SEQS), "--max-num-queued-reqs",
+              str(MAX_NUM_QUEUED), "--shutdown-grace", str(GRACE_S)]
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    proc = subprocess.Popen([sys.executable, "-m", "conveyor", "serve", *SERVE_ARGS], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    lines: queue.Queue = queue.Queue()
-    log: list[str] = []
-    threading.Thread(target=_pump, args=(proc, lines, log), daemon=True).start()
-    deadline = time.monotonic() + 240
-    while True:
-        line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-        assert line is not None, "server exited during start-up:\n" + "".join(log)
-        if match := URL_LINE.search(line):
-            break
-    try:
-        yield Server(proc, match.group(2), match.group(1), log)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-def scrape(server: Server) -> dict[str, float]:
-    """`name{label=value,...}` (labels other than model_name, if any) -> value."""
-    values: dict[str, float] = {}
-    text = httpx.get(server.url + "/metrics", timeout=10).text
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "model_name")
-            values[s.name + (f"{{{labels}}}" if labels else "")] = s.value
-    return values
-
-
-def wait_idle(server: Server, timeout_s: float = 30) -> dict[str, float]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        metrics = scrape(server)
-        if metrics["vllm:num_requests_running"] == 0 and metrics["vllm:num_requests_waiting"] == 0 \
-                and metrics["vllm:kv_cache_usage_perc"] == 0:
-            return metrics
-        assert time.monotonic() < deadline, f"server did not go idle: {metrics}"
-        time.sleep(0.1)
+    with running_server(SERVE_ARGS) as server:
+        yield server
 
 
 def test_openai_client_completions_and_chat(server: Server) -> None:
@@ -176,33 +116,70 @@ def test_clients_leaving_mid_stream_free_everything(server: Server) -> None:
     assert httpx.get(server.url + "/health").status_code == 200
 
 
-async def _timed_post(client: httpx.AsyncClient, i: int) -> tuple[int, float, dict, dict]:
-    started = time.monotonic()
-    response = await client.post("/v1/completions", json={"prompt": f"Count to {i}", "max_tokens": 8,
-                                                           "ignore_eos": True})
-    return response.status_code, time.monotonic() - started, dict(response.headers), response.json()
+def test_burst_admits_exactly_the_in_flight_cap(server: Server) -> None:
+    """vLLM >= 0.32: --max-num-queued-reqs caps waiting + running. A burst of 100 on an idle server with
+    8 running slots and a cap of 32 admits exactly 32 (8 run, 24 wait) and refuses 68 with 503."""
+    before = wait_idle(server)
+    statuses: list[tuple[int, dict]] = []
+    reason = "vllm:admission_rejections_total{reason=max_num_queued_reqs}"
 
-
-def test_overload_gets_quick_503_while_admitted_finish(server: Server) -> None:
-    wait_idle(server)
-    burst = MAX_NUM_SEQS + MAX_NUM_QUEUED + 16
-
-    async def main() -> list[tuple[int, float, dict, dict]]:
-        limits = httpx.Limits(max_connections=burst)
+    async def main() -> dict[str, float]:
+        limits = httpx.Limits(max_connections=100)
         async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits) as client:
-            return await asyncio.gather(*(_timed_post(client, i) for i in range(burst)))
+            tasks = [asyncio.ensure_future(stream_status(client, i, statuses)) for i in range(100)]
+            deadline = time.monotonic() + 60
+            while sum(code == 503 for code, _ in statuses) < 100 - MAX_NUM_QUEUED:
+                assert time.monotonic() < deadline, statuses
+                await asyncio.sleep(0.05)
+            while True:  # the gauges are the state after the engine's next step (seconds on a busy CPU)
+                metrics = await asyncio.to_thread(scrape, server)
+                if metrics["vllm:num_requests_running"] + metrics["vllm:num_requests_waiting"] == MAX_NUM_QUEUED:
+                    break
+                assert time.monotonic() < deadline, metrics
+                await asyncio.sleep(0.1)
+            for task in tasks:  # every client leaves: the admitted ones are aborted
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            return metrics
 
-    results = asyncio.run(main())
-    rejected = [r for r in results if r[0] == 503]
-    admitted = [r for r in results if r[0] == 200]
-    assert len(rejected) + len(admitted) == burst and rejected, [r[0] for r in results]
-    assert all(r[2]["retry-after"] == "1" and "max-num-queued-reqs" in r[3]["error"]["message"] for r in rejected)
-    assert max(r[1] for r in rejected) < min(r[1] for r in admitted)  # refused before any admitted one ended
-    assert all(r[3]["usage"]["completion_tokens"] == 8 for r in admitted)
-    assert scrape(server)["conveyor:requests_rejected_total{reason=queue_full}"] == len(rejected)
-
-
-def test_sigterm_exits_0(server: Server) -> None:
+    during = asyncio.run(main())
+    rejected = [headers for code, headers in statuses if code == 503]
+    assert len(rejected) == 100 - MAX_NUM_QUEUED and all(h["retry-after"] == "1" for h in rejected)
+    assert during["vllm:num_requests_running"] + during["vllm:num_requests_waiting"] == MAX_NUM_QUEUED
+    assert during["vllm:num_requests_running"] == MAX_NUM_SEQS
+    assert during[reason] - before[reason] == 100 - MAX_NUM_QUEUED
+    assert during["conveyor:requests_rejected_total{reason=max_num_queued_reqs}"] == during[reason]
     wait_idle(server)
+
+
+def _stream_lines(url: str, max_tokens: int, out: list[str]) -> None:
+    body = {"prompt": "Write a poem", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                out.append(line)
+
+
+def test_sigterm_drains_then_aborts_at_grace_expiry_and_exits_0(server: Server) -> None:
+    wait_idle(server)
+    short: list[str] = []
+    long: list[str] = []
+    threads = [threading.Thread(target=_stream_lines, args=(server.url, n, out)) for n, out in ((6, short), (500, long))]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 60
+    while not (short and long):  # both streams have started
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
     server.proc.send_signal(signal.SIGTERM)
-    assert server.proc.wait(timeout=60) == 0, "".join(server.log[-30:])
+    time.sleep(0.3)
+    late = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=10)
+    assert late.status_code == 503 and "shutting down" in late.json()["error"]["message"]
+    for thread in threads:
+        thread.join(timeout=GRACE_S + 20)
+    assert short[-1] == "data: [DONE]" and json.loads(short[-2][6:])["choices"][0]["finish_reason"] == "length"
+    assert long[-1] == "data: [DONE]" and json.loads(long[-2][6:])["choices"][0]["finish_reason"] == "abort"
+    assert server.proc.wait(timeout=30) == 0, "".join(server.log[-30:])
+    assert "grace period over with 1 request(s) in flight" in "".join(server.log)
+    assert any("engine core stopped" in line for line in server.log)

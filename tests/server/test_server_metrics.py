@@ -6,7 +6,7 @@ from fake_engine import FakeEngine, FakeEngineConfig
 from prometheus_client.parser import text_string_to_metric_families
 from server_helpers import app_client, run
 
-from conveyor.engine.types import EngineInfo, FinishedRequestStats, SchedulerStats
+from conveyor.engine.types import EngineInfo, FinishedRequestStats, IterationStats, SchedulerStats
 from conveyor.request import FinishReason, RequestTimings
 from conveyor.server.metrics import ServerMetrics, build_1_2_5_buckets
 
@@ -35,6 +35,9 @@ EXPECTED_TYPES = {
     "conveyor:requests_rejected": "counter",
     "conveyor:queue_timeouts": "counter",
     "conveyor:config_info": "gauge",
+    "vllm:admission_rejections": "counter",
+    "conveyor:request_tokenization_time_seconds": "histogram",
+    "conveyor:engine_peak_memory_bytes": "gauge",
 }
 
 
@@ -95,14 +98,16 @@ def test_counters_agree_with_responses() -> None:
 
 
 def test_intervals_follow_vllm_definitions() -> None:
-    info = EngineInfo("m", max_model_len=64, block_size=16, num_kv_blocks=8, config={})
+    info = EngineInfo("m", max_model_len=64, block_size=16, num_kv_blocks=8, vocab_size=100, config={})
     metrics = ServerMetrics(info)
     timings = RequestTimings(arrival_s=10.0, first_scheduled_s=10.5, first_token_s=11.0, last_token_s=13.0,
                              finished_s=13.25, token_times_s=[11.0, 12.0, 13.0])
     finished = FinishedRequestStats(FinishReason.STOP, timings, num_prompt_tokens=5, num_generation_tokens=3,
                                     num_cached_tokens=0, num_preemptions=0)
-    metrics.on_step(SchedulerStats(num_running_reqs=1, num_waiting_reqs=2, kv_cache_usage=0.5, num_preemptions=1,
-                                   prefix_cache_queries=16, prefix_cache_hits=8, num_scheduled_tokens=40, num_generation_tokens=1, num_queue_timeouts=1), [finished])
+    stats = SchedulerStats(num_running_reqs=1, num_waiting_reqs=2, kv_cache_usage=0.5, num_preemptions=1,
+                           prefix_cache_queries=16, prefix_cache_hits=8, num_scheduled_tokens=40,
+                           num_generation_tokens=1, num_queue_timeouts=1)
+    metrics.on_step(IterationStats(stats, [finished], peak_memory_bytes=2**30))
     text = metrics.render().decode()
     assert sample(text, "vllm:request_queue_time_seconds_sum") == 0.5
     assert sample(text, "vllm:request_prefill_time_seconds_sum") == 0.5
@@ -116,6 +121,7 @@ def test_intervals_follow_vllm_definitions() -> None:
     assert sample(text, "vllm:num_requests_waiting") == 2 and sample(text, "vllm:kv_cache_usage_perc") == 0.5
     assert sample(text, "vllm:num_preemptions_total") == 1 and sample(text, "vllm:prefix_cache_hits_total") == 8
     assert sample(text, "conveyor:queue_timeouts_total") == 1
+    assert sample(text, "conveyor:engine_peak_memory_bytes") == 2**30
     assert sample(text, "vllm:request_success_total", finished_reason="stop") == 1
 
 

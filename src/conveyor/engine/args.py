@@ -26,6 +26,7 @@ from conveyor.config import (
     EngineConfig,
     LoadFormat,
     ModelConfig,
+    Quantization,
     SchedulerConfig,
     SchedulingPolicy,
     SpeculativeConfig,
@@ -56,6 +57,7 @@ FLAGS: tuple[_Flag, ...] = (
     _Flag("--tokenizer", "model", "tokenizer"),
     _Flag("--load-format", "model", "load_format"),
     _Flag("--dtype", "model", "dtype"),
+    _Flag("--quantization", "model", "quantization"),
     _Flag("--seed", "model", "seed"),
     _Flag("--served-model-name", "model", "served_model_name"),
     _Flag("--num-hidden-layers-override", "model", "num_hidden_layers_override"),
@@ -67,6 +69,7 @@ FLAGS: tuple[_Flag, ...] = (
     _Flag("--scheduling-policy", "scheduler", "policy"),
     _Flag("--batching", "scheduler", "batching"),
     _Flag("--max-num-queued-reqs", "scheduler", "max_num_queued_reqs"),
+    _Flag("--max-num-queued-tokens", "scheduler", "max_num_queued_tokens"),
     _Flag("--queue-timeout", "scheduler", "queue_timeout_s"),
     _Flag("--async-scheduling", "scheduler", "async_scheduling"),
     _Flag("--block-size", "cache", "block_size"),
@@ -133,6 +136,9 @@ def _add_model_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--tokenizer", help="tokenizer.json directory or GGUF (default: the model's)")
     group.add_argument("--load-format", choices=[f.value for f in LoadFormat])
     group.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
+    group.add_argument("--quantization", "-q", choices=[q.value for q in Quantization],
+                       help="gguf: compute on the GGUF's quantized blocks (CPU); none: dequantize at load; "
+                            "auto (default): gguf for a GGUF on CPU in float32")
     group.add_argument("--seed", type=int, help="seed for dummy weights and unseeded sampling")
     group.add_argument("--served-model-name", help="model name clients send (default: from the path)")
     group.add_argument("--num-hidden-layers-override", type=int, help="keep only this many layers")
@@ -149,8 +155,12 @@ def _add_scheduler_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--scheduling-policy", choices=[p.value for p in SchedulingPolicy])
     group.add_argument("--batching", choices=[b.value for b in Batching],
                        help="continuous (default) or static fixed batches, for A/B comparison")
-    group.add_argument("--max-num-queued-reqs", type=int, help="bound on waiting requests (503 beyond)")
-    group.add_argument("--queue-timeout", type=float, help="seconds a request may wait before it fails")
+    group.add_argument("--max-num-queued-reqs", type=int,
+                       help="cap on in-flight requests, waiting + running (503 + Retry-After beyond)")
+    group.add_argument("--max-num-queued-tokens", type=int,
+                       help="cap on prompt tokens of requests still in prefill (503 + Retry-After beyond)")
+    group.add_argument("--queue-timeout", type=float,
+                       help="seconds a request may wait unscheduled before it ends with 503")
     group.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                        help="launch step N+1 before step N's tokens are back (overlaps host work with the GPU; "
                             "default: on for CUDA, off for CPU)")
@@ -180,7 +190,7 @@ def _add_cache_and_device_flags(group: argparse._ArgumentGroup) -> None:
 
 def _converted(flag: _Flag, value: object) -> object:
     enums = {"load_format": LoadFormat, "policy": SchedulingPolicy, "batching": Batching,
-             "cudagraph_mode": CUDAGraphMode}
+             "cudagraph_mode": CUDAGraphMode, "quantization": Quantization}
     return enums[flag.field_name](value) if flag.field_name in enums else value
 
 
@@ -258,7 +268,7 @@ def engine_config_to_flags(config: EngineConfig) -> dict[str, str]:
 
 
 def _as_text(value: object) -> str:
-    if isinstance(value, (LoadFormat, SchedulingPolicy, Batching, CUDAGraphMode)):
+    if isinstance(value, (LoadFormat, SchedulingPolicy, Batching, CUDAGraphMode, Quantization)):
         return value.value
     if isinstance(value, SpeculativeConfig):
         return json.dumps(value.to_dict())

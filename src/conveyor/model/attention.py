@@ -30,6 +30,7 @@ from conveyor.model.attention_metadata import AttentionMetadata
 ATTENTION_BACKENDS: dict[str, str] = {
     "torch": "conveyor.model.attention:TorchAttentionBackend",
     "triton": "conveyor.model.attention_triton:TritonAttentionBackend",
+    "cpu": "conveyor.model.attention_cpu:CPUAttentionBackend",
 }
 """Registered backend names -> "module:Class" (a constant; classes take no constructor arguments)."""
 
@@ -99,7 +100,7 @@ class _DecodeGroup:
 
 
 @dataclass(frozen=True)
-class _PrefillChunk:
+class PrefillChunk:
     """A sequence with several query tokens (a prefill chunk, maybe after a cached prefix)."""
 
     tokens: slice
@@ -118,7 +119,7 @@ class TorchAttentionPlan:
 
     decode_groups: list[_DecodeGroup]
     """Decodes, in length-sorted groups."""
-    prefill_chunks: list[_PrefillChunk]
+    prefill_chunks: list[PrefillChunk]
     """Multi-token queries, one by one."""
     gather_buffer: torch.Tensor
     """[2, max blocks any one gather reads, block_size, kvh, d] in the cache dtype: every layer's
@@ -141,11 +142,11 @@ def paged_attention_torch(
         plan = metadata.backend_plan = plan_torch_attention(metadata, kv_cache, query.dtype)
     out = torch.empty_like(query)
     for group in plan.decode_groups:
-        k, v = _gather_blocks(kv_cache, group.block_ids, plan.gather_buffer)
+        k, v = gather_blocks(kv_cache, group.block_ids, plan.gather_buffer)
         out[group.token_ids] = _decode_attention(query[group.token_ids], k, v, group, scale)
     for chunk in plan.prefill_chunks:
-        k, v = _gather_blocks(kv_cache, chunk.block_ids, plan.gather_buffer)
-        out[chunk.tokens] = _prefill_attention(query[chunk.tokens], k, v, chunk, scale)
+        k, v = gather_blocks(kv_cache, chunk.block_ids, plan.gather_buffer)
+        out[chunk.tokens] = prefill_attention(query[chunk.tokens], k, v, chunk, scale)
     return out
 
 
@@ -172,7 +173,7 @@ def plan_torch_attention(
         block_ids = metadata.block_tables[rows, :num_blocks].long().reshape(-1)
         groups.append(_DecodeGroup(token_ids, block_ids, mask))
     chunks = [
-        _prefill_chunk(metadata, i, slice(starts[i], starts[i + 1]), dtype)
+        plan_prefill_chunk(metadata, i, slice(starts[i], starts[i + 1]), dtype)
         for i, q in enumerate(metadata.query_lens_cpu) if q > 1
     ]
     max_blocks = max(item.block_ids.numel() for item in [*groups, *chunks])
@@ -185,7 +186,7 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
 
 
-def _prefill_chunk(metadata: AttentionMetadata, seq: int, tokens: slice, dtype: torch.dtype) -> _PrefillChunk:
+def plan_prefill_chunk(metadata: AttentionMetadata, seq: int, tokens: slice, dtype: torch.dtype) -> PrefillChunk:
     device = metadata.block_tables.device
     seq_len = metadata.seq_lens_cpu[seq]
     num_context = seq_len - metadata.query_lens_cpu[seq]
@@ -196,7 +197,7 @@ def _prefill_chunk(metadata: AttentionMetadata, seq: int, tokens: slice, dtype: 
         key_pos = torch.arange(seq_len, device=device)
         query_pos = torch.arange(num_context, seq_len, device=device)
         mask = _additive(key_pos[None, :] <= query_pos[:, None], dtype)  # [q, L]
-    return _PrefillChunk(tokens=tokens, block_ids=block_ids, seq_len=seq_len, mask=mask)
+    return PrefillChunk(tokens=tokens, block_ids=block_ids, seq_len=seq_len, mask=mask)
 
 
 def _decode_groups(seqs: list[int], seq_lens: list[int], kv_token_bytes: int) -> list[list[int]]:
@@ -212,7 +213,7 @@ def _decode_groups(seqs: list[int], seq_lens: list[int], kv_token_bytes: int) ->
     return groups
 
 
-def _gather_blocks(
+def gather_blocks(
     kv_cache: torch.Tensor, block_ids: torch.Tensor, buffer: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """block_ids [nblk] -> K and V [nblk * block_size, kvh, d] in block order, views of `buffer`."""
@@ -236,8 +237,8 @@ def _decode_attention(
     return out.reshape(num_seqs, num_heads, head_dim)
 
 
-def _prefill_attention(
-    query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: _PrefillChunk, scale: float
+def prefill_attention(
+    query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: PrefillChunk, scale: float
 ) -> torch.Tensor:
     """query [q, H, d] of one sequence (its last q positions), k/v [L', kvh, d] its gathered blocks -> [q, H, d].
 

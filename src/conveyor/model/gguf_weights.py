@@ -1,9 +1,9 @@
 """Reading a llama.cpp GGUF file as a Hugging Face-shaped model: arch config and HF-named tensors.
 
 A GGUF stores the config as `<arch>.*` metadata keys and the weights under llama.cpp names
-(`blk.3.attn_q.weight`), usually block-quantized (Q4_1, Q8_0, ...). We dequantize every tensor to
-float32 with `gguf.quants.dequantize` on load (we serve unquantized weights) and rename it to the
-HF name. One trap: for the `llama` architecture llama.cpp's converter permutes the rows of the Q
+(`blk.3.attn_q.weight`), usually block-quantized (Q4_1, Q8_0, ...). Each tensor is renamed to its
+HF name and either dequantized to float32 on load (`read`; any GGUF type) or, for the types the CPU
+kernels compute on (Q4_0, Q4_1, Q8_0), kept in its blocks (`read_blocks`, see model/quantized.py). One trap: for the `llama` architecture llama.cpp's converter permutes the rows of the Q
 and K projections so that rope can rotate adjacent pairs (GPT-J style); our rope is HF's
 rotate_half, which pairs dimension i with i + d/2, so those rows are permuted back here.
 """
@@ -22,6 +22,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
 from conveyor.gguf_header import GGUFTensorEntry, read_gguf_header
+from conveyor.model.quantized import BlockFormat, QuantizedWeight
 from conveyor.model.registry import ModelArchConfig, RopeScaling
 
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -75,6 +76,57 @@ class GGUFFile:
         rows = raw.reshape(-1, info.shape[-1] * type_size // block_size)  # [rows, bytes per row]
         array = np.asarray(dequantize(rows, qtype), dtype=np.float32).reshape(info.shape)
         return torch.from_numpy(array.copy())
+
+    def read_blocks(self, info: GGUFTensorInfo) -> QuantizedWeight:
+        """A 2-D Q4_0 / Q4_1 / Q8_0 tensor [N, K] kept in its blocks (see `native_block_format`)."""
+        qtype = GGMLQuantizationType(info.ggml_type)
+        if native_block_format(info) is None:
+            raise ValueError(f"{info.name}: {qtype.name} {info.shape} has no block kernel; read it dequantized")
+        _, type_size = GGML_QUANT_SIZES[qtype]
+        rows, cols = info.shape
+        num_bytes = rows * cols // 32 * type_size
+        raw = np.memmap(self.path, dtype=np.uint8, mode="r", offset=info.offset_bytes, shape=(num_bytes,))
+        blocks = torch.from_numpy(np.array(raw)).view(rows, cols // 32, type_size)  # [N, K/32, bytes]
+        return _BLOCK_READERS[qtype](blocks)
+
+
+def native_block_format(info: GGUFTensorInfo) -> BlockFormat | None:
+    """The kernel layout a tensor can be served in as it is, or None (it is dequantized on load)."""
+    qtype = GGMLQuantizationType(info.ggml_type)
+    if len(info.shape) != 2 or info.shape[-1] % 32 or qtype not in _BLOCK_READERS:
+        return None
+    return BlockFormat.Q8_0 if qtype == GGMLQuantizationType.Q8_0 else BlockFormat.Q4
+
+
+def _f16(blocks: torch.Tensor, start: int) -> torch.Tensor:
+    """[N, K/32, bytes] uint8 -> [N, K/32] float32 from the float16 at byte `start` of each block."""
+    return blocks[:, :, start : start + 2].contiguous().view(torch.float16).squeeze(-1).float()
+
+
+def _q4_1_blocks(blocks: torch.Tensor) -> QuantizedWeight:
+    """Q4_1 blocks (f16 d, f16 m, 16 bytes of nibbles) as they are."""
+    codes = blocks[:, :, 4:].reshape(blocks.shape[0], -1).contiguous()  # [N, K/2]
+    return QuantizedWeight(BlockFormat.Q4, codes, _f16(blocks, 0), _f16(blocks, 2))
+
+
+def _q4_0_blocks(blocks: torch.Tensor) -> QuantizedWeight:
+    """Q4_0 blocks (f16 d, 16 bytes of nibbles; w = d (q - 8)) as Q4 with m = -8 d (exact in float32)."""
+    scales = _f16(blocks, 0)
+    codes = blocks[:, :, 2:].reshape(blocks.shape[0], -1).contiguous()
+    return QuantizedWeight(BlockFormat.Q4, codes, scales, -8.0 * scales)
+
+
+def _q8_0_blocks(blocks: torch.Tensor) -> QuantizedWeight:
+    """Q8_0 blocks (f16 d, 32 int8) as they are."""
+    codes = blocks[:, :, 2:].reshape(blocks.shape[0], -1).contiguous().view(torch.int8)  # [N, K]
+    return QuantizedWeight(BlockFormat.Q8_0, codes, _f16(blocks, 0), None)
+
+
+_BLOCK_READERS = {
+    GGMLQuantizationType.Q4_0: _q4_0_blocks,
+    GGMLQuantizationType.Q4_1: _q4_1_blocks,
+    GGMLQuantizationType.Q8_0: _q8_0_blocks,
+}
 
 
 def dequantize_q8_0(blocks: torch.Tensor) -> torch.Tensor:
@@ -167,17 +219,30 @@ def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return weight.reshape(num_heads, head_dim // 2, 2, *rest).transpose(1, 2).reshape(rows, *rest)
 
 
-def iter_gguf_weights(gguf: GGUFFile, config: ModelArchConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, float32 tensor) for every tensor of the first config.num_hidden_layers layers."""
+def iter_gguf_weights(
+    gguf: GGUFFile, config: ModelArchConfig, keep_blocks: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+    """(HF name, tensor) for every tensor of the first config.num_hidden_layers layers: a
+    QuantizedWeight for the HF names in `keep_blocks`, a float32 tensor for every other."""
     permute = config.architecture == "LlamaForCausalLM"
     for info in gguf.tensors:
         match = _LAYER_TENSOR.match(info.name)
         if match and int(match.group(1)) >= config.num_hidden_layers:
             continue  # truncated model: skip the (costly) dequantization
-        weight = gguf.read(info)
         name = hf_name_of(info.name)
+        weight = gguf.read_blocks(info) if name in keep_blocks else gguf.read(info)
+        heads = None
         if permute and ".q_proj." in name:
-            weight = unpermute_rope_rows(weight, config.num_attention_heads)
+            heads = config.num_attention_heads
         elif permute and ".k_proj." in name:
-            weight = unpermute_rope_rows(weight, config.num_key_value_heads)
+            heads = config.num_key_value_heads
+        if heads is not None and isinstance(weight, QuantizedWeight):
+            weight = weight.map_rows(lambda rows: unpermute_rope_rows(rows, heads))
+        elif heads is not None:
+            weight = unpermute_rope_rows(weight, heads)
         yield name, weight
+
+
+def block_formats_by_hf_name(gguf: GGUFFile) -> dict[str, BlockFormat | None]:
+    """HF name -> the block layout each 2-D tensor could be served in (None: dequantized)."""
+    return {hf_name_of(info.name): native_block_format(info) for info in gguf.tensors if len(info.shape) == 2}

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conveyor.kernels.cpu_build import cpu_kernels_available
+from conveyor.kernels.elementwise_cpu import rms_norm_cpu, rotary_cpu_, silu_and_mul_cpu
 from conveyor.kernels.rms_norm import rms_norm
 from conveyor.kernels.rotary import rotary_
 from conveyor.kernels.silu_and_mul import silu_and_mul
@@ -26,8 +28,14 @@ from conveyor.model.registry import RopeScaling, RopeType
 
 def use_fused_kernels(x: torch.Tensor) -> bool:
     """On CUDA with Triton and a 16-bit dtype, norms / rope / SwiGLU run as one kernel each (eager's
-    rounding steps, up to one ulp); float32 keeps the eager path, the reference for CPU parity."""
+    rounding steps, up to one ulp)."""
     return HAS_TRITON and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+
+
+def use_cpu_kernels(x: torch.Tensor) -> bool:
+    """On CPU in float32, norms / rope / SwiGLU run as one C loop each (kernels/elementwise_cpu.py:
+    the eager formulas up to float32 summation order) where the CPU kernels build; eager otherwise."""
+    return x.device.type == "cpu" and x.dtype == torch.float32 and cpu_kernels_available()
 
 
 class RMSNorm(nn.Module):
@@ -41,6 +49,9 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if use_fused_kernels(x) and x.stride(-1) == 1:
             return rms_norm(x, self.weight, self.eps)
+        if use_cpu_kernels(x) and x.stride(-1) == 1:
+            rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+            return rms_norm_cpu(rows, self.weight, self.eps).view(x.shape)
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -113,7 +124,16 @@ def apply_rotary_qk(
     if use_fused_kernels(q) and q.dtype == k.dtype == cos.dtype and head_dim & (head_dim - 1) == 0:
         rotary_(q, k, cos, sin)
         return q, k
+    if use_cpu_kernels(q) and k.dtype == cos.dtype == torch.float32 and _heads_contiguous(q) and _heads_contiguous(k):
+        rotary_cpu_(q, cos, sin)  # in place: q and k are fresh views into this step's qkv output
+        rotary_cpu_(k, cos, sin)
+        return q, k
     return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+
+def _heads_contiguous(x: torch.Tensor) -> bool:
+    """x [T, heads, d] with each token's heads back to back (tokens may be strided)."""
+    return x.stride(2) == 1 and x.stride(1) == x.shape[2]
 
 
 CPU_FEW_ROWS = 256
@@ -166,5 +186,7 @@ class GatedMLP(nn.Module):
         gate_up = self.gate_up_proj(x)  # [T, 2I]
         if use_fused_kernels(gate_up):
             return self.down_proj(silu_and_mul(gate_up))
+        if use_cpu_kernels(gate_up) and gate_up.is_contiguous():
+            return self.down_proj(silu_and_mul_cpu(gate_up))
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)

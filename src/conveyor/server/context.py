@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from conveyor.engine.types import EngineClient, RequestOutput
 from conveyor.request import FinishReason
-from conveyor.server.errors import APIError, ErrorType, bad_request
+from conveyor.server.errors import APIError, ErrorType
 from conveyor.server.lifecycle import AdmissionGate
 from conveyor.server.metrics import ServerMetrics
 
@@ -30,20 +30,6 @@ class ServingContext:
         """404 unless `requested` is the served model (None means the served model, as vLLM)."""
         if requested is not None and requested != self.model_name:
             raise APIError(404, f"The model `{requested}` does not exist.", ErrorType.NOT_FOUND, param="model")
-
-
-def check_prompt_length(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int,
-                        prompt_field: str) -> None:
-    """400 if the prompt leaves no room for output, or prompt + max_tokens exceeds max_model_len."""
-    if num_prompt_tokens >= max_model_len:
-        raise bad_request(
-            f"{prompt_field}: the prompt has {num_prompt_tokens} tokens but max_model_len is {max_model_len}; "
-            "prompt plus at least one output token must fit, shorten the prompt", prompt_field)
-    if max_tokens is not None and num_prompt_tokens + max_tokens > max_model_len:
-        raise bad_request(
-            f"max_tokens: this model's maximum context length (max_model_len) is {max_model_len} tokens, "
-            f"but you requested {num_prompt_tokens + max_tokens} ({num_prompt_tokens} in the prompt, "
-            f"{max_tokens} in max_tokens); reduce max_tokens or the prompt", "max_tokens")
 
 
 def finish_reason_text(output: RequestOutput) -> str | None:

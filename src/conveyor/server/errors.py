@@ -32,14 +32,16 @@ class RejectReason(enum.Enum):
     """Malformed body, wrong types, unsupported or out-of-range fields (400, 404, 413)."""
     ENGINE_REJECTED = "engine_rejected"
     """The engine refused it, e.g. prompt + max_tokens over max_model_len (400)."""
-    QUEUE_FULL = "queue_full"
-    """The waiting queue was at --max-num-queued-reqs (503)."""
+    MAX_NUM_QUEUED_REQS = "max_num_queued_reqs"
+    """In-flight requests (waiting + running) were at --max-num-queued-reqs (503)."""
+    MAX_NUM_QUEUED_TOKENS = "max_num_queued_tokens"
+    """Prompt tokens still in prefill were at --max-num-queued-tokens (503)."""
     SHUTTING_DOWN = "shutting_down"
     """Received after SIGTERM, while draining (503)."""
     UNAUTHORIZED = "unauthorized"
     """Missing or wrong API key (401)."""
     ENGINE_DEAD = "engine_dead"
-    """The engine loop has stopped (503)."""
+    """The engine core has died or stopped (503)."""
 
 
 class ErrorInfo(BaseModel):

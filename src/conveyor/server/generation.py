@@ -6,9 +6,11 @@ went away before the first token, or the server is shutting down. `EngineStream.
 it and is idempotent; the streaming response calls it from `__call__`'s `finally`, so it runs even if
 the body iterator never started.
 
-The first output is awaited before any response header is sent: the engine raises
-RequestRejectedError / EngineOverloadedError there, and they must become a 400 / 503 status, not an
-event in a 200 stream. Later failures (queue timeout, engine error) arrive as outputs.
+No status line before the first output: `engine.generate` takes the admission decision (400 / 503
+raised at once), and the response waits for the request's first output before sending headers. If
+that first output is already the end of a failed request (a queue timeout: the request was never
+scheduled; an engine error), the client gets a real 503 / 500, also for `stream: true`. Only
+failures after the first output can be an error event inside a 200 stream.
 """
 
 from __future__ import annotations
@@ -51,13 +53,14 @@ def engine_dead_error() -> APIError:
                     ErrorType.OVERLOADED, reason=RejectReason.ENGINE_DEAD)
 
 
-def _admission_error(error: EngineError) -> APIError:
+def _admission_error(error: EngineError, prompt_param: str) -> APIError:
     if isinstance(error, RequestRejectedError):
-        return APIError(400, str(error), param=error.field, reason=RejectReason.ENGINE_REJECTED)
+        param = prompt_param if error.field == "prompt" else error.field
+        message = str(error) if param == error.field else str(error).replace("prompt", param, 1)
+        return APIError(400, message, param=param, reason=RejectReason.ENGINE_REJECTED)
     if isinstance(error, EngineOverloadedError):
-        return APIError(503, f"the server is overloaded: {error}" if str(error) else "the server is "
-                        "overloaded (waiting queue full); retry later", ErrorType.OVERLOADED,
-                        reason=RejectReason.QUEUE_FULL, headers={"Retry-After": str(RETRY_AFTER_S)})
+        return APIError(503, f"the server is overloaded: {error}", ErrorType.OVERLOADED,
+                        reason=RejectReason(error.reason.value), headers={"Retry-After": str(RETRY_AFTER_S)})
     return engine_dead_error()
 
 
@@ -76,11 +79,14 @@ def failed_output_error(output: RequestOutput) -> APIError | None:
 class EngineStream:
     """The engine's outputs for one request, with idempotent cleanup (abort + slot release)."""
 
-    def __init__(self, engine: EngineClient, request: GenerateRequest, gate: AdmissionGate) -> None:
+    def __init__(self, engine: EngineClient, request: GenerateRequest, gate: AdmissionGate,
+                 prompt_param: str = "prompt") -> None:
         self._engine = engine
         self._gate = gate
+        self._prompt_param = prompt_param
+        """The request field a rejected prompt is reported under (`messages` for chat)."""
         self.request_id = request.request_id
-        self._slot: InFlightSlot = gate.admit()
+        self._slot: InFlightSlot = gate.admit(request.request_id)
         self._finished = False
         self._closed = False
         try:
@@ -95,7 +101,7 @@ class EngineStream:
     def _mapped(self, error: EngineError) -> APIError:
         if isinstance(error, EngineDeadError):
             self._gate.engine_dead = True
-        return _admission_error(error)
+        return _admission_error(error, self._prompt_param)
 
     async def next(self) -> RequestOutput:
         """The next output; engine errors become APIError. Call only while not finished."""
@@ -192,6 +198,9 @@ async def respond(stream: EngineStream, http_request: Request, streaming: bool,
     however the response ends."""
     try:
         first = await run_unless_disconnected(http_request, stream.next())
+        failed = failed_output_error(first)
+        if failed is not None:  # ended before it ever ran (queue timeout): a real status, no 200
+            raise failed
         if streaming:
             return EngineStreamResponse(renderer.chunks(stream, first), on_close=stream.close)
         final = await run_unless_disconnected(http_request, renderer.collect(stream, first))

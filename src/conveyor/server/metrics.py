@@ -2,20 +2,26 @@
 
 Grafana dashboards written for vLLM must work unchanged, so names and buckets follow
 vllm/v1/metrics/loggers.py. Each server owns its `CollectorRegistry` (no global state: several apps
-can live in one test process). Fed by the engine's stats listener, called from the engine thread
-after every step (prometheus_client's metrics are thread-safe):
+can live in one test process). Fed by the engine client's stats listener, once per engine step with
+news for this front end (on the event loop):
 
-- gauges (running, waiting, KV usage) are the state after the step; per-step counts go to counters;
-- per-request intervals are observed when the request finishes, with vLLM's definitions:
-  queue = first_scheduled - arrival, prefill = first_token - first_scheduled,
+- gauges (running, waiting, KV usage) are the engine's state after the step; per-step counts go to
+  counters; both come from the step's `SchedulerStats`, which exactly one front end receives;
+- per-request intervals are observed when the request finishes, by the front end that served it,
+  with vLLM's definitions: queue = first_scheduled - arrival, prefill = first_token - first_scheduled,
   decode = last_token - first_token, TTFT = first_token - arrival, ITL = gaps between consecutive
   token times, E2E = finished - arrival, inference = last_token - first_scheduled;
 - the deprecated `vllm:gpu_cache_usage_perc` and `vllm:time_per_output_token_seconds` (= ITL, as vLLM V1
   observes it) are kept because vLLM's example Grafana dashboard still plots them;
 - `vllm:prompt_tokens_total` counts a request's whole prompt (cache hits included, recomputation
-  after preemption not) once it has produced a token, as vLLM does; we add it when it finishes.
+  after preemption not) once it has produced a token, as vLLM does; we add it when it finishes;
+- `vllm:admission_rejections_total{reason}` counts the 503s of the two admission caps, as vLLM 0.32.
 
-Counters are declared without `_total`: prometheus_client appends it.
+With `--api-server-count N > 1` every front end writes into prometheus_client's multiprocess files
+(`multiprocess_dir`) and any of them renders the merged view: counters and histograms are summed
+over the front ends (each counted its own requests, and the engine's per-step counts reached one of
+them only), gauges take the most recently written value (only the stats front end writes them), so
+nothing is counted twice. Counters are declared without `_total`: prometheus_client appends it.
 """
 
 from __future__ import annotations
@@ -23,9 +29,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
-from conveyor.engine.types import EngineInfo, FinishedRequestStats, SchedulerStats
+from conveyor.engine.types import EngineInfo, FinishedRequestStats, IterationStats, SchedulerStats
 from conveyor.request import FinishReason
 from conveyor.server.errors import RejectReason
 from conveyor.server.spec_metrics import SpecDecodeMetrics
@@ -37,7 +43,11 @@ ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 
 REQUEST_LATENCY_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                              60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+TOKENIZATION_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                          2.5, 5.0, 10.0)
 LABELS = ("model_name",)
+ADMISSION_REASONS = (RejectReason.MAX_NUM_QUEUED_REQS, RejectReason.MAX_NUM_QUEUED_TOKENS)
+"""The rejections vLLM counts in vllm:admission_rejections_total (the two queue caps)."""
 
 
 def build_1_2_5_buckets(max_value: int) -> list[int]:
@@ -61,9 +71,11 @@ def _label_name(key: str) -> str:
 class ServerMetrics:
     """The server's Prometheus registry and the listener that feeds it."""
 
-    def __init__(self, info: EngineInfo) -> None:
+    def __init__(self, info: EngineInfo, multiprocess_dir: str | None = None) -> None:
         self.registry = CollectorRegistry()
         self.model_name = info.model_name
+        self._multiprocess_dir = multiprocess_dir
+        """prometheus_client's multiprocess directory when several front ends share the metrics."""
         self._make_gauges_and_counters()
         self._make_histograms(info.max_model_len)
         self._make_conveyor_metrics(info)
@@ -72,7 +84,7 @@ class ServerMetrics:
 
     # Each helper returns the child for this server's model_name (the only label vLLM's dashboards need).
     def _gauge(self, name: str, doc: str) -> Gauge:
-        return Gauge(name, doc, LABELS, registry=self.registry).labels(self.model_name)
+        return Gauge(name, doc, LABELS, registry=self.registry, multiprocess_mode="mostrecent").labels(self.model_name)
 
     def _counter(self, name: str, doc: str) -> Counter:
         return Counter(name, doc, LABELS, registry=self.registry).labels(self.model_name)
@@ -133,18 +145,37 @@ class ServerMetrics:
         rejected = self._counters_by("conveyor:requests_rejected", "Requests refused before generation, by reason.",
                                      "reason", [reason.value for reason in RejectReason])
         self.rejected = {reason: rejected[reason.value] for reason in RejectReason}
+        admission = self._counters_by("vllm:admission_rejections",
+                                      "Number of admission attempts rejected by a queue limit, by reason.",
+                                      "reason", [reason.value for reason in ADMISSION_REASONS])
+        self.admission_rejections = {reason: admission[reason.value] for reason in ADMISSION_REASONS}
         self.queue_timeouts = self._counter("conveyor:queue_timeouts",
                                             "Requests ended because they waited longer than --queue-timeout.")
+        self.tokenization_time = self._histogram(
+            "conveyor:request_tokenization_time_seconds",
+            "Time the API server spent tokenizing (and templating) one request's prompt.", TOKENIZATION_BUCKETS_S)
+        self._peak_memory = Gauge("conveyor:engine_peak_memory_bytes",
+                                  "Peak GPU memory reserved by the engine-core process "
+                                  "(torch.cuda.max_memory_reserved; absent on CPU).",
+                                  LABELS, registry=self.registry, multiprocess_mode="mostrecent")
         config = {_label_name(key): value for key, value in sorted(info.config.items())}
         config.update(max_model_len=str(info.max_model_len), block_size=str(info.block_size),
                       num_kv_blocks=str(info.num_kv_blocks))
         config.pop("model_name", None)
         gauge = Gauge("conveyor:config_info", "Resolved engine configuration (value is always 1).",
-                      LABELS + tuple(config), registry=self.registry)
+                      LABELS + tuple(config), registry=self.registry, multiprocess_mode="max")
         gauge.labels(model_name=self.model_name, **config).set(1)
 
-    def on_step(self, stats: SchedulerStats, finished: list[FinishedRequestStats]) -> None:
-        """The engine's stats listener (engine thread)."""
+    def on_step(self, iteration: IterationStats) -> None:
+        """The engine client's stats listener (event loop)."""
+        if iteration.scheduler is not None:
+            self._observe_engine(iteration.scheduler)
+        if iteration.peak_memory_bytes is not None:
+            self._peak_memory.labels(self.model_name).set(iteration.peak_memory_bytes)
+        for request in iteration.finished:
+            self._observe_finished(request)
+
+    def _observe_engine(self, stats: SchedulerStats) -> None:
         self.running.set(stats.num_running_reqs)
         self.waiting.set(stats.num_waiting_reqs)
         self.kv_usage.set(stats.kv_cache_usage)
@@ -158,8 +189,6 @@ class ServerMetrics:
             self.iteration_tokens.observe(stats.num_scheduled_tokens)
         if self.spec_decode is not None:
             self.spec_decode.observe(stats)
-        for request in finished:
-            self._observe_finished(request)
 
     def _observe_finished(self, request: FinishedRequestStats) -> None:
         self.success[request.finish_reason].inc()
@@ -186,7 +215,16 @@ class ServerMetrics:
 
     def count_rejection(self, reason: RejectReason) -> None:
         self.rejected[reason].inc()
+        if reason in self.admission_rejections:
+            self.admission_rejections[reason].inc()
+
+    def observe_tokenization(self, seconds: float) -> None:
+        self.tokenization_time.observe(seconds)
 
     def render(self) -> bytes:
-        """The Prometheus text exposition of this server's registry."""
-        return generate_latest(self.registry)
+        """The Prometheus text exposition: this registry, or every front end's merged (multiprocess)."""
+        if self._multiprocess_dir is None:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()
+        multiprocess.MultiProcessCollector(merged, path=self._multiprocess_dir)
+        return generate_latest(merged)

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from conveyor.engine.types import GenerateRequest, RequestOutput
-from conveyor.server.context import ServingContext, check_prompt_length, finish_reason_text
+from conveyor.server.context import ServingContext, finish_reason_text
 from conveyor.server.errors import APIError, bad_request
 from conveyor.server.generation import (
     EngineStream,
@@ -52,34 +52,38 @@ class PreparedChat:
     want_logprobs: bool
 
 
-def render_chat_prompt(ctx: ServingContext, body: ChatCompletionRequest) -> list[int]:
-    """Messages -> template text -> token ids; a template failure is the messages' fault (400)."""
+async def render_chat_prompt(ctx: ServingContext, body: ChatCompletionRequest) -> list[int]:
+    """Messages -> template text -> token ids (off the event loop); a template failure is the
+    messages' fault (400)."""
     try:
-        text = ctx.engine.apply_chat_template(body.template_messages(), body.add_generation_prompt)
+        text = await ctx.engine.apply_chat_template(body.template_messages(), body.add_generation_prompt)
     except Exception as error:  # jinja raises its own types; all mean "these messages do not fit"
         raise bad_request(f"messages: the chat template rejected them: {error}", "messages") from None
-    return ctx.engine.tokenize(text, add_special_tokens=False)
+    return await ctx.engine.tokenize(text, add_special_tokens=False)
 
 
-def prepare_chat(ctx: ServingContext, body: ChatCompletionRequest) -> PreparedChat:
+async def prepare_chat(ctx: ServingContext, body: ChatCompletionRequest) -> PreparedChat:
+    """Validate, template and tokenize; the engine admits it."""
+    arrival_s = time.monotonic()
     body.check_supported()
     params = body.to_sampling_params(body.requested_max_tokens(), body.num_logprobs())
-    token_ids = render_chat_prompt(ctx, body)
+    token_ids = await render_chat_prompt(ctx, body)
+    ctx.metrics.observe_tokenization(time.monotonic() - arrival_s)
     if not token_ids:
         raise bad_request("messages: the rendered prompt is empty", "messages")
-    check_prompt_length(len(token_ids), params.max_tokens, ctx.max_model_len, "messages")
-    request = GenerateRequest(request_id=f"chatcmpl-{uuid.uuid4().hex}", prompt=token_ids,
-                              sampling_params=params, priority=body.priority, cache_salt=body.cache_salt)
+    request = GenerateRequest(request_id=f"chatcmpl-{uuid.uuid4().hex}", prompt_token_ids=token_ids,
+                              sampling_params=params, priority=body.priority, cache_salt=body.cache_salt,
+                              arrival_s=arrival_s)
     return PreparedChat(request=request, created=int(time.time()),
                         include_usage=body.include_usage_in_stream, want_logprobs=body.logprobs)
 
 
 async def create_chat_completion(ctx: ServingContext, body: ChatCompletionRequest,
                                  http_request: Request) -> Response:
-    prepared = prepare_chat(ctx, body)
+    prepared = await prepare_chat(ctx, body)
     renderer = ResponseRenderer(chunks=functools.partial(_chunks, ctx, prepared),
                                 collect=functools.partial(_collect, ctx, prepared))
-    stream = EngineStream(ctx.engine, prepared.request, ctx.gate)
+    stream = EngineStream(ctx.engine, prepared.request, ctx.gate, prompt_param="messages")
     return await respond(stream, http_request, body.stream, renderer)
 
 

@@ -12,8 +12,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from conveyor.engine.types import GenerateRequest, RequestOutput
-from conveyor.server.context import ServingContext, check_prompt_length, finish_reason_text
-from conveyor.server.errors import APIError, bad_request
+from conveyor.server.context import ServingContext, finish_reason_text
+from conveyor.server.errors import APIError
 from conveyor.server.generation import (
     EngineStream,
     ResponseRenderer,
@@ -44,25 +44,29 @@ class PreparedCompletion:
     want_logprobs: bool
 
 
-def prepare_completion(ctx: ServingContext, body: CompletionRequest) -> PreparedCompletion:
+async def prepare_completion(ctx: ServingContext, body: CompletionRequest) -> PreparedCompletion:
+    """Validate the body and tokenize the prompt (off the event loop); the engine admits it."""
+    arrival_s = time.monotonic()
     body.check_supported()
     prompt = body.single_prompt()
     params = body.to_sampling_params(body.max_tokens, body.logprobs)
-    token_ids = ctx.engine.tokenize(prompt, add_special_tokens=True) if isinstance(prompt, str) else prompt
-    if not token_ids:
-        raise bad_request("prompt: must contain at least one token", "prompt")
-    check_prompt_length(len(token_ids), params.max_tokens, ctx.max_model_len, "prompt")
+    if isinstance(prompt, str):
+        token_ids = await ctx.engine.tokenize(prompt, add_special_tokens=True)
+        ctx.metrics.observe_tokenization(time.monotonic() - arrival_s)
+    else:
+        token_ids = prompt
     echo_text = None
     if body.echo:
-        echo_text = prompt if isinstance(prompt, str) else ctx.engine.detokenize(token_ids)
-    request = GenerateRequest(request_id=f"cmpl-{uuid.uuid4().hex}", prompt=token_ids, sampling_params=params,
-                              priority=body.priority, cache_salt=body.cache_salt)
+        echo_text = prompt if isinstance(prompt, str) else await ctx.engine.detokenize(token_ids)
+    request = GenerateRequest(request_id=f"cmpl-{uuid.uuid4().hex}", prompt_token_ids=token_ids,
+                              sampling_params=params, priority=body.priority, cache_salt=body.cache_salt,
+                              arrival_s=arrival_s)
     return PreparedCompletion(request=request, created=int(time.time()), echo_text=echo_text,
                               include_usage=body.include_usage_in_stream, want_logprobs=body.logprobs is not None)
 
 
 async def create_completion(ctx: ServingContext, body: CompletionRequest, http_request: Request) -> Response:
-    prepared = prepare_completion(ctx, body)
+    prepared = await prepare_completion(ctx, body)
     renderer = ResponseRenderer(chunks=functools.partial(_chunks, ctx, prepared),
                                 collect=functools.partial(_collect, ctx, prepared))
     stream = EngineStream(ctx.engine, prepared.request, ctx.gate)

@@ -18,6 +18,7 @@ import torch
 
 from conveyor.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from conveyor.core.outputs import PLACEHOLDER_TOKEN_ID, ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from conveyor.kernels.cpu_build import cpu_kernels_available
 from conveyor.model.loader import load_model, resolve_dtype
 from conveyor.sampling_params import SamplingParams
 from conveyor.worker.cuda_graphs import CudaGraphRunner, GraphPlan
@@ -43,9 +44,12 @@ from conveyor.worker.warmup import warm_up
 
 
 def attention_backend_for(device: torch.device, dtype: torch.dtype) -> str:
-    """The Triton kernels on CUDA with a 16-bit cache (what they support); the torch reference otherwise."""
+    """The Triton kernels on CUDA with a 16-bit cache (what they support); on CPU in float32 the C
+    paged-decode kernel where it builds; the torch reference otherwise."""
     if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
         return "triton"
+    if device.type == "cpu" and dtype == torch.float32 and cpu_kernels_available():
+        return "cpu"
     return "torch"
 
 

@@ -8,14 +8,14 @@ import json
 from prometheus_client.parser import text_string_to_metric_families
 
 from conveyor.core.stats import SpecDecodingStats
-from conveyor.engine.types import EngineInfo, SchedulerStats
+from conveyor.engine.types import EngineInfo, IterationStats, SchedulerStats
 from conveyor.server.metrics import ServerMetrics
 
 NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4})
 
 
 def info(speculative_config: str) -> EngineInfo:
-    return EngineInfo("m", max_model_len=64, block_size=16, num_kv_blocks=8,
+    return EngineInfo("m", max_model_len=64, block_size=16, num_kv_blocks=8, vocab_size=1000,
                       config={"speculative-config": speculative_config})
 
 
@@ -37,7 +37,7 @@ def test_spec_decode_counters_sum_the_steps_per_position() -> None:
     second = SpecDecodingStats(num_spec_tokens=3)
     second.observe_draft(num_draft_tokens=3, num_accepted_tokens=3)
     for stats in (step(first), step(None), step(second)):
-        metrics.on_step(stats, [])
+        metrics.on_step(IterationStats(stats))
     text = metrics.render().decode()
     assert samples(text, "vllm:spec_decode_num_drafts_total") == {"": 3}
     assert samples(text, "vllm:spec_decode_num_draft_tokens_total") == {"": 8}

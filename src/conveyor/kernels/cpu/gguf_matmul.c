@@ -1,0 +1,135 @@
+/* Weight-only GGUF block matmuls on the CPU: out[M, N] = x[M, K] @ W^T with float32 activations.
+ *
+ * W stays in its GGUF blocks of 32 weights along K; a weight is rebuilt in registers as
+ * w = d * q + m (Q4_1; Q4_0 is the same with m = -8 d) or w = d * q (Q8_0) and multiplied into
+ * float32 accumulators, so the result is the float32 matmul of the dequantized weight up to the
+ * order of the float32 additions. Decode reads the weight once per step, so what matters is bytes
+ * (0.75 per Q4 weight here, 4 in float32) and the unpack work per weight, which a tile of 4 output
+ * rows x up to 4 input rows shares: each weight is unpacked once per 4 input rows, each input vector
+ * loaded once per 4 output rows. Layout (prepared by conveyor.model.quantized):
+ *   Q4: qs [N, K/2] uint8, block b of row n at bytes [16 b, 16 b + 16): byte j holds element j in its
+ *       low nibble and element j + 16 in its high nibble (GGUF's order); d, m [N, K/32] float32.
+ *   Q8: qs [N, K] int8; d [N, K/32] float32.
+ * Written with GCC vector extensions (AVX-512 with -march=native on x86, NEON on ARM); OpenMP splits
+ * the output rows over `num_threads` threads.
+ */
+#include "vec.h"
+
+typedef uint8_t v16u8 __attribute__((vector_size(16)));
+#define QK 32
+#ifndef TILE_N
+#define TILE_N 2
+#endif
+#ifndef TILE_M
+#define TILE_M 8
+#endif
+/* Two steps: a direct u8 -> float conversion is scalarized by GCC 12. */
+#define TO_FLOAT(v) __builtin_convertvector(__builtin_convertvector((v), v16i), v16f)
+
+INLINE float hsum(v16f v) { float s = 0.0f; for (int i = 0; i < 16; i++) s += v[i]; return s; }
+
+/* The weights of block b of row n as two vectors: elements [0, 16) and [16, 32). */
+INLINE void q4_block(const uint8_t* qs, const float* d, const float* m, int64_t K, int64_t n, int64_t b,
+                     v16f* lo, v16f* hi) {
+  const int64_t nb = K / QK;
+  v16u8 raw;
+  memcpy(&raw, qs + n * (K / 2) + b * 16, 16);
+  const float scale = d[n * nb + b], offset = m[n * nb + b];
+  *lo = TO_FLOAT(raw & 0x0F) * scale + offset;
+  *hi = TO_FLOAT(raw >> 4) * scale + offset;
+}
+
+INLINE void q8_block(const int8_t* qs, const float* d, int64_t K, int64_t n, int64_t b, v16f* lo, v16f* hi) {
+  /* GCC 12 scalarizes int8 -> int32 conversions, so the codes are read as bytes biased by 128
+   * (q + 128 = byte ^ 0x80, zero-extended like the Q4 nibbles) and w = d (q + 128) - 128 d, which is
+   * d q exactly (every term fits float32's 24 bits). */
+  v16u8 q0, q1;
+  memcpy(&q0, qs + n * K + b * QK, 16);
+  memcpy(&q1, qs + n * K + b * QK + 16, 16);
+  const float scale = d[n * (K / QK) + b], offset = -128.0f * scale;
+  *lo = TO_FLOAT(q0 ^ 0x80) * scale + offset;
+  *hi = TO_FLOAT(q1 ^ 0x80) * scale + offset;
+}
+
+/* out rows [0, rows) x columns [n0, n0 + cols) of one tile; cols, rows compile-time after inlining. */
+INLINE void tile(const float* x, int64_t K, const void* qs, const float* d, const float* m,
+                 int64_t n0, int64_t N, float* out, const int cols, const int rows) {
+  v16f acc[TILE_N][TILE_M > 8 ? 8 : TILE_M];
+  for (int j = 0; j < cols; j++)
+    for (int r = 0; r < rows; r++) acc[j][r] = (v16f){0};
+  for (int64_t b = 0; b < K / QK; b++) {
+    v16f lo[TILE_N], hi[TILE_N];
+    for (int j = 0; j < cols; j++) {
+      if (m) q4_block((const uint8_t*)qs, d, m, K, n0 + j, b, &lo[j], &hi[j]);
+      else q8_block((const int8_t*)qs, d, K, n0 + j, b, &lo[j], &hi[j]);
+    }
+    for (int r = 0; r < rows; r++) {
+      const v16f x0 = load16(x + r * K + b * QK), x1 = load16(x + r * K + b * QK + 16);
+      for (int j = 0; j < cols; j++) acc[j][r] += lo[j] * x0 + hi[j] * x1;
+    }
+  }
+  for (int j = 0; j < cols; j++)
+    for (int r = 0; r < rows; r++) out[r * N + n0 + j] = hsum(acc[j][r]);
+}
+
+#define ROW_CASE(COLS, R) case R: if (R <= TILE_M) tile(xr, K, qs, d, m, n0, N, outr, COLS, R <= TILE_M ? R : 1); break;
+#define ROWS_CASES(COLS)                                                                          \
+  switch (rows) {                                                                                 \
+    ROW_CASE(COLS, 1) ROW_CASE(COLS, 2) ROW_CASE(COLS, 3) ROW_CASE(COLS, 4)                       \
+    ROW_CASE(COLS, 5) ROW_CASE(COLS, 6) ROW_CASE(COLS, 7) ROW_CASE(COLS, 8)                       \
+  }
+
+/* m == NULL selects Q8_0 blocks, else Q4 blocks (one specialized copy each after inlining). */
+static void block_matmul(const float* x, int64_t M, int64_t K, const void* qs, const float* d,
+                         const float* m, int64_t N, float* out, int num_threads) {
+  const int64_t num_tiles = (N + TILE_N - 1) / TILE_N;
+  #pragma omp parallel for schedule(static) num_threads(num_threads)
+  for (int64_t t = 0; t < num_tiles; t++) {
+    const int64_t n_begin = t * TILE_N, n_end = n_begin + TILE_N < N ? n_begin + TILE_N : N;
+    for (int64_t r0 = 0; r0 < M; r0 += TILE_M) {
+      const int64_t rows = M - r0 < TILE_M ? M - r0 : TILE_M;
+      const float* xr = x + r0 * K;
+      float* outr = out + r0 * N;
+      if (n_end - n_begin == TILE_N) {
+        const int64_t n0 = n_begin;
+        ROWS_CASES(TILE_N)
+      } else {
+        for (int64_t n0 = n_begin; n0 < n_end; n0++) ROWS_CASES(1)
+      }
+    }
+  }
+}
+
+void q4_matmul(const float* x, int64_t M, int64_t K, const uint8_t* qs, const float* d, const float* m,
+               int64_t N, float* out, int num_threads) {
+  block_matmul(x, M, K, qs, d, m, N, out, num_threads);
+}
+
+void q8_0_matmul(const float* x, int64_t M, int64_t K, const int8_t* qs, const float* d,
+                 int64_t N, float* out, int num_threads) {
+  block_matmul(x, M, K, qs, d, NULL, N, out, num_threads);
+}
+
+/* out [N, K] float32 = the dequantized weight (prefill-sized inputs multiply it with BLAS). */
+void q4_dequantize(const uint8_t* qs, const float* d, const float* m, int64_t N, int64_t K, float* out,
+                   int num_threads) {
+  #pragma omp parallel for schedule(static) num_threads(num_threads)
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t b = 0; b < K / QK; b++) {
+      v16f lo, hi;
+      q4_block(qs, d, m, K, n, b, &lo, &hi);
+      memcpy(out + n * K + b * QK, &lo, sizeof lo);
+      memcpy(out + n * K + b * QK + 16, &hi, sizeof hi);
+    }
+}
+
+void q8_0_dequantize(const int8_t* qs, const float* d, int64_t N, int64_t K, float* out, int num_threads) {
+  #pragma omp parallel for schedule(static) num_threads(num_threads)
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t b = 0; b < K / QK; b++) {
+      v16f lo, hi;
+      q8_block(qs, d, K, n, b, &lo, &hi);
+      memcpy(out + n * K + b * QK, &lo, sizeof lo);
+      memcpy(out + n * K + b * QK + 16, &hi, sizeof hi);
+    }
+}

@@ -1,0 +1,64 @@
+"""Paged decode attention on the CPU (kernels/cpu/paged_attention.c): wrapper and torch reference.
+
+The model: every decode token (a sequence with one query token) attends to its sequence's
+`seq_len` cached keys, read in place through its block table with an online softmax: K/V are read
+once, never gathered into a padded copy. GQA: query head h reads KV head h // (H // KVH).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from conveyor.kernels.cpu_build import cpu_kernels
+
+MAX_HEAD_DIM = 256
+"""Largest head_dim the C kernel takes (a multiple of 16)."""
+MAX_GROUP = 16
+"""Most query heads per KV head the C kernel takes."""
+
+
+def kernel_supports(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether `paged_decode_attention` takes this geometry."""
+    return (head_dim % 16 == 0 and head_dim <= MAX_HEAD_DIM and num_heads % num_kv_heads == 0
+            and num_heads // num_kv_heads <= MAX_GROUP)
+
+
+def paged_decode_attention(
+    query: torch.Tensor, kv_cache: torch.Tensor, token_rows: torch.Tensor, seq_rows: torch.Tensor,
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, out: torch.Tensor,
+) -> None:
+    """Write out[token_rows] = attention of query[token_rows] [S, H, D] over the paged KV.
+
+    kv_cache [2, num_blocks, block_size, KVH, D] float32; token_rows, seq_rows [S] int64 (rows of
+    query/out, rows of block_tables [num_seqs, max_blocks] int32 and seq_lens [num_seqs] int32).
+    """
+    num_tokens, num_heads, head_dim = query.shape
+    _, num_blocks, block_size, num_kv_heads, cache_head_dim = kv_cache.shape
+    assert cache_head_dim == head_dim and kernel_supports(num_heads, num_kv_heads, head_dim), (
+        f"{num_heads} heads, {num_kv_heads} KV heads, head_dim {head_dim}")
+    assert query.dtype == kv_cache.dtype == out.dtype == torch.float32
+    assert query.is_contiguous() and kv_cache.is_contiguous() and out.is_contiguous() and out.shape == query.shape
+    assert token_rows.dtype == seq_rows.dtype == torch.int64 and token_rows.shape == seq_rows.shape
+    assert block_tables.dtype == seq_lens.dtype == torch.int32 and block_tables.is_contiguous()
+    assert all(t.device.type == "cpu" for t in (query, kv_cache, token_rows, seq_rows, block_tables, seq_lens, out))
+    status = cpu_kernels().paged_decode_attention(
+        query.data_ptr(), kv_cache.data_ptr(), token_rows.data_ptr(), seq_rows.data_ptr(),
+        block_tables.data_ptr(), block_tables.shape[1], seq_lens.data_ptr(), token_rows.numel(),
+        num_heads, num_kv_heads, head_dim, block_size, num_blocks, scale, out.data_ptr(), torch.get_num_threads(),
+    )
+    assert status == 0, "paged_decode_attention rejected its geometry"
+
+
+def paged_decode_attention_ref(
+    query: torch.Tensor, kv_cache: torch.Tensor, token_rows: torch.Tensor, seq_rows: torch.Tensor,
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, out: torch.Tensor,
+) -> None:
+    """Torch reference of `paged_decode_attention`: per sequence, gather its keys and run SDPA."""
+    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    for token, seq in zip(token_rows.tolist(), seq_rows.tolist()):
+        seq_len = int(seq_lens[seq])
+        blocks = block_tables[seq, : -(-seq_len // block_size)].long()
+        k, v = (kv_cache[i][blocks].flatten(0, 1)[:seq_len].transpose(0, 1) for i in (0, 1))  # [KVH, L, D]
+        q = query[token].view(num_kv_heads, -1, query.shape[-1])  # [KVH, G, D]
+        out[token] = F.scaled_dot_product_attention(q, k, v, scale=scale).reshape(query.shape[1:])

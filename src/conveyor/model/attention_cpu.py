@@ -1,0 +1,98 @@
+"""The "cpu" attention backend: decodes read the paged KV in place (a C kernel), prefills as in torch.
+
+A decode is one query token against its whole context: memory-bound, and on the torch backend its
+K/V were first gathered into a padded copy (a full extra pass over K/V per layer) and then read
+again by SDPA. Here every decode of the step goes to `paged_decode_attention` in one call, which
+walks each sequence's blocks with an online softmax, reading each K/V byte once. Prefill chunks
+(several query tokens) are compute-bound and keep the torch path (gather + fused SDPA). The step's
+index tensors are planned once, by the first layer, and reused by the other layers. Geometries the
+kernel does not take (head_dim not a multiple of 16 or over 256, over 16 query heads per KV head)
+run the torch backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from conveyor.kernels.paged_attention_cpu import kernel_supports, paged_decode_attention
+from conveyor.model.attention import (
+    PrefillChunk,
+    TorchAttentionBackend,
+    gather_blocks,
+    paged_attention_torch,
+    plan_prefill_chunk,
+    prefill_attention,
+)
+from conveyor.model.attention_metadata import AttentionMetadata
+
+
+@dataclass(frozen=True)
+class CPUAttentionPlan:
+    """What the cpu backend derives from one step's metadata, once, for every layer."""
+
+    decode_token_rows: torch.Tensor
+    """[S] int64: the decode tokens' rows in query / out."""
+    decode_seq_rows: torch.Tensor
+    """[S] int64: their sequences' rows in block_tables / seq_lens."""
+    block_tables: torch.Tensor
+    """[num_seqs, max_blocks] int32, contiguous (what the kernel indexes)."""
+    seq_lens: torch.Tensor
+    """[num_seqs] int32, contiguous."""
+    prefill_chunks: list[PrefillChunk]
+    """Multi-token queries, one by one (torch path)."""
+    gather_buffer: torch.Tensor | None
+    """[2, max blocks of one chunk, block_size, kvh, d] K/V scratch of the prefill chunks (None: no chunk)."""
+
+
+def plan_cpu_attention(metadata: AttentionMetadata, kv_cache: torch.Tensor, dtype: torch.dtype) -> CPUAttentionPlan:
+    starts = [0]
+    for length in metadata.query_lens_cpu:
+        starts.append(starts[-1] + length)
+    decodes = [i for i, q in enumerate(metadata.query_lens_cpu) if q == 1]
+    chunks = [
+        plan_prefill_chunk(metadata, i, slice(starts[i], starts[i + 1]), dtype)
+        for i, q in enumerate(metadata.query_lens_cpu) if q > 1
+    ]
+    buffer = None
+    if chunks:
+        max_blocks = max(chunk.block_ids.numel() for chunk in chunks)
+        buffer = torch.empty((2, max_blocks, *kv_cache.shape[2:]), dtype=kv_cache.dtype)
+    return CPUAttentionPlan(
+        decode_token_rows=torch.tensor([starts[i] for i in decodes], dtype=torch.int64),
+        decode_seq_rows=torch.tensor(decodes, dtype=torch.int64),
+        block_tables=metadata.block_tables.to(torch.int32).contiguous(),
+        seq_lens=metadata.seq_lens.to(torch.int32).contiguous(),
+        prefill_chunks=chunks,
+        gather_buffer=buffer,
+    )
+
+
+class CPUAttentionBackend(TorchAttentionBackend):
+    """Paged attention for float32 caches on the CPU (decodes in C, prefill chunks and K/V writes in torch)."""
+
+    name = "cpu"
+
+    def forward(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        """query [T, H, d] -> [T, H, d], this step's K/V already written."""
+        if kv_cache.dtype != torch.float32 or kv_cache.device.type != "cpu":
+            raise ValueError(f"the cpu attention backend needs a float32 CPU KV cache (got {kv_cache.dtype} on "
+                             f"{kv_cache.device}); use the torch backend")
+        if not kernel_supports(query.shape[1], kv_cache.shape[-2], query.shape[-1]):
+            return paged_attention_torch(query, kv_cache, metadata, scale)
+        plan = metadata.backend_plan
+        if not isinstance(plan, CPUAttentionPlan):  # first layer of the step: plan once
+            plan = metadata.backend_plan = plan_cpu_attention(metadata, kv_cache, query.dtype)
+        query = query.contiguous()
+        out = torch.empty_like(query)
+        if plan.decode_token_rows.numel():
+            paged_decode_attention(query, kv_cache, plan.decode_token_rows, plan.decode_seq_rows,
+                                   plan.block_tables, plan.seq_lens, scale, out)
+        for chunk in plan.prefill_chunks:
+            assert plan.gather_buffer is not None
+            k, v = gather_blocks(kv_cache, chunk.block_ids, plan.gather_buffer)
+            out[chunk.tokens] = prefill_attention(query[chunk.tokens], k, v, chunk, scale)
+        return out

@@ -1,0 +1,130 @@
+"""The C CPU kernels (kernels/cpu/) equal their torch references; the build reports why it cannot run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conveyor.kernels import cpu_build
+from conveyor.kernels.elementwise_cpu import (
+    rms_norm_cpu,
+    rms_norm_ref,
+    rotary_cpu_,
+    rotary_ref,
+    silu_and_mul_cpu,
+    silu_and_mul_ref,
+)
+from conveyor.kernels.gguf_matmul import (
+    q4_dequantize,
+    q4_dequantize_ref,
+    q4_matmul,
+    q4_matmul_ref,
+    q8_0_dequantize,
+    q8_0_dequantize_ref,
+    q8_0_matmul,
+    q8_0_matmul_ref,
+)
+from conveyor.kernels.paged_attention_cpu import paged_decode_attention, paged_decode_attention_ref
+
+pytestmark = pytest.mark.skipif(not cpu_build.cpu_kernels_available(), reason="no C compiler for the CPU kernels")
+
+
+def q4_weight(num_rows: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 256, (num_rows, k // 2), dtype=torch.uint8, generator=gen)
+    return codes, torch.rand(num_rows, k // 32, generator=gen) * 0.1, -torch.rand(num_rows, k // 32, generator=gen)
+
+
+@pytest.mark.parametrize("num_rows", [1, 2, 3, 4, 5, 8, 13, 16])
+@pytest.mark.parametrize(("n", "k"), [(40, 64), (7, 96), (96, 576)])
+def test_q4_matmul_matches_the_dequantized_float32_matmul(num_rows: int, n: int, k: int) -> None:
+    qweight, scales, mins = q4_weight(n, k, seed=num_rows + n)
+    x = torch.randn(num_rows, k, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(q4_matmul(x, qweight, scales, mins), q4_matmul_ref(x, qweight, scales, mins),
+                               atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("num_rows", [1, 3, 6])
+def test_q8_0_matmul_matches_the_dequantized_float32_matmul(num_rows: int) -> None:
+    gen = torch.Generator().manual_seed(num_rows)
+    qweight = torch.randint(-128, 128, (21, 128), dtype=torch.int8, generator=gen)
+    scales = torch.rand(21, 4, generator=gen) * 0.01
+    x = torch.randn(num_rows, 128, generator=gen)
+    torch.testing.assert_close(q8_0_matmul(x, qweight, scales), q8_0_matmul_ref(x, qweight, scales),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_dequantizers_match_their_references() -> None:
+    qweight, scales, mins = q4_weight(9, 64, seed=3)
+    # d q + m: the kernel's fused multiply-add rounds once, the reference twice
+    torch.testing.assert_close(q4_dequantize(qweight, scales, mins), q4_dequantize_ref(qweight, scales, mins),
+                               atol=1e-7, rtol=2e-7)
+    codes = torch.randint(-128, 128, (9, 64), dtype=torch.int8)
+    assert torch.equal(q8_0_dequantize(codes, scales), q8_0_dequantize_ref(codes, scales))
+
+
+def test_q4_wrapper_checks_shapes() -> None:
+    qweight, scales, mins = q4_weight(8, 64, seed=0)
+    with pytest.raises(AssertionError):
+        q4_matmul(torch.randn(2, 32), qweight, scales, mins)  # K mismatch
+    with pytest.raises(AssertionError):
+        q4_matmul(torch.randn(2, 64, dtype=torch.float64), qweight, scales, mins)
+
+
+@pytest.mark.parametrize(("block_size", "num_heads", "num_kv_heads", "head_dim"),
+                         [(16, 9, 3, 64), (4, 8, 2, 32), (32, 4, 4, 128), (256, 6, 1, 16)])
+def test_paged_decode_attention_matches_the_reference(block_size, num_heads, num_kv_heads, head_dim) -> None:
+    gen = torch.Generator().manual_seed(block_size)
+    seq_lens = [1, 7, block_size, block_size + 1, 290]
+    blocks_each = -(-max(seq_lens) // block_size)
+    num_blocks = blocks_each * len(seq_lens) + 2
+    kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
+    tables = torch.randperm(num_blocks, generator=gen)[: blocks_each * len(seq_lens)].view(len(seq_lens), -1)
+    query = torch.randn(len(seq_lens) + 2, num_heads, head_dim, generator=gen)
+    token_rows, seq_rows = torch.tensor([0, 2, 3, 4, 6]), torch.tensor([4, 0, 2, 1, 3])  # any order
+    args = (query, kv_cache, token_rows, seq_rows, tables.int().contiguous(), torch.tensor(seq_lens, dtype=torch.int32),
+            head_dim**-0.5)
+    out, expected = torch.zeros_like(query), torch.zeros_like(query)
+    paged_decode_attention(*args, out)
+    paged_decode_attention_ref(*args, expected)
+    torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
+
+
+def test_build_without_a_compiler_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_build.shutil, "which", lambda _name: None)
+    with pytest.raises(cpu_build.CPUKernelsUnavailable, match="no C compiler"):
+        cpu_build.cpu_kernels.__wrapped__()
+
+
+def test_a_failed_build_reports_the_compiler_error(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "broken.c").write_text("int f(void) { return }\n")
+    monkeypatch.setattr(cpu_build, "SOURCE_DIR", tmp_path)
+    monkeypatch.setattr(cpu_build, "_cache_dir", lambda: tmp_path)
+    with pytest.raises(cpu_build.CPUKernelsUnavailable, match="building the CPU kernels failed"):
+        cpu_build.cpu_kernels.__wrapped__()
+
+
+@pytest.mark.parametrize("num_rows", [1, 7, 80])
+@pytest.mark.parametrize("cols", [576, 64, 40])
+def test_rms_norm_matches_the_eager_formula_on_strided_rows(num_rows: int, cols: int) -> None:
+    x = torch.randn(num_rows, 3, cols)[:, 1]  # rows 3 * cols apart
+    weight = torch.randn(cols)
+    torch.testing.assert_close(rms_norm_cpu(x, weight, 1e-5), rms_norm_ref(x, weight, 1e-5), atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("num_tokens", "head_dim"), [(1, 64), (9, 128), (70, 40)])
+def test_rotary_in_place_matches_rotate_half(num_tokens: int, head_dim: int) -> None:
+    qkv = torch.randn(num_tokens, 7 * head_dim)
+    q = qkv[:, : 4 * head_dim].view(num_tokens, 4, head_dim)  # a view into the fused output
+    cos, sin = torch.randn(num_tokens, head_dim), torch.randn(num_tokens, head_dim)
+    expected = rotary_ref(q.clone(), cos, sin)
+    untouched = qkv[:, 4 * head_dim :].clone()
+    rotary_cpu_(q, cos, sin)
+    torch.testing.assert_close(q, expected, atol=1e-6, rtol=1e-6)
+    assert torch.equal(qkv[:, 4 * head_dim :], untouched)
+
+
+@pytest.mark.parametrize(("num_rows", "inner"), [(1, 1536), (5, 24), (65, 100)])
+def test_silu_and_mul_matches_torch(num_rows: int, inner: int) -> None:
+    gate_up = torch.randn(num_rows, 2 * inner) * 6
+    torch.testing.assert_close(silu_and_mul_cpu(gate_up), silu_and_mul_ref(gate_up), atol=1e-6, rtol=1e-5)
