@@ -12,6 +12,7 @@
 #   bash benchmarks/gpu/session.sh online ENGINE TAG RATES -- SERVER_FLAGS...   (ENGINE: conveyor | vllm)
 #   bash benchmarks/gpu/session.sh gguf             reassemble SmolLM2's GGUF (after c3 and c4)
 #   bash benchmarks/gpu/session.sh parity           real weights vs transformers, then a served chat answer
+#   bash benchmarks/gpu/session.sh spec-step        n-gram speculation's runner-level cost on nano256 (random ids)
 # Results: JSON lines in $OUT/results.jsonl (offline), vbench_*.json / logs in $OUT (online).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -97,5 +98,10 @@ case $step in
       "temperature": 0, "messages": [{"role": "user", "content": "What is the capital of France?"}]}' \
       | tee "$OUT/served_chat.json"; echo
     stop_server $pid ;;
+  spec-step)
+    timeout -s KILL 300 python3 benchmarks/spec_decode_step.py --device cuda --model benchmarks/models/qwen3-0.6b \
+      --load-format dummy --dtype bfloat16 --batch-size 256 --speculative-config \
+      '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 5}' \
+      > "$OUT/spec_step.log" 2>&1; echo "spec-step rc=$?"; grep -h RESULT "$OUT/spec_step.log" | cut -c1-400 ;;
 esac
 exit 0
