@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import zmq
 
 from conveyor.config import EngineConfig
+from conveyor.engine.args import fields_to_flags
 from conveyor.engine.core_proc import EngineAddresses, EngineCoreProc, watch_parent
 from conveyor.engine.messages import (
     EngineReady,
@@ -117,7 +118,7 @@ class EngineProcess:
         message = decode(handshake.recv())
         if isinstance(message, EngineStartupFailed):
             self.process.join(timeout=SHUTDOWN_TIMEOUT_S)
-            raise EngineStartupError(message.message)
+            raise EngineStartupError(fields_to_flags(message.message))  # the flags the user typed
         return message.info
 
     def is_alive(self) -> bool:
