@@ -53,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_window_arguments(parser)
     parser.add_argument("--endpoint", default=d["endpoint"].default, choices=["completions", "chat"])
     parser.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="sent with every request, as vllm bench serve's (default: not sent, the server's 1.0)")
     parser.add_argument("--out", required=True, help="run directory to write")
     parser.add_argument("--label", default="", help="run name in tables (default: the --out directory name)")
     parser.add_argument("--max-send-lag-ms", type=float, default=d["max_send_lag_p99_ms"].default,
@@ -86,7 +88,7 @@ def config_from_args(args: argparse.Namespace) -> BenchRunConfig:
     return BenchRunConfig(
         base_url=args.base_url, trace_path=args.trace, request_rate=args.rate, out_dir=args.out, label=args.label,
         burstiness=args.burstiness, arrival=args.arrival, time_scale=args.time_scale, endpoint=args.endpoint,
-        model=args.model, seed=args.seed, max_send_lag_p99_ms=args.max_send_lag_ms,
+        temperature=args.temperature, model=args.model, seed=args.seed, max_send_lag_p99_ms=args.max_send_lag_ms,
         request_timeout_s=args.request_timeout_s, scrape_interval_s=args.scrape_interval_s, slo=slo,
         api_key=args.api_key, num_requests=args.num_requests, show_progress=not args.no_progress,
         profile=args.profile, max_concurrency=args.max_concurrency, num_workers=args.workers,
