@@ -6,10 +6,11 @@ Traffic classes: `agent` (`conveyor trace make`'s agent class with every turn a 
 passage, edit code, fill JSON -- shrunk to fit a CPU), `chat` (its chat class) and `copy` (written
 here: "repeat this exactly" over natural passages and code, COPY_TEXTS, stopping at EOS). The agent
 class's bodies are word soup from a word list, which SmolLM2-135M does not copy; `copy` is what the
-model really copies, so it bounds what n-gram lookup can buy here. Per repeat, every configuration in
-turn gets a fresh server (embedded SmolLM2, float32) that serves every trace through the chat
-endpoint (`--endpoint`), closed loop at `--concurrency` requests in flight (low concurrency is where
-speculation pays: the step is memory-bound and verifying 1 + K tokens costs little more than decoding
+model really copies, so it bounds what n-gram lookup can buy here. Configurations (`--configs`): off,
+ngram and draft-q4 (the same GGUF on its Q4 blocks drafting for the float32 target). Per repeat, every
+configuration in turn gets a fresh server (embedded SmolLM2, float32: `--serve-args`) that serves
+every trace through the chat endpoint (`--endpoint`) at `--temperature` (default 0, greedy), closed
+loop at `--concurrency` requests in flight (low concurrency is where speculation pays: the step is memory-bound and verifying 1 + K tokens costs little more than decoding
 one). The order of the configurations alternates between repeats (A B C, C B A, ...) so that a drift
 of a shared machine does not favour one. Printed per class and configuration: output tok/s, median
 TPOT and ITL (ITL is the gap between streamed chunks, as vllm bench serve defines it: a verifying step
@@ -82,13 +83,18 @@ METRICS = (("output tok/s", "output_throughput", 1.0), ("TPOT ms", "median_tpot_
 
 
 def default_configs() -> dict[str, dict[str, Any] | None]:
-    # No smaller model shares SmolLM2's tokenizer here: the draft is the target's first 26 of 30 layers
-    # (fewer accept almost nothing: 16 layers 0%, 22 layers 7% on chat prompts).
-    draft = {"method": "draft_model", "model": str(embedded_gguf_path()), "num_speculative_tokens": 3,
-             "num_hidden_layers_override": 26}
+    # No smaller model shares SmolLM2's tokenizer here. The draft is the same GGUF computed on its Q4 blocks
+    # (a draft model's --quantization is auto: gguf on the CPU) for the float32 target that DEFAULT_SERVE_ARGS
+    # asks for: the cheaper kernel of the same weights, as the issue suggests. '"num_hidden_layers_override": N'
+    # in a --configs entry truncates it instead.
+    draft = {"method": "draft_model", "model": str(embedded_gguf_path()), "num_speculative_tokens": 3}
     return {"off": None,
             "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
-            "draft-26-layers": draft}
+            "draft-q4": draft}
+
+
+DEFAULT_SERVE_ARGS = "--quantization none"
+"""The target: SmolLM2 dequantized to float32 (its Q4 blocks draft for it)."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,8 @@ class Plan:
     """Extra `conveyor serve` flags."""
     endpoint: str
     """completions or chat (the chat template of the instruct model)."""
+    temperature: float
+    """Of every request (0: greedy, where acceptance is the share of drafts the target's argmax matches)."""
 
 
 def conveyor(*args: str) -> None:
@@ -157,7 +165,8 @@ def run_config(plan: Plan, name: str, repeat: int, traces: dict[str, pathlib.Pat
         for traffic, trace in traces.items():
             run_dir = server_dir / traffic
             conveyor("bench", "run", "--base-url", server.base_url, "--trace", str(trace), "--rate", "inf",
-                     "--max-concurrency", str(plan.concurrency), "--endpoint", plan.endpoint, "--out", str(run_dir),
+                     "--max-concurrency", str(plan.concurrency), "--endpoint", plan.endpoint,
+                     "--temperature", str(plan.temperature), "--out", str(run_dir),
                      "--label",
                      f"{name}/{traffic}/r{repeat}", "--no-progress", "--force")
             summaries[traffic] = json.loads((run_dir / "summary.json").read_text())
@@ -212,8 +221,9 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--serve-args", default="", help="extra conveyor serve flags (default none: on CPU the "
-                        "engine then leaves a core to the API server)")
+    parser.add_argument("--serve-args", default=DEFAULT_SERVE_ARGS, help="extra conveyor serve flags (default: "
+                        f"{DEFAULT_SERVE_ARGS!r}, a float32 target; on CPU the engine leaves a core to the API server)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="of every request (default 0: greedy)")
     parser.add_argument("--endpoint", choices=["chat", "completions"], default="chat",
                         help="chat (default: SmolLM2 is an instruct model) or completions (raw prompts)")
     args = parser.parse_args()
@@ -222,7 +232,7 @@ def main() -> None:
         parser.error("--configs needs an 'off' entry (null): ratios are taken against it")
     plan = Plan(out=args.out, configs=configs, classes=args.classes.split(","), num_requests=args.num_requests,
                 concurrency=args.concurrency, repeats=args.repeats, serve_args=shlex.split(args.serve_args),
-                endpoint=args.endpoint)
+                endpoint=args.endpoint, temperature=args.temperature)
     print_table(plan, run(plan))
 
 
