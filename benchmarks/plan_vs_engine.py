@@ -8,6 +8,10 @@ kv_budget // bytes_per_block for the same max_num_seqs / max_num_batched_tokens 
 Needs torch with CUDA (run on the GPU machine):
 
     for m in qwen3-0.6b llama-3.1-8b; do PYTHONPATH=src python benchmarks/plan_vs_engine.py benchmarks/models/$m; done
+    PYTHONPATH=src python benchmarks/plan_vs_engine.py benchmarks/models/llama-3.1-70b --tensor-parallel-size 2
+
+With --tensor-parallel-size N (N GPUs) both sides are per rank: the engine's block count is the group's
+minimum, the plan's is the largest shard's (`conveyor plan --tensor-parallel-size N`).
 
 One model per process (a second model in the same process would see the first's memory as in use).
 Prints one JSON line ("RESULT {...}").
@@ -25,7 +29,8 @@ import torch
 
 from conveyor.bench.gpu_catalog import GPU
 from conveyor.bench.plan import PlanInputs, fit_on, load_shape, model_memory
-from conveyor.config import CacheConfig, DeviceConfig, EngineConfig, LoadFormat, ModelConfig, SchedulerConfig
+from conveyor.config import (CacheConfig, DeviceConfig, EngineConfig, LoadFormat, ModelConfig, ParallelConfig,
+                             SchedulerConfig)
 from conveyor.engine.model_setup import build_engine_core
 
 
@@ -35,19 +40,23 @@ def measure(model_dir: pathlib.Path, args: argparse.Namespace) -> dict:
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_model_len=args.max_model_len),
         cache=CacheConfig(gpu_memory_utilization=args.gpu_memory_utilization),
-        device=DeviceConfig(device="cuda", enforce_eager=args.enforce_eager))
+        device=DeviceConfig(device="cuda", enforce_eager=args.enforce_eager),
+        parallel=ParallelConfig(tensor_parallel_size=args.tensor_parallel_size))
     started = time.monotonic()
     core = build_engine_core(config)
     engine_blocks = core.limits.num_kv_blocks
     elapsed_s = time.monotonic() - started
+    core.shutdown()
     total_bytes = torch.cuda.get_device_properties(0).total_memory
     inputs = PlanInputs(dtype="bfloat16", max_num_seqs=args.max_num_seqs, context_len=args.max_model_len,
                         max_num_batched_tokens=args.max_num_batched_tokens,
-                        gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager)
+                        gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+                        tensor_parallel_size=args.tensor_parallel_size)
     memory = model_memory(load_shape(model_dir), inputs)
     fit = fit_on(GPU("this", torch.cuda.get_device_name(0), total_bytes, 0.0), memory, inputs)
     plan_blocks = fit.kv_budget_bytes // (memory.kv_bytes_per_token * 16)
-    return {"model": model_dir.name, "gpu": torch.cuda.get_device_name(0), "total_bytes": total_bytes,
+    return {"model": model_dir.name, "tensor_parallel_size": args.tensor_parallel_size,
+            "gpu": torch.cuda.get_device_name(0), "total_bytes": total_bytes,
             "engine_blocks": engine_blocks, "plan_blocks": plan_blocks,
             "plan_error": (plan_blocks - engine_blocks) / engine_blocks,
             "plan_weights_bytes": memory.weights_bytes, "plan_overhead_bytes": memory.activation_bytes +
@@ -63,6 +72,7 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs (ranks); figures are per rank")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     print("RESULT " + json.dumps(measure(args.model, args), default=str), flush=True)

@@ -18,6 +18,7 @@ PACKAGE = SRC / "conveyor"
 # layer -> conveyor layers it may import (itself included where it has several modules).
 ALLOWED: dict[str, set[str]] = {
     "arith": set(),
+    "file_digest": set(),
     "config": set(),
     "gguf_header": {"arith"},
     "gguf_tokenizer": {"gguf_header", "arith"},
@@ -27,8 +28,8 @@ ALLOWED: dict[str, set[str]] = {
     "model": {"model", "kernels", "config", "gguf_header", "arith"},
     "worker": {"worker", "model", "kernels", "config", "request", "core.outputs", "arith"},
     "engine": {"engine", "core", "worker", "config", "request", "gguf_header", "gguf_tokenizer", "arith"},
-    "server": {"server", "engine", "config", "request", "arith"},
-    "bench": {"bench", "gguf_header", "gguf_tokenizer", "arith"},  # the gguf two for trace import --tokenizer only
+    "server": {"server", "engine", "config", "request", "arith", "file_digest"},
+    "bench": {"bench", "gguf_header", "gguf_tokenizer", "arith", "file_digest"},  # the gguf two for trace import --tokenizer only
     "demo": {"demo", "bench", "arith"},
     "cli": {"*"},
 }
@@ -39,7 +40,7 @@ FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
     "demo": {"torch", "triton"},
     "engine": {"triton"},
 }
-STDLIB_ONLY = {"arith", "config", "request", "core", "gguf_header"}
+STDLIB_ONLY = {"arith", "file_digest", "config", "request", "core", "gguf_header"}
 
 
 def layer_of(module: str) -> str:

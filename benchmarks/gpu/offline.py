@@ -16,6 +16,7 @@ step loop, scheduler, model runner, sampler and CUDA graphs are exactly those of
     PYTHONPATH=src python benchmarks/gpu/offline.py --model ... --profile-steps 8 --profile-out trace.txt
     PYTHONPATH=src python benchmarks/gpu/offline.py --model ... --speculative-config \
         '{"method": "ngram", "num_speculative_tokens": 3}'    # speculation's overhead (random ids: ~0 accepted)
+    PYTHONPATH=src python benchmarks/gpu/offline.py --model benchmarks/models/llama-3.1-70b --tensor-parallel-size 2
 
 Prints one JSON line ("RESULT {...}") and appends it to --out if given.
 """
@@ -30,7 +31,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from conveyor.config import (CacheConfig, DeviceConfig, EngineConfig, LoadFormat, ModelConfig,
+from conveyor.config import (CacheConfig, DeviceConfig, EngineConfig, LoadFormat, ModelConfig, ParallelConfig,
                              SchedulerConfig)
 from conveyor.core.stats import SpecDecodingStats
 from conveyor.engine.args import parse_speculative_config
@@ -60,6 +61,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                           enable_prefix_caching=False),
         device=DeviceConfig(device=args.device, enforce_eager=args.enforce_eager),
         speculative_config=args.speculative_config,
+        parallel=ParallelConfig(tensor_parallel_size=args.tensor_parallel_size),
     )
 
 
@@ -151,6 +153,7 @@ def parse_args() -> argparse.Namespace:
                         help="speculative decoding, as conveyor serve takes it (not with --async-scheduling)")
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--num-layers", type=int, default=None, help="truncate the model (smoke tests)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the model is split over")
     parser.add_argument("--temperature", type=float, default=0.6)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile-steps", type=int, default=0, help="also profile this many steps")
@@ -187,10 +190,12 @@ def main() -> int:
         "enforce_eager": args.enforce_eager, "async_scheduling": args.async_scheduling,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens, "num_kv_blocks": core.limits.num_kv_blocks,
+        "tensor_parallel_size": args.tensor_parallel_size,
         "gpu": _gpu_name(), "versions": _versions(), **spec_fields(args, timed.spec_decoding),
     }
     if args.profile_steps:
         result.update(profile_steps(core, args))
+    core.shutdown()
     line = json.dumps(result)
     print("RESULT " + line, flush=True)
     if args.out:

@@ -9,7 +9,8 @@
 #   bash benchmarks/gpu/session.sh tests            the GPU tests (kernels, worker)
 #   bash benchmarks/gpu/session.sh offline MODEL    conveyor nano256 twice: a cold Triton cache, then warm
 #   bash benchmarks/gpu/session.sh vllm-offline MODEL
-#   bash benchmarks/gpu/session.sh online ENGINE TAG RATES -- SERVER_FLAGS...   (ENGINE: conveyor | vllm)
+#   bash benchmarks/gpu/session.sh online ENGINE TAG RATES -- SERVER_FLAGS...   (ENGINE: conveyor | vllm;
+#                                                 conveyor also answers one structured-outputs request)
 #   bash benchmarks/gpu/session.sh gguf             reassemble SmolLM2's GGUF (after c3 and c4)
 #   bash benchmarks/gpu/session.sh parity           real weights vs transformers, then a served chat answer
 #   bash benchmarks/gpu/session.sh spec-step        n-gram speculation's runner-level cost on nano256 (random ids)
@@ -84,6 +85,12 @@ case $step in
     echo "$tag healthy after $(( $(date +%s) - t0 )) s"
     OUT=$OUT bash .peers/h200/device_run.sh vbench $url $name $TOK "$tag" "${rates[@]}"
     curl -s $url/metrics > "$OUT/metrics_$tag.txt"
+    if [ "$engine" = conveyor ]; then  # the grammar mask on CUDA: the answer must be one of the choices
+      curl -s $url/v1/completions -H 'Content-Type: application/json' -d '{"model": "'$name'", "prompt": "Yes or no?",
+        "max_tokens": 8, "structured_outputs": {"choice": ["yes", "no"]}}' > "$OUT/structured_$tag.json"
+      python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["choices"][0]["text"]; print("structured:", repr(t), t in ("yes","no"))' \
+        "$OUT/structured_$tag.json"
+    fi
     stop_server $pid ;;
   gguf)
     mkdir -p /tmp/gguf && cat /tmp/stage/gguf.a /tmp/stage/gguf.b > /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf

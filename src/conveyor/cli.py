@@ -44,6 +44,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     selected = next((a for a in args_list if not a.startswith("-")), None)
     parser = build_parser(selected)
+    if selected in _available():
+        # A subcommand may accept another tool's spellings (`conveyor serve` reads `vllm serve` lines).
+        preprocess = getattr(importlib.import_module(_available()[selected][0]), "preprocess_argv", None)
+        if preprocess is not None:
+            index = args_list.index(selected)
+            try:
+                args_list = args_list[: index + 1] + preprocess(args_list[index + 1:])
+            except ValueError as error:  # config.ConfigError: a bad --config file or dotted key
+                parser.exit(2, f"conveyor {selected}: error: {error}\n")
     args = parser.parse_args(args_list)
     if args.conveyor_subcommand is None:
         parser.print_help()

@@ -166,6 +166,8 @@ class ModelConfig:
     """Name clients use in the `model` field (None: derived from the model path)."""
     num_hidden_layers_override: int | None = None
     """Truncate the model to this many layers (performance work on large shapes)."""
+    revision: str | None = None
+    """The checkpoint's revision as the user names it (vLLM's --revision): recorded, never fetched."""
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -218,6 +220,19 @@ class DeviceConfig:
             raise ConfigError(f"num_threads must be >= 1 (got {self.num_threads})")
         if self.max_cudagraph_capture_size < 1:
             raise ConfigError(f"max_cudagraph_capture_size must be >= 1 (got {self.max_cudagraph_capture_size})")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How the model is split over processes (vLLM's parallel config, tensor parallelism only)."""
+
+    tensor_parallel_size: int = 1
+    """Ranks the model is split over, one process each (GPU i for rank i on CUDA, gloo on CPU):
+    attention heads (by KV-head group), MLP columns and the vocabulary are divided among them."""
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"tensor_parallel_size must be >= 1 (got {self.tensor_parallel_size})")
 
 
 class SpeculativeMethod(enum.Enum):
@@ -358,37 +373,16 @@ class EngineConfig:
     """Check block-pool and scheduler invariants after every step (debug; slow)."""
     speculative_config: SpeculativeConfig | None = None
     """Speculative decoding (None: off)."""
+    parallel: ParallelConfig = ParallelConfig()
+    """Tensor parallelism (one rank: everything in the engine's own process)."""
 
     def __post_init__(self) -> None:
+        if self.speculative_config is not None and self.parallel.tensor_parallel_size > 1:
+            raise ConfigError("speculative decoding (speculative_config) does not run with tensor_parallel_size "
+                              "> 1 yet (the draft model and its KV cache are single-process); drop one of the two")
         if self.speculative_config is not None and self.scheduler.async_scheduling:
             raise ConfigError(
                 "speculative decoding (speculative_config) cannot run with async_scheduling: a step's "
                 "drafts come from the previous step's accepted tokens, which async scheduling has not "
                 "collected yet; drop one of the two"
             )
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """The HTTP front end of `conveyor serve`."""
-
-    host: str = "127.0.0.1"
-    """Address to bind."""
-    port: int = 8000
-    """Port to bind."""
-    api_key: str | None = None
-    """If set, every /v1 request needs `Authorization: Bearer <api_key>`."""
-    shutdown_grace_s: float = 30.0
-    """On SIGTERM, how long in-flight requests may take to finish before they are aborted."""
-    max_request_body_bytes: int = 4 * 1024 * 1024
-    """Largest accepted request body."""
-    api_server_count: int = 1
-    """API-server (front-end) processes sharing the port, all talking to the one engine core."""
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise ConfigError(f"port must be in 0..65535 (got {self.port})")
-        if self.api_server_count < 1:
-            raise ConfigError(f"api_server_count must be >= 1 (got {self.api_server_count})")
-        if self.shutdown_grace_s < 0:
-            raise ConfigError(f"shutdown_grace_s must be >= 0 (got {self.shutdown_grace_s})")

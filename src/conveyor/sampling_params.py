@@ -6,7 +6,43 @@ server can turn it into an HTTP 400 unchanged.
 
 from __future__ import annotations
 
+import enum
+import math
 from dataclasses import dataclass, field
+
+INT64_MAX = 2**63 - 1
+"""Integers travel to the engine core as msgpack int64: larger ones are refused here, naming the field."""
+MAX_TEMPERATURE = 2.0
+"""vLLM's upper bound on temperature."""
+MAX_LOGIT_BIAS = 100.0
+"""logit_bias values are clamped to [-100, 100], as vLLM and OpenAI do."""
+
+
+class GrammarKind(enum.Enum):
+    """What a structured-outputs constraint is written in (vLLM's StructuredOutputsParams fields)."""
+
+    JSON = "json"
+    """A JSON schema (the text of it)."""
+    JSON_OBJECT = "json_object"
+    """Any JSON object."""
+    REGEX = "regex"
+    """A regular expression the whole output must match."""
+    CHOICE = "choice"
+    """One of a list of strings."""
+    GRAMMAR = "grammar"
+    """A Lark (or llguidance) grammar; GBNF is converted."""
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """One structured-outputs constraint on a request's output."""
+
+    kind: GrammarKind
+    """What `spec` is."""
+    spec: str
+    """The schema (JSON text), the regex, the grammar, or the choices as a JSON list; "" for JSON_OBJECT."""
+    field: str = "structured_outputs"
+    """The request field it came from (`response_format`, `guided_json`, ...), for error messages."""
 
 
 @dataclass(frozen=True)
@@ -45,17 +81,31 @@ class SamplingParams:
     """Keep the matched stop string in the returned text."""
     skip_special_tokens: bool = True
     """Drop special tokens when detokenizing."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to the logits before sampling (values clamped to [-100, 100])."""
+    structured_output: StructuredOutput | None = None
+    """A grammar the output must follow (applied as a token mask in the sampler), if any."""
     extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
     """Free-form annotations carried to the output (never read by the engine)."""
 
     def __post_init__(self) -> None:
-        _check(self.temperature >= 0.0, "temperature", f"must be >= 0 (got {self.temperature})")
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            value = getattr(self, name)
+            _check(math.isfinite(value), name, f"must be a finite number (got {value})")
+        _check(0.0 <= self.temperature <= MAX_TEMPERATURE, "temperature",
+               f"must be in [0, {MAX_TEMPERATURE:g}] (got {self.temperature})")
         _check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1] (got {self.top_p})")
         _check(self.top_k is None or self.top_k >= 1, "top_k", f"must be >= 1 or unset (got {self.top_k})")
         _check(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1] (got {self.min_p})")
         _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]")
         _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]")
-        _check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", "must be in (0, 2]")
+        _check(self.repetition_penalty > 0.0, "repetition_penalty", f"must be > 0 (got {self.repetition_penalty})")
+        _check(self.seed is None or -INT64_MAX - 1 <= self.seed <= INT64_MAX, "seed", "must fit in 64 bits")
+        _check(self.max_tokens is None or self.max_tokens <= INT64_MAX, "max_tokens", "must fit in 64 bits")
+        _check(self.top_k is None or self.top_k <= INT64_MAX, "top_k", "must fit in 64 bits")
+        _check(all(math.isfinite(bias) for _, bias in self.logit_bias), "logit_bias", "values must be finite")
+        _check(all(0 <= token_id <= INT64_MAX for token_id, _ in self.logit_bias), "logit_bias",
+               "keys must be token ids >= 0")
         _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
                f"must be >= 1 (got {self.max_tokens})")
         _check(self.min_tokens >= 0, "min_tokens", f"must be >= 0 (got {self.min_tokens})")
@@ -63,8 +113,9 @@ class SamplingParams:
                f"({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
         _check(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "must be in [0, 20]")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
-        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
+        _check(all(isinstance(t, int) and 0 <= t <= INT64_MAX for t in self.stop_token_ids), "stop_token_ids",
                "must be non-negative integers")
+        _check(self.min_tokens <= INT64_MAX, "min_tokens", "must fit in 64 bits")
 
     @property
     def is_greedy(self) -> bool:

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from conveyor.bench.prom_text import Snapshot
 from conveyor.bench.runner import BenchRunConfig, run_benchmark
 from conveyor.bench.trace_gen import AgentParams, ChatParams, LongParams, TraceMakeConfig, make_mixed_trace
 from conveyor.bench.traces import write_trace
@@ -105,3 +106,19 @@ def test_cancellations_on_chat_endpoint_are_accounted(server_url: str, tmp_path:
     assert s["completed"] + s["cancelled"] + s["failed"] == s["num_prompts"] == 4
     assert s["failed"] == 0 and s["cancelled"] >= 1
     assert s["server"]["generation_tokens"] >= s["total_output_tokens"]
+
+
+def test_peak_memory_and_identity_reach_the_summary(server_url: str, tmp_path: pathlib.Path) -> None:
+    """conveyor:gpu_memory_peak_bytes (on CPU: the engine-core process's peak RSS) -> summary.json
+    `server.peak_gpu_memory_bytes`; conveyor:model_info and conveyor:gpu_info -> `fixed`."""
+    s = _run(tmp_path, server_url, _small_mix(cancel_fraction=0.0, num_requests=3), "completions")
+    server = s["server"]
+    assert server["gpu_memory_source"] in ("server", "nvml")
+    if server["gpu_memory_source"] == "server":  # no NVML here: the engine's own peak, the weights at least
+        assert server["peak_gpu_memory_bytes"] > 50 * 2**20
+    fixed = s["fixed"]
+    assert fixed["weights_sha256"] and len(fixed["weights_sha256"]) == 64
+    with urllib.request.urlopen(f"{server_url}/metrics", timeout=10) as r:
+        info = Snapshot.from_text(r.read().decode()).labels("conveyor:model_info")
+    assert info is not None and info["weights_sha256"] == fixed["weights_sha256"]  # the server's = bench's own
+    assert fixed["gpu_name"] is not None and fixed["server_name"] == "conveyor"

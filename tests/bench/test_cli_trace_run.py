@@ -51,7 +51,7 @@ def test_bench_run_prints_the_dashboard_row(tmp_path: pathlib.Path, capsys: pyte
                    "--max-send-lag-ms", "1000"])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "Offered req/s" in out and "Preemptions" in out and "fake@50" in out
+    assert "Offered req/s" in out and "Preemptions" in out and "Peak memory" in out and "fake@50" in out
     assert (tmp_path / "run" / "command.txt").read_text().startswith("conveyor ")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["completed"] == 6 and summary["goodput"] is not None

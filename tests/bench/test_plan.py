@@ -18,6 +18,7 @@ from conveyor.bench.plan import (
     kv_capacity,
     load_shape,
     model_memory,
+    shape_per_rank,
 )
 
 MODELS = pathlib.Path(__file__).parent / "fixtures" / "models"
@@ -63,8 +64,28 @@ def test_fit_on_gpus() -> None:
 def test_tensor_parallel_splits_weights_and_kv() -> None:
     shape = load_shape(MODELS / "llama-3.1-8b")
     one, two = (model_memory(shape, PlanInputs(tensor_parallel_size=tp)) for tp in (1, 2))
-    assert two.weights_bytes == one.weights_bytes // 2
+    norms = 32 * 2 * 4096 + 4096  # replicated on every rank
+    assert two.weights_bytes == ((8_030_261_248 - norms) // 2 + norms) * 2
     assert two.kv_bytes_per_token == one.kv_bytes_per_token // 2
+    assert two.num_parameters == one.num_parameters
+
+
+def test_shape_per_rank_follows_the_engine_split() -> None:
+    smol = load_shape(MODELS / "smollm2-135m")  # 9 heads, 3 KV heads: 2 + 1 KV heads over 2 ranks
+    rank = shape_per_rank(smol, 2)
+    assert (rank.num_heads, rank.num_kv_heads, rank.intermediate_size, rank.vocab_size) == (6, 2, 768, 24576)
+    llama = load_shape(MODELS / "llama-3.1-8b")  # 8 KV heads over 16 ranks: each replicated on 2
+    assert (shape_per_rank(llama, 16).num_heads, shape_per_rank(llama, 16).num_kv_heads) == (2, 1)
+    assert shape_per_rank(llama, 1) == llama
+    with pytest.raises(PlanError, match="--tensor-parallel-size 12"):
+        shape_per_rank(llama, 12)  # fewer KV heads than ranks and not a multiple of them
+
+
+def test_kv_capacity_per_rank() -> None:
+    shape = load_shape(MODELS / "smollm2-135m")
+    plan = kv_capacity(shape_per_rank(shape, 2), 1 << 30, 16, "float32", 2048)
+    assert plan.bytes_per_block == 2 * 30 * 16 * 2 * 64 * 4  # rank 0 caches 2 of the 3 KV heads
+    assert plan.num_blocks == (1 << 30) // plan.bytes_per_block
 
 
 def test_kv_capacity_matches_serve_arithmetic() -> None:
@@ -98,6 +119,10 @@ def test_cli_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     args = parser.parse_args(["--config", str(MODELS / "smollm2-135m"), "--kv-cache-memory", "1GiB"])
     assert cli_plan.run(args) == 0
     assert "1456 blocks" in capsys.readouterr().out
+    args = parser.parse_args(["--config", str(MODELS / "smollm2-135m"), "--kv-cache-memory", "1GiB",
+                              "--tensor-parallel-size", "2"])
+    assert cli_plan.run(args) == 0
+    assert f"per rank of 2: 1.00 GiB / {2 * 30 * 16 * 2 * 64 * 4} bytes per block" in capsys.readouterr().out
     args = parser.parse_args(["--config", str(MODELS / "llama-3.1-8b"), "--gpu", "H100"])
     assert cli_plan.run(args) == 0
     assert "H100" in capsys.readouterr().out

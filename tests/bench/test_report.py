@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import pathlib
+import shutil
 
 import pytest
 
@@ -31,6 +33,22 @@ def test_dashboard_formats() -> None:
     markdown = format_markdown(analysis)
     for heading in ("## Recommendation", "## Configurations", "## Dashboard", "Checklist:", "Diagnosis"):
         assert heading in markdown
+
+
+def test_dashboard_shows_each_runs_peak_memory(tmp_path: pathlib.Path) -> None:
+    """The summary's server.peak_gpu_memory_bytes is a dashboard column (the guide asks for peak GPU
+    memory in every run's record); a run whose server reported none shows '-'."""
+    study = tmp_path / "study"
+    shutil.copytree(STUDY, study)
+    summary_path = study / "continuous" / "rate-1-rep0" / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary.setdefault("server", {})["peak_gpu_memory_bytes"] = 3 * 2**30
+    summary_path.write_text(json.dumps(summary))
+    rows = list(csv.reader(io.StringIO(format_csv(analyze(ReportInputs((study,)))))))
+    column = rows[0].index("Peak memory")
+    peaks = {row[1]: row[column] for row in rows[1:]}
+    assert peaks["continuous@1#0"] == "3 GiB"
+    assert sum(value == "-" for value in peaks.values()) == len(peaks) - 1
 
 
 def test_html_has_every_section_and_pngs(tmp_path: pathlib.Path) -> None:

@@ -3,6 +3,8 @@ caps (503) with vLLM 0.32's comparisons, and the counts shared exactly by severa
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from conveyor.config import SchedulerConfig
@@ -15,7 +17,7 @@ from conveyor.engine.admission import (
     make_shared_counts,
 )
 from conveyor.engine.types import EngineOverloadedError, OverloadReason, RequestRejectedError
-from conveyor.sampling_params import SamplingParams
+from conveyor.sampling_params import GrammarKind, SamplingParams, StructuredOutput
 
 LIMITS = RequestLimits(SchedulerConfig(max_model_len=10), KVPoolSize(num_blocks=64, block_size=16), vocab_size=100)
 
@@ -89,3 +91,15 @@ def test_shared_counts_make_the_cap_global_across_front_ends() -> None:
     first.release("a")
     second.admit("d", 1)
     assert (first.num_in_flight, second.num_in_flight) == (1, 2)
+
+
+@pytest.mark.parametrize(("flags", "says"), [({"speculative": True}, "speculative decoding"),
+                                             ({"tensor_parallel": True}, "tensor parallelism")])
+def test_structured_outputs_are_refused_where_the_runner_cannot_mask(flags: dict[str, bool], says: str) -> None:
+    """A constraint the runner would not apply is a 400 naming the field, never free text."""
+    limits = dataclasses.replace(LIMITS, **flags)
+    params = SamplingParams(max_tokens=2, structured_output=StructuredOutput(GrammarKind.CHOICE, '["a", "b"]'))
+    with pytest.raises(RequestRejectedError, match=f"structured_outputs: .*{says}") as error:
+        check_request([1, 2], params, limits)
+    assert error.value.field == "structured_outputs"
+    check_request([1, 2], params, LIMITS)  # the same constraint is fine on a single-rank, non-speculative server

@@ -172,3 +172,18 @@ def test_speculative_decoding_refuses_async_scheduling(capsys: pytest.CaptureFix
     on_cuda = build_engine_config(parse(["--device", "cuda", *ngram]))  # CUDA's async default steps aside
     assert not on_cuda.scheduler.async_scheduling and on_cuda.scheduler.max_num_seqs == 1024
     assert build_engine_config(parse(["--device", "cuda"])).scheduler.async_scheduling
+
+
+def test_tensor_parallel_size_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    config = build_engine_config(parse(["-tp", "2"]))
+    assert config.parallel.tensor_parallel_size == 2
+    assert engine_config_to_flags(config)["tensor-parallel-size"] == "2"
+    assert build_engine_config(parse(["--tensor-parallel-size", "4"])).parallel.tensor_parallel_size == 4
+    with pytest.raises(SystemExit):
+        engine_config_from_args(parse(["--tensor-parallel-size", "0"]))
+    assert "--tensor-parallel-size must be >= 1" in capsys.readouterr().err
+    ngram = ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']
+    with pytest.raises(SystemExit):
+        engine_config_from_args(parse(["-tp", "2", *ngram]))
+    err = capsys.readouterr().err
+    assert "--speculative-config" in err and "--tensor-parallel-size > 1" in err

@@ -58,7 +58,9 @@ def test_concurrent_generates_complete_with_text_and_stats() -> None:
                 assert "".join(o.new_text for o in outs) == ("abcdefghij" * 2)[:5 + i]
             assert served.client.num_unfinished_requests() == 0
             await until(lambda: sum(len(s.finished) for s in seen) == 10)
-            assert all(s.scheduler is not None and s.peak_memory_bytes is None for s in seen)
+            assert all(s.scheduler is not None for s in seen)
+            # on CPU the engine process's peak is its peak RSS: the process at least holds the interpreter
+            assert all(s.peak_memory_bytes is not None and s.peak_memory_bytes > 10 * 2**20 for s in seen)
     asyncio.run(main())
 
 

@@ -68,6 +68,7 @@ class _State:
     finished: dict[str, FinishReason] = field(default_factory=dict)
     abort_requested: set[str] = field(default_factory=set)
     requests: list[GenerateRequest] = field(default_factory=list)
+    num_prefix_cache_resets: int = 0
 
 
 class FakeEngine:
@@ -117,6 +118,10 @@ class FakeEngine:
 
     async def abort(self, request_id: str) -> None:
         self.state.abort_requested.add(request_id)
+
+    async def reset_prefix_cache(self) -> int:
+        self.state.num_prefix_cache_resets += 1
+        return 0
 
     async def shutdown(self) -> None:
         self.shut_down = True

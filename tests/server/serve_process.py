@@ -92,12 +92,12 @@ def start_server(args: list[str]) -> Server:
 
 
 def scrape(server: Server) -> dict[str, float]:
-    """`name{label=value,...}` (labels other than model_name, if any) -> value."""
+    """`name{label=value,...}` (labels other than model_name and engine, if any) -> value."""
     values: dict[str, float] = {}
     text = httpx.get(server.url + "/metrics", timeout=10).text
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "model_name")
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k not in ("model_name", "engine"))
             values[s.name + (f"{{{labels}}}" if labels else "")] = s.value
     return values
 

@@ -16,7 +16,7 @@ import uvicorn
 from fake_engine import FakeEngine, FakeEngineConfig
 from fastapi import FastAPI
 
-from conveyor.config import ServerConfig
+from conveyor.server.server_config import ServerConfig
 from conveyor.server.app import build_app
 
 

@@ -22,7 +22,7 @@ def test_completion_shape_and_usage() -> None:
             assert body["model"] == "fake-model" and isinstance(body["created"], int)
             assert body["choices"] == [{"index": 0, "text": output_text(3), "logprobs": None,
                                         "finish_reason": "length", "stop_reason": None}]
-            assert body["usage"] == {"prompt_tokens": 6, "completion_tokens": 3, "total_tokens": 9}
+            assert body["usage"] == {"prompt_tokens": 6, "completion_tokens": 3, "total_tokens": 9, "prompt_tokens_details": None}
     run(main())
 
 
@@ -141,7 +141,7 @@ def test_chat_default_max_tokens_fills_the_context() -> None:
 
 def test_api_key() -> None:
     async def main() -> None:
-        async with app_client(api_key="sekret") as client:
+        async with app_client(api_keys=("other", "sekret")) as client:
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
                 response = await client.post(COMP, json={"prompt": "x"}, headers=headers)
                 assert response.status_code == 401 and "API key" in response.json()["error"]["message"]
@@ -150,8 +150,10 @@ def test_api_key() -> None:
             ok = await client.post(COMP, json={"prompt": "x", "max_tokens": 1},
                                    headers={"Authorization": "Bearer sekret"})
             assert ok.status_code == 200
-            assert (await client.get("/health")).status_code == 200  # only /v1 is protected, as vLLM
-            assert (await client.get("/metrics")).status_code == 200
+            for route in ("/tokenize", "/detokenize", "/invocations", "/reset_prefix_cache"):
+                assert (await client.post(route, json={})).status_code == 401, route
+            for route in ("/health", "/ping", "/metrics", "/version", "/load"):
+                assert (await client.get(route)).status_code == 200, route  # probes and scrapers stay open
     run(main())
 
 
@@ -205,7 +207,7 @@ def test_queue_timeout_is_503_with_retry_after_streamed_or_not() -> None:
                 assert timed_out.json()["error"]["type"] == "timeout_error"
                 assert "queue timeout" in timed_out.json()["error"]["message"]
             assert (await blocker).status_code == 200
-            assert 'conveyor:queue_timeouts_total{model_name="fake-model"} 2.0' in (await client.get("/metrics")).text
+            assert 'conveyor:queue_timeouts_total{engine="0",model_name="fake-model"} 2.0' in (await client.get("/metrics")).text
     run(main())
 
 

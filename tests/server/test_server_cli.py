@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -9,7 +10,8 @@ import sys
 import pytest
 
 from conveyor.cli import build_parser
-from conveyor.config import ConfigError, ServerConfig
+from conveyor.config import ConfigError
+from conveyor.server.server_config import ServerConfig
 from conveyor.engine.args import engine_config_from_args
 from conveyor.server.cli import server_config_from_args
 
@@ -28,7 +30,7 @@ def test_server_and_engine_flags() -> None:
     args = parse("--host", "0.0.0.0", "--port", "0", "--api-key", "k", "--shutdown-grace", "2.5",
                   "--max-num-seqs", "4", "--max-num-queued-reqs", "3", "--queue-timeout", "1.5",
                   "--max-num-queued-tokens", "4096", "--api-server-count", "2")
-    assert server_config_from_args(args) == ServerConfig(host="0.0.0.0", port=0, api_key="k", shutdown_grace_s=2.5,
+    assert server_config_from_args(args) == ServerConfig(host="0.0.0.0", port=0, api_keys=("k",), shutdown_grace_s=2.5,
                                                          api_server_count=2)
     engine = engine_config_from_args(args)
     assert engine.scheduler.max_num_seqs == 4 and engine.scheduler.max_num_queued_reqs == 3
@@ -52,11 +54,15 @@ def test_bad_flag_exits_2_before_loading_the_engine() -> None:
 
 @pytest.mark.slow  # spawns the engine process
 def test_engine_start_up_failure_is_one_clean_line_and_exit_1(tmp_path: pathlib.Path) -> None:
-    missing = tmp_path / "no-such-model.gguf"
+    missing = tmp_path / "not-a-model.gguf"
+    missing.write_bytes(b"this is no GGUF file")
     code = ("import sys; from conveyor.cli import main; rc = main(['serve', '--model', sys.argv[1], '--port', '0']); "
             "sys.exit(10 + rc if 'torch' not in sys.modules else 99)")
+    # PATH: the engine process builds the CPU kernels before it opens the model, and without PATH the C
+    # compiler finds no linker (minutes of a failing build on a busy machine, then the same error)
+    env = {"PYTHONPATH": str(SRC), "PATH": os.environ.get("PATH", os.defpath)}
     result = subprocess.run([sys.executable, "-c", code, str(missing)], capture_output=True, text=True,
-                            env={"PYTHONPATH": str(SRC)}, timeout=120)
+                            env=env, timeout=120)
     assert result.returncode == 11, result.stderr  # exit 1, and the launching process never loaded torch
     line = [x for x in result.stderr.splitlines() if x.startswith("conveyor serve: error:")]
     assert len(line) == 1 and "the engine failed to start" in line[0] and str(missing) in line[0], result.stderr
@@ -75,3 +81,17 @@ def test_on_cpu_the_engine_leaves_a_core_per_api_server(monkeypatch: pytest.Monk
     assert leave_cores_to_api_servers(given, 1).device.num_threads == 4  # the flag wins
     cuda = engine_config_from_args(parse("--device", "cuda"))
     assert leave_cores_to_api_servers(cuda, 1).device.num_threads is None
+
+
+@pytest.mark.parametrize(("model", "expected"), [
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", "looks like a Hugging Face hub id, and conveyor has no hub access"),
+    ("./no/such/dir", "no such file or directory"),
+])
+def test_a_model_that_is_not_local_is_one_line_and_exit_2(model: str, expected: str) -> None:
+    code = ("import sys; from conveyor.cli import main; rc = main(['serve', sys.argv[1]]); "
+            "sys.exit(10 + rc if 'torch' not in sys.modules else 99)")
+    result = subprocess.run([sys.executable, "-c", code, model], capture_output=True, text=True,
+                            env={"PYTHONPATH": str(SRC)}, timeout=60)
+    assert result.returncode == 12, result.stderr
+    assert result.stderr.count("\n") == 1 and expected in result.stderr and "Traceback" not in result.stderr
+    assert "pass a local Hugging Face directory or a GGUF file" in result.stderr

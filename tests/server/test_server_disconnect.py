@@ -41,15 +41,17 @@ async def stream_then_leave(url: str, path: str, body: dict, num_chunks: int) ->
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_clients_leaving_mid_stream_are_aborted(path: str) -> None:
-    body = {"prompt": "x", "messages": [{"role": "user", "content": "x"}], "max_tokens": 100, "stream": True}
+    # Each endpoint gets only its own fields: an unknown one (messages on /v1/completions) is a 400.
+    prompt = {"messages": [{"role": "user", "content": "x"}]} if "chat" in path else {"prompt": "x"}
+    body = {**prompt, "max_tokens": 100, "stream": True}
     with live_server(SLOW) as server:
         async def main() -> None:
             await asyncio.gather(*(stream_then_leave(server.url, path, body, 3) for _ in range(20)))
         asyncio.run(main())
         wait_until(lambda: quiescent(server) and len(server.engine.state.aborted) == 20)
         metrics = httpx.get(server.url + "/metrics").text
-        assert 'vllm:num_requests_running{model_name="fake-model"} 0.0' in metrics
-        assert 'vllm:request_success_total{finished_reason="abort",model_name="fake-model"} 20.0' in metrics
+        assert 'vllm:num_requests_running{engine="0",model_name="fake-model"} 0.0' in metrics
+        assert 'vllm:request_success_total{engine="0",finished_reason="abort",model_name="fake-model"} 20.0' in metrics
         ok = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10)
         assert ok.status_code == 200
 

@@ -34,7 +34,25 @@ CASES = [
     ("stop-wrong-type", COMP, {"prompt": "x", "stop": 7}, 400, "stop", "stop"),
     ("stop-token-ids-strings", COMP, {"prompt": "x", "stop_token_ids": ["a"]}, 400, "stop_token_ids",
      "stop_token_ids.0"),
-    ("n-above-one", COMP, {"prompt": "x", "n": 2}, 400, "only n=1", "n"),
+    ("n-zero", COMP, {"prompt": "x", "n": 0}, 400, "n: must be in [1, 128]", "n"),
+    ("n-greedy", COMP, {"prompt": "x", "n": 2, "temperature": 0}, 400, "greedy", "n"),
+    ("unknown-field", COMP, {"prompt": "x", "max_token": 5}, 400, "max_token: unknown field", "max_token"),
+    ("beam-search", COMP, {"prompt": "x", "use_beam_search": True}, 400, "beam search", "use_beam_search"),
+    ("surrogate-prompt", COMP, b'{"prompt": "a\\ud800b"}', 400, "lone UTF-16 surrogate", "prompt"),
+    ("surrogate-key", COMP, b'{"prompt": "x", "\\udfff": 1}', 400, "lone UTF-16 surrogate", r"\udfff"),
+    ("temperature-infinite", COMP, b'{"prompt": "x", "temperature": 1e400}', 400, "finite", "temperature"),
+    ("temperature-above-2", COMP, {"prompt": "x", "temperature": 1000}, 400, "[0, 2]", "temperature"),
+    ("repetition-penalty-zero", COMP, {"prompt": "x", "repetition_penalty": 0.0}, 400, "> 0", "repetition_penalty"),
+    ("seed-beyond-int64", COMP, {"prompt": "x", "seed": 2**70}, 400, "seed", "seed"),
+    ("priority-beyond-int64", COMP, {"prompt": "x", "priority": -2**70}, 400, "priority", "priority"),
+    ("logit-bias-bad-key", COMP, {"prompt": "x", "logit_bias": {"abc": 1}}, 400, "token ids", "logit_bias"),
+    ("logit-bias-out-of-vocab", COMP, {"prompt": "x", "logit_bias": {"1000000000": 1}}, 400, "out of range",
+     "logit_bias"),
+    ("regex-does-not-compile", COMP, {"prompt": "x", "structured_outputs": {"regex": "("}}, 400, "does not compile",
+     "structured_outputs"),
+    ("two-constraints", COMP, {"prompt": "x", "guided_regex": "a", "guided_choice": ["b"]}, 400,
+     "only one structured-outputs constraint", "guided_choice"),
+    ("bad-json-schema", COMP, {"prompt": "x", "guided_json": "{not json"}, 400, "JSON schema", "guided_json"),
     ("best-of", COMP, {"prompt": "x", "best_of": 3}, 400, "best_of", "best_of"),
     ("suffix", COMP, {"prompt": "x", "suffix": "tail"}, 400, "suffix", "suffix"),
     ("echo-with-logprobs", COMP, {"prompt": "x", "echo": True, "logprobs": 1}, 400, "echo", "echo"),
@@ -52,14 +70,20 @@ CASES = [
     ("content-image", CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
      "text", "messages.0.content"),
     ("content-number", CHAT, {"messages": [{"role": "user", "content": 3}]}, 400, "content", "messages.0.content"),
-    ("chat-n", CHAT, {"messages": USER, "n": 3}, 400, "only n=1", "n"),
+    ("chat-n-greedy", CHAT, {"messages": USER, "n": 3, "temperature": 0}, 400, "greedy", "n"),
+    ("surrogate-chat", CHAT, b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400,
+     "lone UTF-16 surrogate", "messages.0.content"),
+    ("chat-template-from-request", CHAT, {"messages": USER, "chat_template": "{{x}}"}, 400, "chat template",
+     "chat_template"),
+    ("surrogate-tokenize", "/tokenize", b'{"prompt": "\\udc00"}', 400, "lone UTF-16 surrogate", "prompt"),
+    ("tokenize-empty-messages", "/tokenize", {"messages": []}, 400, "at least one message", "messages"),
     ("chat-tools", CHAT, {"messages": USER, "tools": [{"type": "function"}]}, 400, "tool", "tools"),
     ("top-logprobs-without-logprobs", CHAT, {"messages": USER, "top_logprobs": 2}, 400, "logprobs",
      "top_logprobs"),
     ("chat-max-completion-tokens-huge", CHAT, {"messages": USER, "max_completion_tokens": 100000}, 400,
      "max_model_len", "max_tokens"),
-    ("json-response-format", CHAT, {"messages": USER, "response_format": {"type": "json_object"}}, 400,
-     "response_format", "response_format"),
+    ("bad-response-format", CHAT, {"messages": USER, "response_format": {"type": "yaml"}}, 400,
+     "response_format.type", "response_format.type"),
 ]
 
 
@@ -106,7 +130,7 @@ def test_unknown_route_and_method_use_the_error_object() -> None:
 def test_rejections_are_counted() -> None:
     async def main() -> None:
         async with app_client() as client:
-            await client.post(COMP, json={"prompt": "x", "n": 2})
+            await client.post(COMP, json={"prompt": "x", "n": 0})
             await client.post(COMP, json={"prompt": "x", "model": "nope"})
             text = (await client.get("/metrics")).text
             assert 'conveyor:requests_rejected_total{model_name="fake-model",reason="invalid_request"} 2.0' in text

@@ -21,7 +21,7 @@ SRC = HERE.parents[1] / "src"
 SERVER_CODE = """
 import asyncio, sys
 from fake_engine import FakeEngine, FakeEngineConfig
-from conveyor.config import ServerConfig
+from conveyor.server.server_config import ServerConfig
 from conveyor.server.cli import serve
 engine = FakeEngine(FakeEngineConfig(token_delay_s=float(sys.argv[3])))
 asyncio.run(serve(engine, ServerConfig(port=int(sys.argv[1]), shutdown_grace_s=float(sys.argv[2]))))

@@ -16,6 +16,7 @@ from conveyor.bench.plan import (
     DTYPE_BYTES,
     GPUFit,
     ModelMemory,
+    ModelShape,
     PlanError,
     PlanInputs,
     count_parameters,
@@ -23,6 +24,7 @@ from conveyor.bench.plan import (
     kv_capacity,
     load_shape,
     model_memory,
+    shape_per_rank,
 )
 
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
@@ -51,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
     parser.add_argument("--block-size", type=int, default=defaults.block_size)
     parser.add_argument("--gpu-memory-utilization", type=float, default=defaults.gpu_memory_utilization)
-    parser.add_argument("--tensor-parallel-size", type=int, default=defaults.tensor_parallel_size)
+    parser.add_argument("--tensor-parallel-size", type=int, default=defaults.tensor_parallel_size,
+                        help="GPUs (ranks) the model is split over; memory figures are per rank")
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--gpu", action="append", default=[], help="catalog GPU to check (repeatable; default all)")
     parser.add_argument("--price", action="append", default=[],
@@ -73,10 +76,10 @@ def run(args: argparse.Namespace) -> int:
             block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
             tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager)
         gpus = priced_catalog(parse_prices(args.price), args.gpu or None)
+        memory = model_memory(shape, inputs)
     except (PlanError, CatalogError) as error:
         print(f"conveyor plan: {error}", file=sys.stderr)
         return 2
-    memory = model_memory(shape, inputs)
     fits = [fit_on(g, memory, inputs) for g in gpus]
     if args.json:
         print(json.dumps(_plan_json(args, inputs, memory, fits), indent=2))
@@ -85,13 +88,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_kv_capacity(args: argparse.Namespace, shape: object) -> int:
-    plan = kv_capacity(shape, args.kv_cache_memory, args.block_size,  # type: ignore[arg-type]
+def _run_kv_capacity(args: argparse.Namespace, shape: ModelShape) -> int:
+    if args.tensor_parallel_size < 1:
+        raise PlanError(f"--tensor-parallel-size must be >= 1 (got {args.tensor_parallel_size})")
+    plan = kv_capacity(shape_per_rank(shape, args.tensor_parallel_size), args.kv_cache_memory, args.block_size,
                        args.kv_cache_dtype or args.dtype or "float32", args.max_model_len)
     if args.json:
         print(json.dumps(dataclasses.asdict(plan), indent=2))
         return 0
-    print(f"KV cache: {plan.kv_cache_memory_bytes / _GIB:.2f} GiB / {plan.bytes_per_block} bytes per block "
+    per_rank = f" per rank of {args.tensor_parallel_size}" if args.tensor_parallel_size > 1 else ""
+    print(f"KV cache{per_rank}: {plan.kv_cache_memory_bytes / _GIB:.2f} GiB / {plan.bytes_per_block} bytes per block "
           f"= {plan.num_blocks} blocks of {plan.block_size} tokens ({plan.num_tokens} tokens); "
           f"max concurrency at {plan.max_model_len} tokens: {plan.max_concurrency:.2f}x")
     return 0

@@ -13,14 +13,13 @@ keys on which runs disagree, except those a study varies on purpose.
 
 from __future__ import annotations
 
-import hashlib
 import pathlib
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from conveyor.bench.prom_text import Snapshot
 from conveyor.bench.server_metrics import NvmlReading
+from conveyor.file_digest import file_sha256, model_digests
 
 FIXED_KEYS = ("server_name", "server_version", "model_path", "model_config_sha256", "weights_sha256",
               "tokenizer_sha256", "dtype", "gpu_name", "gpu_count", "trace_sha256")
@@ -30,35 +29,6 @@ GPU_INFO = "conveyor:gpu_info"
 MODEL_INFO_HASH_LABELS = {"model_config_sha256": "config_sha256", "weights_sha256": "weights_sha256",
                           "tokenizer_sha256": "tokenizer_sha256"}
 """fixed key -> its label on conveyor:model_info."""
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt",
-                   "special_tokens_map.json")
-_HASHES: dict[tuple[str, int, int], str] = {}
-"""File hash memo by (path, size, mtime): a sweep hashes a model's weights once, not once per run."""
-
-
-def file_sha256(path: pathlib.Path) -> str:
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-    if key not in _HASHES:
-        digest = hashlib.sha256()
-        with path.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                digest.update(block)
-        _HASHES[key] = digest.hexdigest()
-    return _HASHES[key]
-
-
-def files_sha256(paths: Iterable[pathlib.Path]) -> str | None:
-    """One digest over several files (names and contents); None when there are none."""
-    found = sorted(p for p in paths if p.is_file())
-    if not found:
-        return None
-    if len(found) == 1:
-        return file_sha256(found[0])
-    return hashlib.sha256("".join(f"{p.name}:{file_sha256(p)}\n" for p in found).encode()).hexdigest()
-
-
 @dataclass(frozen=True)
 class ServerView:
     """What the run learned about the server."""
@@ -101,21 +71,12 @@ def _model_path(view: ServerView, info: dict[str, str], flags: dict[str, str]) -
 
 
 def _local_hashes(model_path: str | None, tokenizer_flag: str | None) -> dict[str, str | None]:
-    """config / weights / tokenizer digests from local files (a GGUF holds all three)."""
-    out: dict[str, str | None] = {"model_config_sha256": None, "weights_sha256": None, "tokenizer_sha256": None}
-    path = pathlib.Path(model_path) if model_path else None
-    if path is not None and path.is_file():
-        digest = file_sha256(path)
-        out.update(model_config_sha256=digest, weights_sha256=digest, tokenizer_sha256=digest)
-    elif path is not None and path.is_dir():
-        out["model_config_sha256"] = files_sha256([path / "config.json"])
-        out["weights_sha256"] = files_sha256(p for p in path.iterdir() if p.suffix in WEIGHT_SUFFIXES)
-        out["tokenizer_sha256"] = files_sha256(path / name for name in TOKENIZER_FILES)
-    tokenizer = pathlib.Path(tokenizer_flag) if tokenizer_flag else None
-    if tokenizer is not None and tokenizer.exists():
-        out["tokenizer_sha256"] = (file_sha256(tokenizer) if tokenizer.is_file() else
-                                   files_sha256(tokenizer / name for name in TOKENIZER_FILES))
-    return out
+    """config / weights / tokenizer digests from local files (a GGUF holds all three), as the server's
+    conveyor:model_info computes them (conveyor/file_digest.py)."""
+    digests = model_digests(pathlib.Path(model_path) if model_path else None,
+                            pathlib.Path(tokenizer_flag) if tokenizer_flag else None)
+    return {"model_config_sha256": digests.config_sha256, "weights_sha256": digests.weights_sha256,
+            "tokenizer_sha256": digests.tokenizer_sha256}
 
 
 def _gpu(view: ServerView, flags: dict[str, str]) -> tuple[str | None, int | None]:

@@ -1,8 +1,11 @@
 """GPU memory plan: does a model, at a concurrency and context length, fit on a GPU, and with what headroom.
 
-The model (per GPU, tensor parallel size `tp` splits weights and KV heads evenly):
+The model (per GPU; with tensor parallel size `tp` every term is that of the largest rank's shard,
+`shape_per_rank`, split as `conveyor serve` splits it: KV heads in contiguous runs -- ceil(kv / tp) on
+the first rank, one replicated head when kv < tp -- with their query heads, ceil(intermediate / tp)
+MLP columns, ceil(vocab / tp) embedding and LM-head rows; norms replicated):
   usable      = total × gpu_memory_utilization        (the rest is the safety margin, as vLLM's flag)
-  weights     = parameters × dtype bytes / tp, parameters counted from config.json: embeddings (and an
+  weights     = shard parameters × dtype bytes, parameters counted from config.json: embeddings (and an
                 untied LM head), per layer q/k/v/o projections with GQA and head_dim, optional biases,
                 Qwen3's per-head q/k norms, the gated MLP (3 matrices), two RMSNorms; one final norm
   overhead    = activations of one forward of `max_num_batched_tokens` tokens (only one layer's
@@ -10,16 +13,19 @@ The model (per GPU, tensor parallel size `tp` splits weights and KV heads evenly
                 + float32 logits for `max_num_seqs` sampled rows + a fixed runtime allowance
                 (CUDA context, allocator slack, CUDA graphs: 1 GiB, 0.5 GiB with enforce-eager)
   kv_budget   = usable − weights − overhead
-  kv_per_token = 2 (K and V) × layers × kv_heads × head_dim × kv dtype bytes / tp
+  kv_per_token = 2 (K and V) × layers × the shard's kv_heads × head_dim × kv dtype bytes
   kv_needed   = concurrency × ceil(context / block_size) × block_size × kv_per_token
 A GPU fits when kv_budget ≥ kv_needed; max concurrency = floor(kv_budget / per-request KV). The overhead
 is an estimate (vLLM measures it by profiling); it is the term to distrust first on a tight fit.
 The `kv_capacity` mode instead reproduces `conveyor serve`'s own arithmetic for a given KV budget:
-blocks = floor(bytes / (2 × layers × block_size × kv_heads × head_dim × dtype bytes)).
+blocks = floor(bytes / (2 × layers × block_size × kv_heads × head_dim × dtype bytes)); under tensor
+parallelism the budget is per rank and the shard's kv_heads count (the engine takes the group's
+minimum block count, which is the largest shard's).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import pathlib
@@ -148,6 +154,28 @@ def count_parameters(shape: ModelShape) -> ParameterCount:
     )
 
 
+def shape_per_rank(shape: ModelShape, tensor_parallel_size: int) -> ModelShape:
+    """The largest rank's shard as a model shape (rank 0's: uneven splits give the first ranks the extra
+    head, column or row). tensor_parallel_size 1 is the shape itself."""
+    tp = tensor_parallel_size
+    if tp == 1:
+        return shape
+    if tp > shape.num_heads or (shape.num_kv_heads < tp and tp % shape.num_kv_heads):
+        raise PlanError(f"--tensor-parallel-size {tp} cannot split {shape.num_heads} heads / {shape.num_kv_heads} KV "
+                        f"heads: use at most {shape.num_heads} ranks, and a multiple of {shape.num_kv_heads} above "
+                        f"{shape.num_kv_heads} (the engine refuses the same)")
+    group = shape.num_heads // shape.num_kv_heads
+    if shape.num_kv_heads >= tp:
+        kv_heads = math.ceil(shape.num_kv_heads / tp)
+        heads = kv_heads * group
+    else:  # each KV head replicated on tp / kv ranks, which share its query heads
+        kv_heads = 1
+        heads = math.ceil(group / (tp // shape.num_kv_heads))
+    return dataclasses.replace(shape, num_heads=heads, num_kv_heads=kv_heads,
+                               vocab_size=math.ceil(shape.vocab_size / tp),
+                               intermediate_size=math.ceil(shape.intermediate_size / tp))
+
+
 def kv_bytes_per_token(shape: ModelShape, kv_dtype_bytes: int) -> int:
     """K and V of one token over all layers: 2 × layers × kv_heads × head_dim × dtype bytes."""
     return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * kv_dtype_bytes
@@ -172,7 +200,7 @@ class PlanInputs:
     gpu_memory_utilization: float = 0.9
     """Fraction of the GPU the engine may use; the rest is the safety margin."""
     tensor_parallel_size: int = 1
-    """GPUs the model is split over (weights and KV heads divided evenly)."""
+    """GPUs the model is split over (see `shape_per_rank`)."""
     enforce_eager: bool = False
     """No CUDA graphs: smaller runtime allowance."""
 
@@ -207,18 +235,17 @@ class ModelMemory:
 
 
 def model_memory(shape: ModelShape, inputs: PlanInputs) -> ModelMemory:
-    tp = inputs.tensor_parallel_size
-    params = count_parameters(shape).total
-    kv_token = kv_bytes_per_token(shape, dtype_bytes(inputs.kv_cache_dtype or inputs.dtype)) // tp
+    rank = shape_per_rank(shape, inputs.tensor_parallel_size)
+    kv_token = kv_bytes_per_token(rank, dtype_bytes(inputs.kv_cache_dtype or inputs.dtype))
     blocks = math.ceil(inputs.context_len / inputs.block_size)
     per_request = blocks * inputs.block_size * kv_token
-    q_kv = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim // tp
-    per_token_values = 4 * shape.hidden_size + q_kv + 2 * shape.intermediate_size // tp
+    q_kv = (rank.num_heads + 2 * rank.num_kv_heads) * rank.head_dim
+    per_token_values = 4 * shape.hidden_size + q_kv + 2 * rank.intermediate_size
     activations = inputs.max_num_batched_tokens * per_token_values * dtype_bytes(inputs.dtype)
-    logits = inputs.max_num_seqs * shape.vocab_size * 4
+    logits = inputs.max_num_seqs * shape.vocab_size * 4  # gathered: every rank holds the full logits
     return ModelMemory(
-        num_parameters=params,
-        weights_bytes=params * dtype_bytes(inputs.dtype) // tp,
+        num_parameters=count_parameters(shape).total,
+        weights_bytes=count_parameters(rank).total * dtype_bytes(inputs.dtype),
         kv_bytes_per_token=kv_token,
         kv_bytes_per_request=per_request,
         kv_needed_bytes=per_request * inputs.max_num_seqs,

@@ -24,12 +24,12 @@ from conveyor.bench.diagnose import Finding, diagnose
 from conveyor.bench.fixed import FixedDifference, FixedRecord, differences, unknown_keys
 from conveyor.bench.intervals import IntervalConfig
 from conveyor.bench.point_verdict import PointStatus
-from conveyor.bench.report_format import fmt_count, fmt_interval, fmt_percent, fmt_rate, summary_cell
+from conveyor.bench.report_format import fmt_bytes, fmt_count, fmt_interval, fmt_percent, fmt_rate, summary_cell
 from conveyor.bench.rundirs import Point, RunResult, discover_runs, find_study_file, group_points
 from conveyor.bench.slo import SLO, SLOVerdict, describe_objective, slo_from_mapping
 
 DASHBOARD_COLUMNS = ("Config", "Run", "Offered req/s", "Completed req/s", "TTFT p95", "Queue p95",
-                     "E2E p95", "Error rate", "Preemptions", "Objective")
+                     "E2E p95", "Error rate", "Preemptions", "Peak memory", "Objective")
 POINT_COLUMNS = ("Config", "Offered req/s", "Valid repeats", "Completed req/s", "TTFT p95", "E2E p95",
                  "Error rate", "Verdict")
 
@@ -138,7 +138,8 @@ def dashboard_rows(analysis: Analysis) -> list[list[str]]:
                     config.name, run.label, fmt_rate(run.offered_rate), summary_cell(s, "request_throughput"),
                     summary_cell(s, "p95_ttft_ms"), summary_cell(s, "server.queue_time_p95_ms"),
                     summary_cell(s, "p95_e2el_ms"), summary_cell(s, "error_rate"),
-                    fmt_count(run.metric("num_preemptions")), objective_cell(run, verdict),
+                    fmt_count(run.metric("num_preemptions")), fmt_bytes(run.metric("peak_gpu_memory_bytes")),
+                    objective_cell(run, verdict),
                 ])
     return rows
 

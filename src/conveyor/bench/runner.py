@@ -29,6 +29,7 @@ from conveyor.bench.load_summary import LoadOutcome, drive, load_fields, load_va
 from conveyor.bench.loadgen import LoadPlan, new_session
 from conveyor.bench.metrics import GoodputBounds, client_summary
 from conveyor.bench.profiles import LoadFlags, LoadProfile, LoadShape, resolve_load
+from conveyor.bench.report_format import fmt_bytes
 from conveyor.bench.retry import RetryLog, new_retrying_session
 from conveyor.bench.run_record import RunContext, extend_summary
 from conveyor.bench.server_metrics import (
@@ -282,7 +283,7 @@ def load_summary(run_dir: str | pathlib.Path) -> dict[str, Any]:
 
 
 DASHBOARD_COLUMNS = ("Run", "Offered req/s", "Completed req/s", "TTFT p95", "Queue p95", "E2E p95",
-                     "Error rate", "Preemptions")
+                     "Error rate", "Preemptions", "Peak memory")
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -300,7 +301,8 @@ def dashboard_row(s: dict[str, Any]) -> list[str]:
     row = [str(s.get("label", "")) + ("" if s.get("valid", True) else " (INVALID)"), offered,
            _fmt(s.get("request_throughput"), 2), _fmt(s.get("p95_ttft_ms")) + " ms",
            _fmt(server.get("queue_time_p95_ms")) + " ms", _fmt(s.get("p95_e2el_ms")) + " ms",
-           f"{100.0 * float(s.get('error_rate') or 0.0):.1f}%", _fmt(server.get("num_preemptions"), 0)]
+           f"{100.0 * float(s.get('error_rate') or 0.0):.1f}%", _fmt(server.get("num_preemptions"), 0),
+           fmt_bytes(server.get("peak_gpu_memory_bytes"))]
     return [c.replace("- ms", "-") for c in row]
 
 

@@ -167,6 +167,17 @@ class BlockPool:
         self.free_queue = FreeBlockQueue(self.blocks)
         return True
 
+    def drop_free_cached_blocks(self) -> int:
+        """Forget the hashes of every cached block no request holds (the prefix cache empties of what
+        nothing uses; blocks in use keep theirs). Returns how many blocks were forgotten. The free
+        queue's order stays valid: unhashed blocks first holds, as no free block is hashed after this."""
+        dropped = 0
+        for block in self.free_queue:
+            if block.block_hash is not None:
+                self._evict(block)
+                dropped += 1
+        return dropped
+
     def check_invariants(self) -> None:
         """free + used == total; ref >= 0; free <=> ref 0; hash index consistent; queue order."""
         free_ids: set[int] = set()

@@ -32,7 +32,7 @@ from conveyor.core.errors import AdmissionError
 from conveyor.core.lifecycle import KVPoolSize, check_admission
 from conveyor.engine.types import EngineOverloadedError, OverloadReason, RequestRejectedError
 from conveyor.request import Request
-from conveyor.sampling_params import SamplingParams
+from conveyor.sampling_params import SamplingParams, StructuredOutput
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,10 @@ class RequestLimits:
     """The KV pool the scheduler was built over."""
     vocab_size: int
     """Token ids must be in [0, vocab_size)."""
+    speculative: bool = False
+    """Speculative decoding is on: structured outputs are refused (a draft's grammar state is not kept)."""
+    tensor_parallel: bool = False
+    """--tensor-parallel-size > 1: structured outputs are refused (only a single-rank runner masks)."""
 
 
 def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: RequestLimits) -> None:
@@ -60,6 +64,28 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: R
     if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab_size:  # C loops, no per-id Python
         bad = next(t for t in prompt_token_ids if not 0 <= t < vocab_size)
         raise RequestRejectedError("prompt", f"prompt: token id {bad} is out of range [0, {vocab_size})")
+    for token_id, _ in params.logit_bias:
+        if token_id >= vocab_size:
+            raise RequestRejectedError("logit_bias", f"logit_bias: token id {token_id} is out of range "
+                                                     f"[0, {vocab_size})")
+    if params.structured_output is not None:
+        _check_structured_output(params.structured_output, limits)
+
+
+def _check_structured_output(constraint: StructuredOutput, limits: RequestLimits) -> None:
+    from conveyor.worker.grammar import GrammarError, check_grammar  # llguidance, no torch
+
+    if limits.speculative:
+        raise RequestRejectedError(constraint.field, f"{constraint.field}: structured outputs are not supported "
+                                                     "with speculative decoding (--speculative-config) on this server")
+    if limits.tensor_parallel:
+        raise RequestRejectedError(constraint.field, f"{constraint.field}: structured outputs are not supported "
+                                                     "with tensor parallelism (--tensor-parallel-size > 1) on this "
+                                                     "server")
+    try:
+        check_grammar(constraint)
+    except GrammarError as error:
+        raise RequestRejectedError(constraint.field, f"{constraint.field}: the grammar does not compile: {error}") from None
 
 
 @dataclass(frozen=True)

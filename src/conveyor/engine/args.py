@@ -26,10 +26,17 @@ from conveyor.config import (
     EngineConfig,
     LoadFormat,
     ModelConfig,
+    ParallelConfig,
     Quantization,
     SchedulerConfig,
     SchedulingPolicy,
     SpeculativeConfig,
+)
+from conveyor.engine.vllm_flags import (
+    add_vllm_engine_flags,
+    human_readable_int,
+    speculative_shorthand,
+    vllm_engine_overrides,
 )
 
 _PARSER_KEY = "engine_args_parser"
@@ -46,7 +53,7 @@ class _Flag:
     flag: str
     """Command-line spelling, e.g. --max-num-seqs."""
     section: str
-    """EngineConfig attribute holding the dataclass (model, scheduler, cache, device) or '' for top level."""
+    """EngineConfig attribute holding the dataclass (model, scheduler, cache, device, parallel) or '' for top level."""
     field_name: str
     """Dataclass field the value maps onto."""
 
@@ -61,6 +68,7 @@ FLAGS: tuple[_Flag, ...] = (
     _Flag("--seed", "model", "seed"),
     _Flag("--served-model-name", "model", "served_model_name"),
     _Flag("--num-hidden-layers-override", "model", "num_hidden_layers_override"),
+    _Flag("--revision", "model", "revision"),
     _Flag("--max-model-len", "scheduler", "max_model_len"),
     _Flag("--max-num-seqs", "scheduler", "max_num_seqs"),
     _Flag("--max-num-batched-tokens", "scheduler", "max_num_batched_tokens"),
@@ -82,6 +90,7 @@ FLAGS: tuple[_Flag, ...] = (
     _Flag("--cudagraph-mode", "device", "cudagraph_mode"),
     _Flag("--max-cudagraph-capture-size", "device", "max_cudagraph_capture_size"),
     _Flag("--num-threads", "device", "num_threads"),
+    _Flag("--tensor-parallel-size", "parallel", "tensor_parallel_size"),
     _Flag("--check-invariants", "", "check_invariants"),
     _Flag("--speculative-config", "", "speculative_config"),
 )
@@ -97,6 +106,23 @@ def parse_memory_bytes(text: str) -> int:
     if match is None:
         raise argparse.ArgumentTypeError(f"expected bytes such as 1073741824, 1GiB or 512MiB (got {text!r})")
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2) or ""])
+
+
+_DTYPE_ALIASES = {"half": "float16", "float": "float32"}
+"""vLLM's other spellings of --dtype."""
+MAX_MODEL_LEN_AUTO = "auto"
+"""--max-model-len auto (or -1, as vLLM): the model's own max positions, resolved from its files."""
+
+
+def _dtype(text: str) -> str:
+    return _DTYPE_ALIASES.get(text, text)
+
+
+def _max_model_len(text: str) -> int | str:
+    """vLLM's syntax: 2048, 4k (4000), 4K (4096), auto or -1."""
+    if text.strip().lower() in (MAX_MODEL_LEN_AUTO, "-1"):
+        return MAX_MODEL_LEN_AUTO
+    return human_readable_int(text)
 
 
 def _threshold(text: str) -> int | None:
@@ -135,20 +161,25 @@ def _add_model_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--model", help="GGUF file or Hugging Face directory (default: embedded SmolLM2)")
     group.add_argument("--tokenizer", help="tokenizer.json directory or GGUF (default: the model's)")
     group.add_argument("--load-format", choices=[f.value for f in LoadFormat])
-    group.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
+    group.add_argument("--dtype", type=_dtype, choices=["auto", "float32", "bfloat16", "float16"],
+                       help="auto, float32 (float), bfloat16, float16 (half)")
     group.add_argument("--quantization", "-q", choices=[q.value for q in Quantization],
                        help="gguf: compute on the GGUF's quantized blocks (CPU); none: dequantize at load; "
                             "auto (default): gguf for a GGUF on CPU in float32")
     group.add_argument("--seed", type=int, help="seed for dummy weights and unseeded sampling")
-    group.add_argument("--served-model-name", help="model name clients send (default: from the path)")
+    group.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                       help="model name(s) clients send; the first is reported (default: from the path)")
     group.add_argument("--num-hidden-layers-override", type=int, help="keep only this many layers")
+    group.add_argument("--revision", help="the checkpoint's revision, recorded in conveyor:model_info (no hub: "
+                                          "nothing is fetched)")
 
 
 def _add_scheduler_flags(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--max-model-len", type=int,
-                       help="longest prompt+output (default 2048, capped by the model's max positions)")
-    group.add_argument("--max-num-seqs", type=int, help="most requests running at once")
-    group.add_argument("--max-num-batched-tokens", type=int, help="token budget of one step")
+    group.add_argument("--max-model-len", type=_max_model_len,
+                       help="longest prompt+output: 2048, 4k (4000), 4K (4096), auto (the model's max positions); "
+                            "default 2048, capped by the model's max positions")
+    group.add_argument("--max-num-seqs", type=human_readable_int, help="most requests running at once")
+    group.add_argument("--max-num-batched-tokens", type=human_readable_int, help="token budget of one step (8k, ...)")
     group.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
     group.add_argument("--long-prefill-token-threshold", type=_threshold,
                        help="cap on one request's prefill tokens per step (0: none)")
@@ -171,21 +202,26 @@ def _add_cache_and_device_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     group.add_argument("--kv-cache-memory", type=parse_memory_bytes,
                        help="KV cache bytes, e.g. 1GiB (CPU default 1 GiB)")
-    group.add_argument("--gpu-memory-utilization", type=float)
+    group.add_argument("--kv-cache-memory-bytes", type=human_readable_int, dest="kv_cache_memory",
+                       help="vLLM's spelling of --kv-cache-memory (4G = 4 GiB, 4g = 4e9)")
+    group.add_argument("--gpu-memory-utilization", "--device-memory-utilization", type=float)
     group.add_argument("--num-gpu-blocks-override", type=int, help="exact number of KV blocks")
     group.add_argument("--device", choices=["cpu", "cuda"])
-    group.add_argument("--enforce-eager", action="store_true", default=None, help="no CUDA graphs")
+    group.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None, help="no CUDA graphs")
     group.add_argument("--cudagraph-mode", choices=[m.value for m in CUDAGraphMode],
                        help="full: decode and mixed steps replay graphs (default); full_decode_only")
     group.add_argument("--max-cudagraph-capture-size", type=int,
                        help="largest token count of a captured mixed-step graph (default 2048)")
-    group.add_argument("--num-threads", type=int, help="torch CPU threads")
+    group.add_argument("--num-threads", type=int, help="torch CPU threads (per rank under tensor parallelism)")
+    group.add_argument("--tensor-parallel-size", "-tp", type=int,
+                       help="ranks (processes; one GPU each on CUDA) the model is split over (default 1)")
     group.add_argument("--check-invariants", action="store_true", default=None,
                        help="check scheduler and block-pool invariants after every step (slow)")
-    group.add_argument("--speculative-config", type=parse_speculative_config, metavar="JSON",
+    group.add_argument("--speculative-config", "-sc", type=parse_speculative_config, metavar="JSON",
                        help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 3, '
                             '"prompt_lookup_max": 4}\' or \'{"method": "draft_model", "model": PATH, '
                             '"num_speculative_tokens": 3}\'')
+    add_vllm_engine_flags(group)
 
 
 def _converted(flag: _Flag, value: object) -> object:
@@ -195,12 +231,23 @@ def _converted(flag: _Flag, value: object) -> object:
 
 
 def _given_values(args: argparse.Namespace) -> dict[str, dict[str, object]]:
-    """section -> {field: value} for the flags present on the command line."""
-    given: dict[str, dict[str, object]] = {"model": {}, "scheduler": {}, "cache": {}, "device": {}, "": {}}
+    """section -> {field: value} for the flags present on the command line, then what vLLM's spellings
+    (-O, --compilation-config, --spec-*) imply for the fields no conveyor flag set."""
+    given: dict[str, dict[str, object]] = {"model": {}, "scheduler": {}, "cache": {}, "device": {}, "parallel": {},
+                                           "": {}}
     for flag in FLAGS:
         value = getattr(args, _dest(flag.flag), None)
         if value is not None:
             given[flag.section][flag.field_name] = _converted(flag, value)
+    for section, fields in vllm_engine_overrides(args).items():
+        for name, value in fields.items():
+            given[section].setdefault(name, _converted(_Flag("", section, name), value))
+    shorthand = speculative_shorthand(args)
+    if shorthand is not None and "speculative_config" not in given[""]:
+        try:
+            given[""]["speculative_config"] = SpeculativeConfig.from_dict(shorthand)
+        except ConfigError as error:
+            raise ConfigError(f"--spec-method/--spec-model/--spec-tokens: {error}") from None
     return given
 
 
@@ -212,6 +259,11 @@ def build_engine_config(args: argparse.Namespace) -> EngineConfig:
     given = _given_values(args)
     if tag is not None:
         given["model"]["model"] = tag
+    names = given["model"].get("served_model_name")
+    if isinstance(names, list):
+        given["model"]["served_model_name"] = names[0]
+    if given["scheduler"].get("max_model_len") == MAX_MODEL_LEN_AUTO:
+        given["scheduler"]["max_model_len"] = _model_max_positions(given["model"])
     if given["device"].get("device") == "cuda":
         _apply_cuda_defaults(given)
     try:
@@ -220,10 +272,21 @@ def build_engine_config(args: argparse.Namespace) -> EngineConfig:
             scheduler=SchedulerConfig(**given["scheduler"]),
             cache=CacheConfig(**given["cache"]),
             device=DeviceConfig(**given["device"]),
+            parallel=ParallelConfig(**given["parallel"]),
             **given[""],
         )
     except ConfigError as error:
         raise ConfigError(fields_to_flags(str(error))) from None
+
+
+def _model_max_positions(model_fields: dict[str, object]) -> int:
+    """--max-model-len auto: the model's max positions, read from its config.json or GGUF header."""
+    from conveyor.engine.model_setup import model_max_positions
+
+    try:
+        return model_max_positions(ModelConfig(**model_fields))  # type: ignore[arg-type]
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"--max-model-len auto: cannot read the model's max positions: {error}") from None
 
 
 def _apply_cuda_defaults(given: dict[str, dict[str, object]]) -> None:

@@ -40,6 +40,8 @@ from conveyor.engine.messages import (
     EngineDead,
     EngineInput,
     EngineStepOutputs,
+    PrefixCacheReset,
+    ResetPrefixCache,
     encoder,
     output_decoder,
 )
@@ -71,6 +73,8 @@ class ClientConfig:
     """This front end's identity toward the core (its output socket is addresses.outputs[i])."""
     queue_timeout_s: float | None = None
     """--queue-timeout, for the error message of a timed-out request."""
+    chat_template: str | None = None
+    """A Jinja chat template replacing the model's (--chat-template), else None."""
 
 
     @classmethod
@@ -78,7 +82,9 @@ class ClientConfig:
                    client_index: int = 0) -> ClientConfig:
         """The client configuration for front end `client_index` of an engine that reported `info`."""
         scheduler = dataclasses.replace(engine_config.scheduler, max_model_len=info.max_model_len)
-        limits = RequestLimits(scheduler, KVPoolSize(info.num_kv_blocks, info.block_size), info.vocab_size)
+        limits = RequestLimits(scheduler, KVPoolSize(info.num_kv_blocks, info.block_size), info.vocab_size,
+                               speculative=engine_config.speculative_config is not None,
+                               tensor_parallel=engine_config.parallel.tensor_parallel_size > 1)
         return cls(info, limits, addresses, client_index, engine_config.scheduler.queue_timeout_s)
 
 
@@ -95,7 +101,10 @@ class AsyncEngineClient:
         scheduler = engine_config.scheduler
         admission = AdmissionControl(QueueLimits(scheduler.max_num_queued_reqs, scheduler.max_num_queued_tokens),
                                      shared, config.client_index)
-        tokenizer = AsyncTokenizer(Tokenizer.from_path(tokenizer_path(engine_config.model)))
+        backend = Tokenizer.from_path(tokenizer_path(engine_config.model))
+        if config.chat_template is not None:
+            backend = dataclasses.replace(backend, chat_template=config.chat_template)
+        tokenizer = AsyncTokenizer(backend)
         client = cls(config, tokenizer, admission, lifeline)
         client.start()
         return client
@@ -119,6 +128,8 @@ class AsyncEngineClient:
         self._input = zmq.Context(shadow=self._context.underlying).socket(zmq.PUSH)
         self._output = self._context.socket(zmq.PULL)
         self._output_task: asyncio.Task[None] | None = None
+        self._resets: dict[int, asyncio.Future[int]] = {}
+        """Pending reset_prefix_cache calls, by token."""
 
     def start(self) -> None:
         """Connect to the core and start the output handler (call on the event loop that will serve)."""
@@ -167,6 +178,18 @@ class AsyncEngineClient:
         """End a request in the core; its stream receives the core's final ABORT output."""
         if self._dead_reason is None and request_id in self._streams:
             self._send(AbortRequests([request_id], FinishReason.ABORT))
+
+    async def reset_prefix_cache(self) -> int:
+        """Ask the core to forget every prefix-cache block no request holds; returns how many it forgot."""
+        self._raise_if_dead()
+        token = len(self._resets) + 1 + max(self._resets, default=0)
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._resets[token] = future
+        self._send(ResetPrefixCache(self._config.client_index, token))
+        try:
+            return await future
+        finally:
+            self._resets.pop(token, None)
 
     def add_stats_listener(self, listener: StatsListener) -> None:
         self._stats_listeners.append(listener)
@@ -231,6 +254,11 @@ class AsyncEngineClient:
                 if isinstance(message, EngineDead):
                     self._on_dead(message.message)
                     return
+                if isinstance(message, PrefixCacheReset):
+                    future = self._resets.get(message.token)
+                    if future is not None and not future.done():
+                        future.set_result(message.num_blocks)
+                    continue
                 self._process(message)
                 await asyncio.sleep(0)  # let the streams run between two steps' worth of outputs
         except asyncio.CancelledError:
@@ -284,6 +312,9 @@ class AsyncEngineClient:
             listener()
 
     def _fail_everything(self, reason: str) -> None:
+        for future in self._resets.values():
+            if not future.done():
+                future.set_exception(EngineDeadError(reason))
         streams, self._streams = self._streams, {}
         for outputs in streams.values():
             outputs.put_nowait(EngineDeadError(reason))

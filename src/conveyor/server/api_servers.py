@@ -17,6 +17,7 @@ prometheus_client's multiprocess directory (counters summed, engine gauges writt
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -30,7 +31,8 @@ import tempfile
 import threading
 from dataclasses import dataclass
 
-from conveyor.config import EngineConfig, ServerConfig
+from conveyor.config import EngineConfig
+from conveyor.server.server_config import ServerConfig
 from conveyor.engine.admission import SharedCounts, make_shared_counts
 from conveyor.engine.core_client import AsyncEngineClient, ClientConfig
 from conveyor.engine.core_proc import EngineAddresses
@@ -182,7 +184,9 @@ async def _serve_front_end(spec: FrontEndSpec, lifeline: multiprocessing.connect
                            listener: socket.socket, ready: multiprocessing.connection.Connection) -> int:
     from conveyor.server.cli import ServeOptions, serve
 
-    client_config = ClientConfig.for_engine(spec.engine_config, spec.info, spec.addresses, spec.client_index)
+    client_config = dataclasses.replace(
+        ClientConfig.for_engine(spec.engine_config, spec.info, spec.addresses, spec.client_index),
+        chat_template=spec.server_config.chat_template)
     client = AsyncEngineClient.connect(client_config, spec.engine_config, spec.shared, lifeline)
     options = ServeOptions(sockets=[listener], drain_signals=(DRAIN_SIGNAL,), metrics_dir=spec.metrics_dir,
                            announce=False, on_started=lambda: ready.send(True))

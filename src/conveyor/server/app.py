@@ -26,42 +26,32 @@ shutdown grace is a normal end (`finish_reason: "abort"`, then `[DONE]`).
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
-from fastapi import Depends, FastAPI
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from conveyor import __version__
-from conveyor.config import ServerConfig
+from conveyor.server.server_config import ServerConfig
 from conveyor.engine.types import EngineClient
 from conveyor.server.context import ServingContext
-from conveyor.server.errors import (
-    APIError,
-    ErrorType,
-    RejectReason,
-    bad_request,
-    from_error_details,
-    from_validation_error,
-)
+from conveyor.server.errors import APIError, ErrorType, RejectReason, bad_request, from_error_details
 from conveyor.server.generation import ClientDisconnected
 from conveyor.server.lifecycle import AdmissionGate
 from conveyor.server.metrics import ServerMetrics
+from conveyor.server.middleware import add_middleware, request_id_of
+from conveyor.server.request_body import parse_body, read_json_object, validate_body
 from conveyor.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from conveyor.server.responses import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
+from conveyor.server.openapi import add_openapi_route
 from conveyor.server.serving_chat import create_chat_completion, render_chat_prompt
 from conveyor.server.serving_completion import create_completion
 
 logger = logging.getLogger(__name__)
-BodyT = TypeVar("BodyT", bound=BaseModel)
 CLIENT_CLOSED_REQUEST = 499
 """nginx's status for "the client went away before the response": nobody reads it, logs do."""
 
@@ -71,97 +61,63 @@ def build_app(engine: EngineClient, server_config: ServerConfig, metrics_dir: st
     `metrics_dir`: prometheus_client's multiprocess directory when several front ends share /metrics."""
     info = engine.info
     metrics = ServerMetrics(info, metrics_dir)
+    metrics.start()
     engine.add_stats_listener(metrics.on_step)
     gate = AdmissionGate()
     engine.add_dead_listener(gate.mark_engine_dead)
     ctx = ServingContext(engine=engine, model_name=info.model_name, max_model_len=info.max_model_len,
-                         gate=gate, metrics=metrics)
+                         gate=gate, metrics=metrics, config=server_config)
     app = FastAPI(title="conveyor", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
     app.state.server_config = server_config
+    app.state.on_unauthorized = lambda: metrics.count_rejection(RejectReason.UNAUTHORIZED)
+    add_middleware(app, server_config)
     _add_error_handlers(app, ctx)
     _add_generation_routes(app, ctx, server_config)
     _add_admin_routes(app, ctx, server_config)
+    add_openapi_route(app)
     return app
 
 
-async def read_json_object(request: Request, limit_bytes: int) -> dict[str, object]:
-    """The body as a JSON object: 413 over the limit, 400 for invalid UTF-8, JSON or a non-object."""
-    too_large = APIError(413, f"request body is larger than the server's limit of {limit_bytes} bytes")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit_bytes:
-        raise too_large
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit_bytes:
-            raise too_large
-        chunks.append(chunk)
-    try:
-        text = b"".join(chunks).decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise bad_request(f"request body is not valid UTF-8 (invalid byte at offset {error.start})") from None
-    try:
-        value = json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as error:  # JSONDecodeError is a ValueError; RecursionError: nesting
-        raise bad_request(f"request body is not valid JSON: {error}") from None
-    if not isinstance(value, dict):
-        raise bad_request(f"request body must be a JSON object, not {type(value).__name__}")
-    return value
-
-
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a valid JSON number")
-
-
-async def parse_body(request: Request, model: type[BodyT], limit_bytes: int) -> BodyT:
-    value = await read_json_object(request, limit_bytes)
-    try:
-        return model.model_validate(value)
-    except ValidationError as error:
-        raise from_validation_error(error) from None
-
-
-def _api_key_dependency(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
-    """A FastAPI dependency: 401 unless the bearer token matches (constant-time comparison)."""
-    expected = f"Bearer {api_key}".encode()
-
-    async def check_api_key(request: Request) -> None:
-        if api_key is None:
-            return
-        given = request.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
-            raise APIError(401, "missing or invalid API key: send the header `Authorization: Bearer <key>`",
-                           ErrorType.AUTHENTICATION, reason=RejectReason.UNAUTHORIZED,
-                           headers={"WWW-Authenticate": "Bearer"})
-
-    return check_api_key
-
-
 def _add_generation_routes(app: FastAPI, ctx: ServingContext, config: ServerConfig) -> None:
-    auth = [Depends(_api_key_dependency(config.api_key))]
     limit = config.max_request_body_bytes
 
-    @app.post("/v1/completions", dependencies=auth)
+    @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         ctx.gate.check_open()
-        body = await parse_body(request, CompletionRequest, limit)
-        ctx.check_model(body.model)
-        return await create_completion(ctx, body, request)
+        return await _completion(ctx, await parse_body(request, CompletionRequest, limit), request)
 
-    @app.post("/v1/chat/completions", dependencies=auth)
+    @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         ctx.gate.check_open()
-        body = await parse_body(request, ChatCompletionRequest, limit)
-        ctx.check_model(body.model)
-        return await create_chat_completion(ctx, body, request)
+        return await _chat(ctx, await parse_body(request, ChatCompletionRequest, limit), request)
 
-    @app.get("/v1/models", dependencies=auth)
+    @app.post("/invocations")
+    async def invocations(request: Request) -> Response:
+        """SageMaker's route (vLLM's): a chat body (`messages`) or a completions body (`prompt`)."""
+        ctx.gate.check_open()
+        value = await read_json_object(request, limit)
+        if "messages" in value:
+            return await _chat(ctx, validate_body(value, ChatCompletionRequest), request)
+        if "prompt" in value:
+            return await _completion(ctx, validate_body(value, CompletionRequest), request)
+        raise bad_request("invocations: the body needs `messages` (chat) or `prompt` (completions)", "prompt")
+
+    @app.get("/v1/models")
     async def models() -> Response:
         card = ModelCard(id=ctx.model_name, created=int(time.time()), root=ctx.model_name,
                          max_model_len=ctx.max_model_len)
         return Response(ModelList(data=[card]).model_dump_json(), media_type="application/json")
+
+
+async def _completion(ctx: ServingContext, body: CompletionRequest, request: Request) -> Response:
+    ctx.check_model(body.model)
+    return await create_completion(ctx, body, request)
+
+
+async def _chat(ctx: ServingContext, body: ChatCompletionRequest, request: Request) -> Response:
+    ctx.check_model(body.model)
+    return await create_chat_completion(ctx, body, request)
 
 
 def _add_admin_routes(app: FastAPI, ctx: ServingContext, config: ServerConfig) -> None:
@@ -170,6 +126,24 @@ def _add_admin_routes(app: FastAPI, ctx: ServingContext, config: ServerConfig) -
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200 if _is_healthy(ctx) else 503)
+
+    async def ping() -> Response:
+        """SageMaker's health check (vLLM's): the same answer as /health."""
+        return Response(status_code=200 if _is_healthy(ctx) else 503)
+
+    for method in ("GET", "POST"):  # one route each: an OpenAPI operation id is per method
+        app.add_api_route("/ping", ping, methods=[method], operation_id=f"ping_{method.lower()}")
+
+    @app.get("/load")
+    async def load() -> JSONResponse:
+        """vLLM's server-load probe: the generation requests this server has in flight."""
+        return JSONResponse({"server_load": ctx.gate.num_in_flight})
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> JSONResponse:
+        """Forget every prefix-cache block no request holds, in the engine core (between benchmark runs)."""
+        num_blocks = await ctx.engine.reset_prefix_cache()
+        return JSONResponse({"num_blocks_reset": num_blocks})
 
     @app.get("/version")
     async def version() -> JSONResponse:
@@ -187,8 +161,8 @@ def _add_admin_routes(app: FastAPI, ctx: ServingContext, config: ServerConfig) -
         if body.prompt is not None:
             tokens = await ctx.engine.tokenize(body.prompt, add_special_tokens=body.add_special_tokens)
         else:
-            chat = ChatCompletionRequest(messages=body.messages or [],
-                                         add_generation_prompt=body.add_generation_prompt)
+            chat = validate_body({"messages": body.messages, "add_generation_prompt": body.add_generation_prompt},
+                                 ChatCompletionRequest)
             tokens = await render_chat_prompt(ctx, chat)
         return Response(await _tokenize_reply(tokens, ctx.max_model_len), media_type="application/json")
 
@@ -245,10 +219,15 @@ def _add_error_handlers(app: FastAPI, ctx: ServingContext) -> None:
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, error: Exception) -> JSONResponse:
-        logger.exception("unhandled error serving %s %s", request.method, request.url.path)
-        return _error_response(APIError(500, f"internal error: {type(error).__name__}: {error}",
-                                        ErrorType.INTERNAL, reason=None))
+        # The details stay in the log, under the request id the client got back; never in the body.
+        request_id = request_id_of(request.scope)
+        logger.error("request %s: unhandled error serving %s %s", request_id, request.method, request.url.path,
+                     exc_info=error)
+        return _error_response(APIError(500, f"internal server error (request id {request_id}); "
+                                             "the server log has the details", ErrorType.INTERNAL, reason=None))
 
     @app.exception_handler(ClientDisconnected)
-    async def on_disconnect(_: Request, __: ClientDisconnected) -> Response:
+    async def on_disconnect(request: Request, __: ClientDisconnected) -> Response:
+        logger.info("request %s: the client disconnected before the response (%s %s)",
+                    request_id_of(request.scope), request.method, request.url.path)
         return Response(status_code=CLIENT_CLOSED_REQUEST)

@@ -11,61 +11,48 @@ stop and the command exits 0; if the engine dies, the server stops at once and e
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import asyncio
 import logging
 import os
-import re
 import signal
 import socket
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import prometheus_client
 import uvicorn
 
-from conveyor.config import ConfigError, EngineConfig, ServerConfig
+from conveyor.config import ConfigError, EngineConfig
 from conveyor.engine.args import add_engine_arguments, engine_config_from_args, with_overrides
 from conveyor.engine.core_client import AsyncEngineClient, ClientConfig
 from conveyor.engine.launcher import LOG_FORMAT, EngineProcess, EngineStartupError
 from conveyor.engine.types import EngineClient, EngineInfo
+from conveyor.engine.vllm_flags import check_vllm_flags, register_vllm_flags
+from conveyor.engine.vllm_flags import preprocess_argv as _vllm_preprocess
 from conveyor.server.app import build_app
+from conveyor.server.http_guard import ConnectionLimits, guarded_protocol
 from conveyor.server.lifecycle import DrainingServer
+from conveyor.server.server_args import add_server_arguments, check_model_is_local, server_config_from_args
+from conveyor.server.server_config import ServerConfig
 
 logger = logging.getLogger("conveyor.serve")
 UVICORN_SHUTDOWN_TIMEOUT_S = 2.0
 """After the drain, how long uvicorn waits for connections before cancelling what is left."""
-_SERVER_FLAGS = {"host": "host", "port": "port", "api_key": "api_key", "shutdown_grace": "shutdown_grace_s",
-                 "api_server_count": "api_server_count"}
-"""argparse dest -> ServerConfig field."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
-    defaults = {f.name: f.default for f in fields(ServerConfig)}
-    group = parser.add_argument_group("server")
-    group.add_argument("--host", help=f"address to bind (default {defaults['host']})")
-    group.add_argument("--port", type=int, help=f"port to bind, 0 for any free one (default {defaults['port']})")
-    group.add_argument("--api-key", help="require `Authorization: Bearer <key>` on /v1/*")
-    group.add_argument("--shutdown-grace", type=float, metavar="SECONDS",
-                       help="on SIGTERM, time in-flight requests get to finish "
-                            f"(default {defaults['shutdown_grace_s']})")
-    group.add_argument("--api-server-count", type=int, metavar="N",
-                       help="API-server processes sharing the port, talking to the one engine core "
-                            f"(default {defaults['api_server_count']})")
+    add_server_arguments(parser)
+    register_vllm_flags(parser)  # every other `vllm serve` flag: accepted, warned about or refused by name
+    parser.epilog = ("Every flag of `vllm serve` is accepted: implemented, ignored with a warning, or refused "
+                     "with the reason (the table is in docs/serving.md).")
 
 
-def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
-    """The ServerConfig the flags describe; a ConfigError names the flag (`--shutdown-grace`), not the field."""
-    given = {field: getattr(args, dest) for dest, field in _SERVER_FLAGS.items()
-             if getattr(args, dest, None) is not None}
-    try:
-        return ServerConfig(**given)
-    except ConfigError as error:
-        message = str(error)
-        for dest, field in _SERVER_FLAGS.items():
-            message = re.sub(rf"\b{field}\b", "--" + dest.replace("_", "-"), message)
-        raise ConfigError(message) from None
+def preprocess_argv(argv: list[str]) -> list[str]:  # noqa: F811 - conveyor.cli's hook for this subcommand
+    """vLLM's spellings (`--config FILE`, `--max_model_len`, `-O3`, dotted JSON keys) as plain flags."""
+    return _vllm_preprocess(argv)
 
 
 @dataclass(frozen=True)
@@ -85,16 +72,18 @@ class ServeOptions:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    logging.basicConfig(level=getattr(args, "log_level", None) or logging.INFO, format=LOG_FORMAT)
     # Tokenize on the calling worker thread (engine.async_tokenizer lowers the large-text lane's
     # priority), not on the tokenizers library's own thread pool, which would run at normal priority.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    engine_config = engine_config_from_args(args)
     try:
+        check_vllm_flags(args)
+        check_model_is_local(args)
         server_config = server_config_from_args(args)
     except ConfigError as error:
         print(f"conveyor serve: error: {error}", file=sys.stderr)
         return 2
+    engine_config = engine_config_from_args(args)
     prometheus_client.disable_created_metrics()  # as vLLM: no `*_created` series
     engine_config = leave_cores_to_api_servers(engine_config, server_config.api_server_count)
     if server_config.api_server_count > 1:
@@ -134,7 +123,8 @@ def leave_cores_to_api_servers(engine_config: EngineConfig, api_server_count: in
 
 async def _serve_with_engine(engine: EngineProcess, engine_config: EngineConfig, server_config: ServerConfig) -> int:
     assert engine.info is not None
-    client_config = ClientConfig.for_engine(engine_config, engine.info, engine.addresses)
+    client_config = dataclasses.replace(ClientConfig.for_engine(engine_config, engine.info, engine.addresses),
+                                        chat_template=server_config.chat_template)
     client = AsyncEngineClient.connect(client_config, engine_config, lifeline=engine.lifeline)
     return await serve(client, server_config)
 
@@ -150,8 +140,7 @@ async def serve(engine: EngineClient, server_config: ServerConfig, options: Serv
     """Serve until a signal (drain, then stop) or the engine's death; then let go of the engine.
     Returns the exit status: 0 after a drain, 1 when the engine died."""
     app = build_app(engine, server_config, options.metrics_dir)
-    config = uvicorn.Config(app, host=server_config.host, port=server_config.port, log_level="info",
-                            access_log=False, lifespan="off", timeout_graceful_shutdown=UVICORN_SHUTDOWN_TIMEOUT_S)
+    config = uvicorn_config(app, server_config)
     server = DrainingServer(config, app.state.ctx.gate, server_config.shutdown_grace_s, engine.abort,
                             options.drain_signals)
     engine.add_dead_listener(server.on_engine_dead)
@@ -168,6 +157,21 @@ async def serve(engine: EngineClient, server_config: ServerConfig, options: Serv
     return 0
 
 
+def uvicorn_config(app: object, server_config: ServerConfig) -> uvicorn.Config:
+    """uvicorn with conveyor's connection guard (header timeout, connection cap) and vLLM's HTTP flags."""
+    options = server_config.uvicorn
+    limits = ConnectionLimits(server_config.header_timeout_s, server_config.limit_concurrency)
+    return uvicorn.Config(
+        app, host=server_config.host, port=server_config.port, uds=options.uds, log_level=options.log_level,
+        access_log=options.access_log, lifespan="off", timeout_graceful_shutdown=UVICORN_SHUTDOWN_TIMEOUT_S,
+        http=guarded_protocol(limits), limit_concurrency=server_config.limit_concurrency,
+        timeout_keep_alive=server_config.timeout_keep_alive_s, root_path=options.root_path,
+        ssl_keyfile=options.ssl_keyfile, ssl_certfile=options.ssl_certfile, ssl_ca_certs=options.ssl_ca_certs,
+        ssl_cert_reqs=options.ssl_cert_reqs, ssl_ciphers=options.ssl_ciphers or "TLSv1",
+        h11_max_incomplete_event_size=options.h11_max_incomplete_event_size,
+    )
+
+
 async def _when_started(server: uvicorn.Server, model_name: str, options: ServeOptions) -> None:
     """Log the URL once bound (the real port, when --port 0 picked one)."""
     while not server.started:
@@ -175,5 +179,6 @@ async def _when_started(server: uvicorn.Server, model_name: str, options: ServeO
     if options.on_started is not None:
         options.on_started()
     if options.announce:
-        host, port = server.servers[0].sockets[0].getsockname()[:2]
-        logger.info("serving %s at http://%s:%d/v1 (health: /health, metrics: /metrics)", model_name, host, port)
+        address = server.servers[0].sockets[0].getsockname()
+        where = f"unix:{address}" if isinstance(address, str) else f"http://{address[0]}:{address[1]}"
+        logger.info("serving %s at %s/v1 (health: /health, metrics: /metrics)", model_name, where)

@@ -72,6 +72,9 @@ class APIError(Exception):
     headers: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # A lone surrogate quoted from the request cannot be encoded as UTF-8: escape it (never a 500).
+        self.message = _printable(self.message)
+        self.param = None if self.param is None else _printable(self.param)
         super().__init__(self.message)
 
     def to_response(self) -> ErrorResponse:
@@ -82,6 +85,10 @@ class APIError(Exception):
     def to_sse(self) -> str:
         """The error as one server-sent event (for failures after the stream has started)."""
         return f"data: {self.to_response().model_dump_json()}\n\n"
+
+
+def _printable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:
@@ -99,6 +106,8 @@ def from_error_details(details: dict) -> APIError:
     loc = [str(part) for part in details.get("loc", ()) if _is_field_part(part)]
     param = ".".join(loc) or None
     message = str(details.get("msg", "invalid request")).removeprefix("Value error, ")
+    if details.get("type") == "extra_forbidden":
+        message = "unknown field (conveyor refuses fields it does not know rather than ignore them)"
     text = f"{param}: {message}" if param else message
     return bad_request(text, param)
 

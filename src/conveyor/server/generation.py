@@ -16,6 +16,7 @@ failures after the first output can be an error event inside a 200 stream.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -183,31 +184,93 @@ class EngineStreamResponse(StreamingResponse):
 
 @dataclass(frozen=True)
 class ResponseRenderer:
-    """How one endpoint turns an engine stream (given its first output) into HTTP bodies."""
+    """How one endpoint turns its engine streams (one per choice, with their first outputs) into HTTP bodies."""
 
-    chunks: Callable[[EngineStream, RequestOutput], AsyncGenerator[str, None]]
+    chunks: Callable[[list[EngineStream], list[RequestOutput]], AsyncGenerator[str, None]]
     """SSE events for a streaming response."""
-    collect: Callable[[EngineStream, RequestOutput], Awaitable[BaseModel]]
+    collect: Callable[[list[EngineStream], list[RequestOutput]], Awaitable[BaseModel]]
     """The whole response object for a non-streaming one."""
 
 
-async def respond(stream: EngineStream, http_request: Request, streaming: bool,
-                  renderer: ResponseRenderer) -> Response:
-    """The flow both generation endpoints share: wait for the first output (so admission errors are
-    real 4xx/5xx, not events in a 200 stream), then stream or collect; the engine request is closed
-    however the response ends."""
+def fan_out(request: GenerateRequest, n: int) -> list[GenerateRequest]:
+    """`n` choices = n engine requests `<id>-<i>` (vLLM's parallel sampling: a seeded request's child i
+    samples with seed + i); n = 1 is the request itself."""
+    if n == 1:
+        return [request]
+    children = []
+    for index in range(n):
+        params = request.sampling_params
+        if params.seed is not None:
+            params = dataclasses.replace(params, seed=params.seed + index)
+        children.append(dataclasses.replace(request, request_id=f"{request.request_id}-{index}", sampling_params=params))
+    return children
+
+
+def open_streams(engine: EngineClient, requests: list[GenerateRequest], gate: AdmissionGate,
+                 prompt_param: str = "prompt") -> list[EngineStream]:
+    """Admit every choice's request, or none: a refusal of one aborts those already admitted."""
+    streams: list[EngineStream] = []
     try:
-        first = await run_unless_disconnected(http_request, stream.next())
-        failed = failed_output_error(first)
-        if failed is not None:  # ended before it ever ran (queue timeout): a real status, no 200
-            raise failed
-        if streaming:
-            return EngineStreamResponse(renderer.chunks(stream, first), on_close=stream.close)
-        final = await run_unless_disconnected(http_request, renderer.collect(stream, first))
+        for request in requests:
+            streams.append(EngineStream(engine, request, gate, prompt_param))
     except BaseException:
-        await stream.close()
+        for stream in streams:
+            asyncio.ensure_future(stream.close())
         raise
-    await stream.close()
+    return streams
+
+
+async def merged(streams: list[EngineStream], firsts: list[RequestOutput]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(choice index, output) of every stream as they arrive, each stream's in order, until all ended."""
+    if len(streams) == 1:
+        async for output in streams[0].rest(firsts[0]):
+            yield 0, output
+        return
+    queue: asyncio.Queue[tuple[int, RequestOutput] | BaseException | None] = asyncio.Queue()
+
+    async def pump(index: int) -> None:
+        try:
+            async for output in streams[index].rest(firsts[index]):
+                queue.put_nowait((index, output))
+        except BaseException as error:  # noqa: BLE001 - handed to the consumer, which re-raises it
+            queue.put_nowait(error)
+        finally:
+            queue.put_nowait(None)
+
+    tasks = [asyncio.ensure_future(pump(index)) for index in range(len(streams))]
+    try:
+        for _ in range(len(streams)):
+            while (item := await queue.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def respond(streams: list[EngineStream], http_request: Request, streaming: bool,
+                  renderer: ResponseRenderer) -> Response:
+    """The flow both generation endpoints share: wait for every choice's first output (so admission
+    errors are real 4xx/5xx, not events in a 200 stream), then stream or collect; every engine request
+    is closed however the response ends."""
+    async def close_all() -> None:
+        for stream in streams:
+            await stream.close()
+
+    try:
+        firsts = [await run_unless_disconnected(http_request, stream.next()) for stream in streams]
+        for first in firsts:
+            failed = failed_output_error(first)
+            if failed is not None:  # ended before it ever ran (queue timeout): a real status, no 200
+                raise failed
+        if streaming:
+            return EngineStreamResponse(renderer.chunks(streams, firsts), on_close=close_all)
+        final = await run_unless_disconnected(http_request, renderer.collect(streams, firsts))
+    except BaseException:
+        await close_all()
+        raise
+    await close_all()
     return Response(final.model_dump_json(), media_type="application/json")
 
 

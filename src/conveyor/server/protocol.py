@@ -1,33 +1,39 @@
 """OpenAI request bodies (completions, chat completions, tokenize) and their conversion to `SamplingParams`.
 
-Types are strict: `"0.5"` is not a temperature and `1.5` is not a token count. Unknown fields are
-accepted and ignored, as vLLM does, except the ones that would silently change what the client gets
-(`n` > 1, `best_of`, `suffix`, `logit_bias`, tools, JSON response formats): those are rejected with a
-400 that names them. Range checks live in `SamplingParams` alone; its `ValueError` messages start with
-the field name, so they become 400s naming the field unchanged.
+Types are strict: `"0.5"` is not a temperature and `1.5` is not a token count. Every field of vLLM
+0.32's requests is declared: honoured, or accepted only at its default (request_fields.DEFAULT_ONLY,
+400 naming it otherwise); an unknown field is a 400 naming it (vLLM ignores unknown fields with a
+warning: a typo silently does nothing). Range checks live in `SamplingParams` alone; its `ValueError`
+messages start with the field name, so they become 400s naming the field unchanged.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from conveyor.sampling_params import SamplingParams
+from conveyor.sampling_params import INT64_MAX, MAX_LOGIT_BIAS, SamplingParams
 from conveyor.server.errors import bad_request, from_value_error
+from conveyor.server.request_fields import CHAT_DEFAULT_ONLY, DEFAULT_ONLY, check_defaults, structured_output_of
 
 _SAMPLING_FIELDS = {
     "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "max_tokens", "min_tokens", "stop", "stop_token_ids", "logprobs",
+    "repetition_penalty", "max_tokens", "min_tokens", "stop", "stop_token_ids", "logprobs", "logit_bias",
 }
-_STRICT = ConfigDict(extra="allow", strict=True)
+_STRICT = ConfigDict(extra="forbid", strict=True)
+Int64 = Annotated[int, Field(ge=-INT64_MAX - 1, le=INT64_MAX)]
+"""Integers travel to the engine core as int64."""
+MAX_N = 128
+"""Most sequences one request may ask for (n)."""
 
 
 class StreamOptions(BaseModel):
     """`stream_options` (only meaningful with `stream: true`)."""
 
     model_config = _STRICT
-    include_usage: bool = False
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
 
 
 class SamplingRequest(BaseModel):
@@ -35,43 +41,93 @@ class SamplingRequest(BaseModel):
 
     model_config = _STRICT
     model: str | None = None
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: Int64 | None = None
     min_p: float | None = None
-    seed: int | None = None
+    seed: Int64 | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Int64] | None = None
     ignore_eos: bool = False
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
-    min_tokens: int = 0
+    min_tokens: Int64 = 0
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     user: str | None = None
-    priority: int = 0
+    """OpenAI's end-user id: logged with --enable-log-requests, never used to generate."""
+    session_id: str | None = None
+    """vLLM's session id (routing metadata): logged, never used to generate."""
+    request_id: str | None = None
+    """The response id's suffix (the X-Request-Id header wins, as vLLM)."""
+    priority: Int64 = 0
     cache_salt: str | None = None
-    n: int = 1
+    n: Int64 | None = 1
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    """Any backend name is served by llguidance."""
+    guided_whitespace_pattern: str | None = None
+    add_special_tokens: bool | None = None
+    """None: the endpoint's default (completions: true, chat: false, as vLLM)."""
+    use_beam_search: Any = False
+    length_penalty: Any = 1.0
+    watermarking: Any = None
+    spaces_between_special_tokens: Any = True
+    truncate_prompt_tokens: Any = None
+    truncation_side: Any = None
+    allowed_token_ids: Any = None
+    prompt_logprobs: Any = None
+    logprob_token_ids: Any = None
+    bad_words: Any = None
+    prompt_embeds: Any = None
+    return_tokens_as_token_ids: Any = None
+    return_token_ids: Any = None
+    routed_experts_prompt_start: Any = 0
+    return_token_offsets: Any = None
+    mm_payload: Any = "tensors"
+    return_mm_kwargs: Any = None
+    kv_transfer_params: Any = None
+    ec_transfer_params: Any = None
+    vllm_xargs: Any = None
+    repetition_detection: Any = None
+    thinking_token_budget: Any = None
+    stream_interval: Any = None
 
     def check_supported(self) -> None:
         """Reject fields that are well-typed but would change the answer in ways we do not implement."""
-        if self.n != 1:
-            raise bad_request(f"n: only n=1 is supported (got {self.n}); send n separate requests", "n")
-        if self.logit_bias:
-            raise bad_request("logit_bias: not supported", "logit_bias")
-        if self.response_format is not None and self.response_format.get("type") != "text":
-            raise bad_request('response_format: only {"type": "text"} is supported', "response_format")
+        check_defaults(self, DEFAULT_ONLY)
+        if self.n is None or not 1 <= self.n <= MAX_N:
+            raise bad_request(f"n: must be in [1, {MAX_N}] (got {self.n})", "n")
+        if self.n > 1 and self.temperature == 0:
+            raise bad_request(f"n: must be 1 with greedy sampling (temperature 0), got {self.n}", "n")
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options: only allowed when stream is true", "stream_options")
 
     @property
     def include_usage_in_stream(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
+        return self.stream_options is not None and bool(self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.stream_options is not None and bool(self.stream_options.continuous_usage_stats)
+
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """logit_bias with integer token ids, values clamped to [-100, 100] (vLLM, OpenAI)."""
+        pairs = []
+        for key, bias in (self.logit_bias or {}).items():
+            if not key.strip().isdigit():
+                raise bad_request(f"logit_bias: keys must be token ids (got {key!r})", "logit_bias")
+            pairs.append((int(key), min(MAX_LOGIT_BIAS, max(-MAX_LOGIT_BIAS, bias))))
+        return tuple(pairs)
 
     def to_sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """The engine's SamplingParams; a range error becomes a 400 naming the field."""
@@ -89,7 +145,8 @@ class SamplingRequest(BaseModel):
                 **values, max_tokens=max_tokens, min_tokens=self.min_tokens, stop=tuple(stop),
                 stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
                 logprobs=logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
-                skip_special_tokens=self.skip_special_tokens,
+                skip_special_tokens=self.skip_special_tokens, logit_bias=self.logit_bias_pairs(),
+                structured_output=structured_output_of(self),
             )
         except ValueError as error:
             raise from_value_error(error, _SAMPLING_FIELDS) from None
@@ -103,11 +160,11 @@ class CompletionRequest(SamplingRequest):
     """POST /v1/completions."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
-    logprobs: int | None = None
-    echo: bool = False
+    max_tokens: Int64 | None = 16
+    logprobs: Int64 | None = None
+    echo: bool | None = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: Int64 | None = None
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -156,11 +213,13 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """One chat message; only text content is supported."""
+    """One chat message; only text content is supported (images, audio: 400 naming the part)."""
 
     model_config = _STRICT
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
+    name: str | None = None
+    """A participant's name, as OpenAI: accepted (the chat template decides whether to show it)."""
 
     @field_validator("content", mode="before")
     @classmethod
@@ -181,14 +240,28 @@ class ChatCompletionRequest(SamplingRequest):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
-    max_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
+    max_completion_tokens: Int64 | None = None
+    max_tokens: Int64 | None = None
+    logprobs: bool | None = False
+    top_logprobs: Int64 | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None
+    parallel_tool_calls: bool | None = True
+    """Only meaningful with tools, which are refused: accepted as is."""
+    include_reasoning: bool = True
+    """No reasoning parser runs: the model's text is all `content` either way."""
     add_generation_prompt: bool = True
+    reasoning_effort: Any = None
+    echo: Any = False
+    continue_final_message: Any = False
+    documents: Any = None
+    chat_template: Any = None
+    chat_template_kwargs: Any = None
+    media_io_kwargs: Any = None
+    mm_processor_kwargs: Any = None
+    return_prompt_text: Any = None
+    function_call: Any = None
 
     @field_validator("messages")
     @classmethod
@@ -199,10 +272,11 @@ class ChatCompletionRequest(SamplingRequest):
 
     def check_supported(self) -> None:
         super().check_supported()
+        check_defaults(self, CHAT_DEFAULT_ONLY)
         for name in ("tools", "functions"):
             if getattr(self, name):
                 raise bad_request(f"{name}: tool calling is not supported", name)
-        if self.tool_choice not in (None, "none"):
+        if self.tool_choice not in (None, "none", "auto"):
             raise bad_request("tool_choice: tool calling is not supported", "tool_choice")
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs: requires logprobs to be true", "top_logprobs")
@@ -217,7 +291,13 @@ class ChatCompletionRequest(SamplingRequest):
         return self.top_logprobs or 0
 
     def template_messages(self) -> list[dict[str, str]]:
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+        messages = []
+        for m in self.messages:
+            message = {"role": m.role, "content": m.text()}
+            if m.name is not None:
+                message["name"] = m.name
+            messages.append(message)
+        return messages
 
 
 class TokenizeRequest(BaseModel):

@@ -13,15 +13,22 @@ from pydantic import BaseModel, SerializerFunctionWrapHandler, model_serializer
 from conveyor.engine.types import LogprobEntry
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
     @classmethod
-    def of(cls, num_prompt_tokens: int, num_output_tokens: int) -> UsageInfo:
+    def of(cls, num_prompt_tokens: int, num_output_tokens: int, num_cached_tokens: int | None = None) -> UsageInfo:
+        """`num_cached_tokens` (prefix-cache hits) is reported only when given (--enable-prompt-tokens-details)."""
+        details = PromptTokensDetails(cached_tokens=num_cached_tokens) if num_cached_tokens is not None else None
         return cls(prompt_tokens=num_prompt_tokens, completion_tokens=num_output_tokens,
-                   total_tokens=num_prompt_tokens + num_output_tokens)
+                   total_tokens=num_prompt_tokens + num_output_tokens, prompt_tokens_details=details)
 
 
 # ---- completions -------------------------------------------------------------------------------

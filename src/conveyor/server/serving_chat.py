@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import time
-import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
@@ -18,13 +17,23 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from conveyor.engine.types import GenerateRequest, RequestOutput
-from conveyor.server.context import ServingContext, finish_reason_text
+from conveyor.server.context import (
+    ServingContext,
+    check_logprobs,
+    engine_request_id,
+    finish_reason_text,
+    log_request,
+    total_usage,
+)
 from conveyor.server.errors import APIError, bad_request
 from conveyor.server.generation import (
     EngineStream,
     ResponseRenderer,
     drain,
     failed_output_error,
+    fan_out,
+    merged,
+    open_streams,
     respond,
 )
 from conveyor.server.protocol import ChatCompletionRequest
@@ -50,6 +59,10 @@ class PreparedChat:
     created: int
     include_usage: bool
     want_logprobs: bool
+    response_id: str
+    """The `id` the client sees (`chatcmpl-<X-Request-Id>` when it sent one)."""
+    continuous_usage: bool = False
+    """stream_options.continuous_usage_stats: usage on every chunk."""
 
 
 async def render_chat_prompt(ctx: ServingContext, body: ChatCompletionRequest) -> list[int]:
@@ -59,77 +72,89 @@ async def render_chat_prompt(ctx: ServingContext, body: ChatCompletionRequest) -
         text = await ctx.engine.apply_chat_template(body.template_messages(), body.add_generation_prompt)
     except Exception as error:  # jinja raises its own types; all mean "these messages do not fit"
         raise bad_request(f"messages: the chat template rejected them: {error}", "messages") from None
-    return await ctx.engine.tokenize(text, add_special_tokens=False)
+    return await ctx.engine.tokenize(text, add_special_tokens=bool(body.add_special_tokens))
 
 
-async def prepare_chat(ctx: ServingContext, body: ChatCompletionRequest) -> PreparedChat:
+async def prepare_chat(ctx: ServingContext, body: ChatCompletionRequest, http_request: Request) -> PreparedChat:
     """Validate, template and tokenize; the engine admits it."""
     arrival_s = time.monotonic()
     body.check_supported()
+    check_logprobs(ctx, body.top_logprobs, "top_logprobs")
     params = body.to_sampling_params(body.requested_max_tokens(), body.num_logprobs())
+    request_id = engine_request_id("chatcmpl", http_request, body.request_id)
+    log_request(ctx, request_id, body.template_messages()[-1]["content"], body)
     token_ids = await render_chat_prompt(ctx, body)
     ctx.metrics.observe_tokenization(time.monotonic() - arrival_s)
     if not token_ids:
         raise bad_request("messages: the rendered prompt is empty", "messages")
-    request = GenerateRequest(request_id=f"chatcmpl-{uuid.uuid4().hex}", prompt_token_ids=token_ids,
+    request = GenerateRequest(request_id=request_id, prompt_token_ids=token_ids,
                               sampling_params=params, priority=body.priority, cache_salt=body.cache_salt,
                               arrival_s=arrival_s)
+    given = http_request.headers.get("x-request-id") or body.request_id
     return PreparedChat(request=request, created=int(time.time()),
-                        include_usage=body.include_usage_in_stream, want_logprobs=body.logprobs)
+                        include_usage=body.include_usage_in_stream or ctx.config.force_include_usage,
+                        want_logprobs=bool(body.logprobs), response_id=f"chatcmpl-{given}" if given else request_id,
+                        continuous_usage=body.continuous_usage)
 
 
 async def create_chat_completion(ctx: ServingContext, body: ChatCompletionRequest,
                                  http_request: Request) -> Response:
-    prepared = await prepare_chat(ctx, body)
+    prepared = await prepare_chat(ctx, body, http_request)
     renderer = ResponseRenderer(chunks=functools.partial(_chunks, ctx, prepared),
                                 collect=functools.partial(_collect, ctx, prepared))
-    stream = EngineStream(ctx.engine, prepared.request, ctx.gate, prompt_param="messages")
-    return await respond(stream, http_request, body.stream, renderer)
+    choices = fan_out(prepared.request, body.n or 1)
+    streams = open_streams(ctx.engine, choices, ctx.gate, prompt_param="messages")
+    ctx.metrics.track_request(choices)
+    return await respond(streams, http_request, bool(body.stream), renderer)
 
 
-async def _collect(ctx: ServingContext, prepared: PreparedChat, stream: EngineStream,
-                   first: RequestOutput) -> ChatCompletionResponse:
-    outputs = await drain(stream, first)
-    last = outputs[-1]
-    entries = [entry for output in outputs for entry in output.new_logprobs]
-    logprobs = ChatChoiceLogprobs.of(entries) if prepared.want_logprobs else None
-    text = "".join(output.new_text for output in outputs)
-    choice = ChatChoice(message=ChatMessageOut(content=text), logprobs=logprobs,
-                        finish_reason=finish_reason_text(last), stop_reason=last.stop_reason)
-    return ChatCompletionResponse(id=prepared.request.request_id, created=prepared.created,
-                                  model=ctx.model_name, choices=[choice],
-                                  usage=UsageInfo.of(last.num_prompt_tokens, last.num_output_tokens))
+async def _collect(ctx: ServingContext, prepared: PreparedChat, streams: list[EngineStream],
+                   firsts: list[RequestOutput]) -> ChatCompletionResponse:
+    choices, lasts = [], []
+    for index, (stream, first) in enumerate(zip(streams, firsts)):
+        outputs = await drain(stream, first)
+        last = outputs[-1]
+        entries = [entry for output in outputs for entry in output.new_logprobs]
+        logprobs = ChatChoiceLogprobs.of(entries) if prepared.want_logprobs else None
+        text = "".join(output.new_text for output in outputs)
+        choices.append(ChatChoice(index=index, message=ChatMessageOut(content=text), logprobs=logprobs,
+                                  finish_reason=finish_reason_text(last), stop_reason=last.stop_reason))
+        lasts.append(last)
+    return ChatCompletionResponse(id=prepared.response_id, created=prepared.created,
+                                  model=ctx.model_name, choices=choices, usage=total_usage(ctx, lasts))
 
 
 def _chunk(ctx: ServingContext, prepared: PreparedChat, choices: list[ChatStreamChoice],
            usage: UsageInfo | None = None) -> str:
-    return sse(ChatCompletionChunk(id=prepared.request.request_id, created=prepared.created,
+    return sse(ChatCompletionChunk(id=prepared.response_id, created=prepared.created,
                                    model=ctx.model_name, choices=choices, usage=usage))
 
 
-def _content_choice(prepared: PreparedChat, output: RequestOutput) -> ChatStreamChoice:
+def _content_choice(prepared: PreparedChat, index: int, output: RequestOutput) -> ChatStreamChoice:
     logprobs = ChatChoiceLogprobs.of(output.new_logprobs) if prepared.want_logprobs else None
-    return ChatStreamChoice(delta=DeltaMessage(content=output.new_text), logprobs=logprobs,
+    return ChatStreamChoice(index=index, delta=DeltaMessage(content=output.new_text), logprobs=logprobs,
                             finish_reason=finish_reason_text(output), stop_reason=output.stop_reason)
 
 
-async def _chunks(ctx: ServingContext, prepared: PreparedChat, stream: EngineStream,
-                  first: RequestOutput) -> AsyncGenerator[str, None]:
-    yield _chunk(ctx, prepared, [ChatStreamChoice(delta=DeltaMessage(role="assistant", content=""))])
-    last = first
+async def _chunks(ctx: ServingContext, prepared: PreparedChat, streams: list[EngineStream],
+                  firsts: list[RequestOutput]) -> AsyncGenerator[str, None]:
+    for index in range(len(streams)):
+        yield _chunk(ctx, prepared, [ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
+    lasts = list(firsts)
     try:
-        async for output in stream.rest(first):
-            last = output
+        async for index, output in merged(streams, firsts):
+            lasts[index] = output
             error = failed_output_error(output)
             if error is not None:
                 yield error.to_sse()
                 return
             # Every new token gets a chunk, even one whose text the detokenizer holds back (as in vLLM).
             if output.new_token_ids or output.new_text or output.finished or output.new_logprobs:
-                yield _chunk(ctx, prepared, [_content_choice(prepared, output)])
+                usage = total_usage(ctx, lasts) if prepared.continuous_usage else None
+                yield _chunk(ctx, prepared, [_content_choice(prepared, index, output)], usage)
     except APIError as error:
         yield error.to_sse()
         return
     if prepared.include_usage:
-        yield _chunk(ctx, prepared, [], UsageInfo.of(last.num_prompt_tokens, last.num_output_tokens))
+        yield _chunk(ctx, prepared, [], total_usage(ctx, lasts))
     yield SSE_DONE

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import time
-import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
@@ -12,13 +11,23 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from conveyor.engine.types import GenerateRequest, RequestOutput
-from conveyor.server.context import ServingContext, finish_reason_text
+from conveyor.server.context import (
+    ServingContext,
+    check_logprobs,
+    engine_request_id,
+    finish_reason_text,
+    log_request,
+    total_usage,
+)
 from conveyor.server.errors import APIError
 from conveyor.server.generation import (
     EngineStream,
     ResponseRenderer,
     drain,
     failed_output_error,
+    fan_out,
+    merged,
+    open_streams,
     respond,
 )
 from conveyor.server.protocol import CompletionRequest
@@ -42,70 +51,90 @@ class PreparedCompletion:
     """The prompt text to prepend (echo), else None."""
     include_usage: bool
     want_logprobs: bool
+    response_id: str
+    """The `id` the client sees (`cmpl-<X-Request-Id>` when it sent one)."""
+    continuous_usage: bool = False
+    """stream_options.continuous_usage_stats: usage on every chunk."""
 
 
-async def prepare_completion(ctx: ServingContext, body: CompletionRequest) -> PreparedCompletion:
+async def prepare_completion(ctx: ServingContext, body: CompletionRequest, http_request: Request) -> PreparedCompletion:
     """Validate the body and tokenize the prompt (off the event loop); the engine admits it."""
     arrival_s = time.monotonic()
     body.check_supported()
+    check_logprobs(ctx, body.logprobs, "logprobs")
     prompt = body.single_prompt()
     params = body.to_sampling_params(body.max_tokens, body.logprobs)
+    request_id = engine_request_id("cmpl", http_request, body.request_id)
+    log_request(ctx, request_id, prompt, body)
     if isinstance(prompt, str):
-        token_ids = await ctx.engine.tokenize(prompt, add_special_tokens=True)
+        add_special = True if body.add_special_tokens is None else body.add_special_tokens
+        token_ids = await ctx.engine.tokenize(prompt, add_special_tokens=add_special)
         ctx.metrics.observe_tokenization(time.monotonic() - arrival_s)
     else:
         token_ids = prompt
     echo_text = None
     if body.echo:
         echo_text = prompt if isinstance(prompt, str) else await ctx.engine.detokenize(token_ids)
-    request = GenerateRequest(request_id=f"cmpl-{uuid.uuid4().hex}", prompt_token_ids=token_ids,
+    request = GenerateRequest(request_id=request_id, prompt_token_ids=token_ids,
                               sampling_params=params, priority=body.priority, cache_salt=body.cache_salt,
                               arrival_s=arrival_s)
     return PreparedCompletion(request=request, created=int(time.time()), echo_text=echo_text,
-                              include_usage=body.include_usage_in_stream, want_logprobs=body.logprobs is not None)
+                              include_usage=body.include_usage_in_stream or ctx.config.force_include_usage,
+                              want_logprobs=body.logprobs is not None, response_id=_response_id(request_id, http_request, body),
+                              continuous_usage=body.continuous_usage)
+
+
+def _response_id(request_id: str, http_request: Request, body: CompletionRequest) -> str:
+    given = http_request.headers.get("x-request-id") or body.request_id
+    return f"cmpl-{given}" if given else request_id
 
 
 async def create_completion(ctx: ServingContext, body: CompletionRequest, http_request: Request) -> Response:
-    prepared = await prepare_completion(ctx, body)
+    prepared = await prepare_completion(ctx, body, http_request)
     renderer = ResponseRenderer(chunks=functools.partial(_chunks, ctx, prepared),
                                 collect=functools.partial(_collect, ctx, prepared))
-    stream = EngineStream(ctx.engine, prepared.request, ctx.gate)
-    return await respond(stream, http_request, body.stream, renderer)
+    choices = fan_out(prepared.request, body.n or 1)
+    streams = open_streams(ctx.engine, choices, ctx.gate)
+    ctx.metrics.track_request(choices)
+    return await respond(streams, http_request, bool(body.stream), renderer)
 
 
-async def _collect(ctx: ServingContext, prepared: PreparedCompletion, stream: EngineStream,
-                   first: RequestOutput) -> CompletionResponse:
-    outputs = await drain(stream, first)
-    last = outputs[-1]
-    texts = [prepared.echo_text] if prepared.echo_text is not None else []
-    texts.extend(output.new_text for output in outputs)
-    logprobs = CompletionLogprobs() if prepared.want_logprobs else None
-    offset = 0
-    for output in outputs:
-        if logprobs is not None:
-            offset = logprobs.extend(output.new_logprobs, offset)
-    choice = CompletionChoice(text="".join(texts), logprobs=logprobs,
-                              finish_reason=finish_reason_text(last), stop_reason=last.stop_reason)
-    return CompletionResponse(id=prepared.request.request_id, created=prepared.created,
-                              model=ctx.model_name, choices=[choice],
-                              usage=UsageInfo.of(last.num_prompt_tokens, last.num_output_tokens))
+async def _collect(ctx: ServingContext, prepared: PreparedCompletion, streams: list[EngineStream],
+                   firsts: list[RequestOutput]) -> CompletionResponse:
+    choices, lasts = [], []
+    for index, (stream, first) in enumerate(zip(streams, firsts)):
+        outputs = await drain(stream, first)
+        last = outputs[-1]
+        texts = [prepared.echo_text] if prepared.echo_text is not None else []
+        texts.extend(output.new_text for output in outputs)
+        logprobs = CompletionLogprobs() if prepared.want_logprobs else None
+        offset = 0
+        for output in outputs:
+            if logprobs is not None:
+                offset = logprobs.extend(output.new_logprobs, offset)
+        choices.append(CompletionChoice(index=index, text="".join(texts), logprobs=logprobs,
+                                        finish_reason=finish_reason_text(last), stop_reason=last.stop_reason))
+        lasts.append(last)
+    return CompletionResponse(id=prepared.response_id, created=prepared.created,
+                              model=ctx.model_name, choices=choices, usage=total_usage(ctx, lasts))
 
 
 def _chunk(ctx: ServingContext, prepared: PreparedCompletion, choices: list[CompletionChoice],
            usage: UsageInfo | None = None) -> str:
-    return sse(CompletionResponse(id=prepared.request.request_id, created=prepared.created,
+    return sse(CompletionResponse(id=prepared.response_id, created=prepared.created,
                                   model=ctx.model_name, choices=choices, usage=usage))
 
 
-async def _chunks(ctx: ServingContext, prepared: PreparedCompletion, stream: EngineStream,
-                  first: RequestOutput) -> AsyncGenerator[str, None]:
+async def _chunks(ctx: ServingContext, prepared: PreparedCompletion, streams: list[EngineStream],
+                  firsts: list[RequestOutput]) -> AsyncGenerator[str, None]:
     if prepared.echo_text:
-        yield _chunk(ctx, prepared, [CompletionChoice(text=prepared.echo_text)])
-    offset = 0
-    last = first
+        for index in range(len(streams)):
+            yield _chunk(ctx, prepared, [CompletionChoice(index=index, text=prepared.echo_text)])
+    offsets = [0] * len(streams)
+    lasts = list(firsts)
     try:
-        async for output in stream.rest(first):
-            last = output
+        async for index, output in merged(streams, firsts):
+            lasts[index] = output
             error = failed_output_error(output)
             if error is not None:
                 yield error.to_sse()
@@ -115,13 +144,13 @@ async def _chunks(ctx: ServingContext, prepared: PreparedCompletion, stream: Eng
             logprobs = None
             if prepared.want_logprobs:
                 logprobs = CompletionLogprobs()
-                offset = logprobs.extend(output.new_logprobs, offset)
-            choice = CompletionChoice(text=output.new_text, logprobs=logprobs,
+                offsets[index] = logprobs.extend(output.new_logprobs, offsets[index])
+            choice = CompletionChoice(index=index, text=output.new_text, logprobs=logprobs,
                                       finish_reason=finish_reason_text(output), stop_reason=output.stop_reason)
-            yield _chunk(ctx, prepared, [choice])
+            yield _chunk(ctx, prepared, [choice], total_usage(ctx, lasts) if prepared.continuous_usage else None)
     except APIError as error:
         yield error.to_sse()
         return
     if prepared.include_usage:
-        yield _chunk(ctx, prepared, [], UsageInfo.of(last.num_prompt_tokens, last.num_output_tokens))
+        yield _chunk(ctx, prepared, [], total_usage(ctx, lasts))
     yield SSE_DONE

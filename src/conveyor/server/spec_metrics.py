@@ -13,8 +13,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter
 
 from conveyor.engine.types import SchedulerStats
-
-LABELS = ("model_name",)
+from conveyor.server.metric_families import ENGINE_INDEX, LABELS
 
 
 class SpecDecodeMetrics:
@@ -22,14 +21,14 @@ class SpecDecodeMetrics:
 
     def __init__(self, registry: CollectorRegistry, model_name: str, num_speculative_tokens: int) -> None:
         def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, LABELS, registry=registry).labels(model_name)
+            return Counter(name, doc, LABELS, registry=registry).labels(model_name, ENGINE_INDEX)
 
         self.num_drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
         self.num_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
         self.num_accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
         per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
                           LABELS + ("position",), registry=registry)
-        self.num_accepted_tokens_per_pos = [per_pos.labels(model_name, str(pos))
+        self.num_accepted_tokens_per_pos = [per_pos.labels(model_name, ENGINE_INDEX, str(pos))
                                             for pos in range(num_speculative_tokens)]
 
     def observe(self, stats: SchedulerStats) -> None:

@@ -12,6 +12,7 @@ one's accepted tokens.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import torch
@@ -19,7 +20,7 @@ import torch
 from conveyor.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from conveyor.core.outputs import PLACEHOLDER_TOKEN_ID, ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 from conveyor.kernels.cpu_build import cpu_kernels_available
-from conveyor.model.loader import load_model, resolve_dtype
+from conveyor.model.loader import LoadedModel, load_model, resolve_dtype
 from conveyor.sampling_params import SamplingParams
 from conveyor.worker.cuda_graphs import CudaGraphRunner, GraphPlan
 from conveyor.worker.input_batch import HostBatch, HostStaging, prepare_host_batch
@@ -40,6 +41,7 @@ from conveyor.worker.sampling_metadata import (
 )
 from conveyor.worker.spec_decode.spec_decoder import ProposerSetup, SpecDecoder, TargetModel, make_proposer
 from conveyor.worker.step_handle import StepHandle, fill_placeholders, placeholder_inputs
+from conveyor.worker.structured_output import StructuredOutputs
 from conveyor.worker.warmup import warm_up
 
 
@@ -65,7 +67,7 @@ class ModelRunner:
         self.device = torch.device(device_config.device)
         self.dtype = resolve_dtype(model_config.dtype, device_config.device)
         self.attention_backend = attention_backend_for(self.device, self.dtype)
-        loaded = load_model(model_config, device_config.device, self.dtype, self.attention_backend)
+        loaded = self._load_model(model_config)
         self.model = loaded.module
         self.arch_config = loaded.arch_config
         self.eos_token_ids: tuple[int, ...] = loaded.eos_token_ids
@@ -82,6 +84,16 @@ class ModelRunner:
         self.speculative_config = speculative_config
         self.spec_decoder = self._spec_decoder(model_config) if speculative_config is not None else None
         """Verification and the proposer (None: speculative decoding off)."""
+        self.structured_outputs: StructuredOutputs | None = None
+        """Grammar matchers for structured outputs (set by the engine, which has the tokenizer)."""
+
+    def _load_model(self, model_config: ModelConfig) -> LoadedModel:
+        """The whole model (a tensor-parallel rank loads its shard: worker/parallel.py)."""
+        return load_model(model_config, self.device.type, self.dtype, self.attention_backend)
+
+    def _agree_on_num_blocks(self, num_blocks: int) -> int:
+        """The block count every process can hold (one process: its own)."""
+        return num_blocks
 
     def _spec_decoder(self, model_config: ModelConfig) -> SpecDecoder:
         assert self.speculative_config is not None
@@ -121,7 +133,7 @@ class ModelRunner:
     def kv_cache_spec(self) -> KVCacheSpec:
         return KVCacheSpec(
             num_layers=self.arch_config.num_hidden_layers,
-            num_kv_heads=self.arch_config.num_key_value_heads,
+            num_kv_heads=self.model.num_kv_heads,  # this rank's share under tensor parallelism
             head_dim=self.arch_config.head_dim,
             block_size=self.block_size,
             dtype_bytes=dtype_num_bytes(self.dtype),
@@ -133,10 +145,10 @@ class ModelRunner:
         spec = self.kv_cache_spec
         draft_spec = self.spec_decoder.proposer.kv_cache_spec if self.spec_decoder is not None else None
         sizing = SharedBlocksSpec((spec, draft_spec)) if draft_spec is not None else spec
-        num_blocks = resolve_num_blocks(
+        num_blocks = self._agree_on_num_blocks(resolve_num_blocks(
             sizing, self.cache_config, self.device,
             profile=lambda: profile_gpu_memory(self.device, self.profile_run),
-        )
+        ))
         self.kv_caches = allocate_kv_caches(spec, num_blocks, self.device, self.dtype)
         if self.spec_decoder is not None:
             self.spec_decoder.proposer.bind_kv_cache(num_blocks)
@@ -176,6 +188,8 @@ class ModelRunner:
         tokens (async scheduling: the engine collects the previous step meanwhile). Placeholder
         input ids -- tokens of the pending step -- are filled from its sampled tensor on the device."""
         batch = apply_scheduler_output(self.states, scheduler_output, self._generator_for)
+        if self.structured_outputs is not None:
+            self.structured_outputs.drop(scheduler_output.finished_req_ids | scheduler_output.preempted_req_ids)
         if self.spec_decoder is not None:
             self.spec_decoder.drop(scheduler_output.finished_req_ids | scheduler_output.preempted_req_ids)
         elif scheduler_output.scheduled_spec_decode_tokens:
@@ -186,8 +200,8 @@ class ModelRunner:
             raise RuntimeError("initialize_kv_cache() must run before execute()")
         if self.spec_decoder is not None:
             return StepHandle.done(self.spec_decoder.execute(batch, scheduler_output))
-        if self._pending is not None and any(has_penalty(state.sampling_params) for state in batch):
-            self.collect(self._pending)  # penalties read the real previous token, not its placeholder
+        if self._pending is not None and any(_reads_history(state.sampling_params) for state in batch):
+            self.collect(self._pending)  # penalties and grammars read the real previous token, not its placeholder
         host = prepare_host_batch(batch, scheduler_output.num_scheduled_tokens, self.block_size)
         token_rows, sources = placeholder_inputs(batch, host, self._pending)
         pending = self._pending
@@ -254,7 +268,10 @@ class ModelRunner:
     def _sampling_batch(self, sampling: list[RequestState]) -> SamplingBatch:
         requests = [SamplingRequest(s.sampling_params, s.token_ids, s.num_prompt_tokens, s.generator)
                     for s in sampling]
-        return build_sampling_batch(requests, self.vocab, self.device)
+        batch = build_sampling_batch(requests, self.vocab, self.device)
+        if self.structured_outputs is None:
+            return batch
+        return dataclasses.replace(batch, grammar=self.structured_outputs.mask(sampling, self.device))
 
     def _sample(self, sampling: list[RequestState], logits: torch.Tensor, sampling_batch: SamplingBatch,
                 request_ids: list[str]) -> ModelRunnerOutput:
@@ -302,6 +319,11 @@ class ModelRunner:
         requests = [SamplingRequest(SamplingParams(temperature=1.0, top_p=0.9), [0], 1)] * len(rows)
         self.sampler(logits, build_sampling_batch(requests, self.vocab, self.device))
         del scratch, hidden, logits
+
+
+def _reads_history(params: SamplingParams) -> bool:
+    """Penalties and grammars read the request's previous tokens: a placeholder will not do."""
+    return has_penalty(params) or params.structured_output is not None
 
 
 def _no_placeholders(input_ids: torch.Tensor) -> None:

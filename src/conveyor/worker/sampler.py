@@ -50,6 +50,11 @@ class Sampler:
         """[N] int64 token ids left on the device (no host sync); logits [N, V] float32, modified in
         place. Logprobs, if wanted, must be taken from the logits before (see `__call__`)."""
         assert logits.dim() == 2 and logits.shape[0] == batch.num_rows, logits.shape
+        if batch.grammar is not None:
+            apply_token_bitmask(logits, batch.grammar.rows, batch.grammar.bitmask)
+        if batch.logit_bias is not None:
+            bias = batch.logit_bias
+            logits.index_put_((bias.rows, bias.token_ids), bias.values, accumulate=True)
         if batch.masked_rows is not None:
             logits[batch.masked_rows, batch.masked_token_ids] = float("-inf")
         if batch.penalties is not None:
@@ -75,6 +80,15 @@ class Sampler:
         sampled = logits.argmax(dim=-1)
         sampled[random.rows] = drawn
         return sampled
+
+
+def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """-inf at every token a row's grammar forbids, in place. logits [N, V]; rows [G]; bitmask [G, W]
+    int32 with W = ceil(V / 32). Plain torch (CPU and CUDA): shifts and ands, no compiled kernel."""
+    vocab_size = logits.shape[1]
+    shifts = torch.arange(32, device=logits.device, dtype=torch.int32)  # [32]
+    allowed = ((bitmask.unsqueeze(2) >> shifts) & 1).bool().flatten(1)[:, :vocab_size]  # [G, V]
+    logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
 
 
 def raw_logprobs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor | None:

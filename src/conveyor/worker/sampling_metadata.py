@@ -18,6 +18,11 @@ import torch
 from conveyor.sampling_params import SamplingParams
 
 _MASK_63 = (1 << 63) - 1
+MIN_TEMPERATURE = 0.01
+"""A random row's temperature is at least this (vLLM's rule): below it, logits / temperature overflow float32."""
+MIN_REPETITION_PENALTY = 1e-30
+"""Repetition penalties are at least this in float32 (1e-300 would round to 0, and logits / 0 is inf);
+logits stay finite: |logit| / 1e-30 / MIN_TEMPERATURE < 3.4e38 for any |logit| < 3e6."""
 _GOLDEN_64 = 0x9E3779B97F4A7C15
 
 
@@ -85,6 +90,28 @@ class RandomSampling:
 
 
 @dataclass(frozen=True)
+class LogitBias:
+    """(row, token, bias) triples added to the logits (OpenAI's logit_bias)."""
+
+    rows: torch.Tensor
+    """[K] int64."""
+    token_ids: torch.Tensor
+    """[K] int64."""
+    values: torch.Tensor
+    """[K] float32, in [-100, 100]."""
+
+
+@dataclass(frozen=True)
+class GrammarMask:
+    """The tokens a structured-output grammar allows next, for the rows that have one."""
+
+    rows: torch.Tensor
+    """[G] int64 rows of the logits."""
+    bitmask: torch.Tensor
+    """[G, ceil(V / 32)] int32: bit j of word w allows token 32 w + j (llguidance's layout)."""
+
+
+@dataclass(frozen=True)
 class SamplingBatch:
     """Sampler inputs for N rows of logits."""
 
@@ -98,6 +125,10 @@ class SamplingBatch:
     """[K] int64 token of each pair."""
     num_logprobs: list[int | None]
     """Per row: top alternatives requested (None: no logprobs)."""
+    logit_bias: LogitBias | None = None
+    """None when no row sets logit_bias."""
+    grammar: GrammarMask | None = None
+    """None when no row has a structured-output grammar (the runner fills it in)."""
 
     @property
     def all_greedy(self) -> bool:
@@ -130,7 +161,18 @@ def build_sampling_batch(
         masked_rows=masked_rows,
         masked_token_ids=masked_tokens,
         num_logprobs=[r.params.logprobs for r in requests],
+        logit_bias=_logit_bias(requests, device),
     )
+
+
+def _logit_bias(requests: Sequence[SamplingRequest], device: torch.device) -> LogitBias | None:
+    triples = [(row, token_id, bias) for row, request in enumerate(requests)
+               for token_id, bias in request.params.logit_bias]
+    if not triples:
+        return None
+    rows, token_ids, values = zip(*triples)
+    return LogitBias(host_to_device(list(rows), torch.int64, device), host_to_device(list(token_ids), torch.int64, device),
+                     _floats(list(values), device))
 
 
 def _random_sampling(
@@ -144,7 +186,7 @@ def _random_sampling(
     top_ks = [p.top_k if p.top_k is not None and p.top_k < vocab_size else vocab_size for p in params]
     return RandomSampling(
         rows=None if len(rows) == len(requests) else host_to_device(rows, torch.int64, device),
-        temperature=_floats([p.temperature for p in params], device),
+        temperature=_floats([max(p.temperature, MIN_TEMPERATURE) for p in params], device),
         top_k=host_to_device(top_ks, torch.int64, device) if min(top_ks) < vocab_size else None,
         top_p=_floats([p.top_p for p in params], device) if any(p.top_p < 1.0 for p in params) else None,
         min_p=_floats([p.min_p for p in params], device) if any(p.min_p > 0.0 for p in params) else None,
@@ -220,7 +262,7 @@ def _penalty_inputs(
         rows=host_to_device(rows, torch.int64, device),
         prompt_token_ids=_padded([r.token_ids[: r.num_prompt_tokens] for r in chosen], vocab_size, device),
         output_token_ids=_padded([r.token_ids[r.num_prompt_tokens:] for r in chosen], vocab_size, device),
-        repetition=_floats([r.params.repetition_penalty for r in chosen], device),
+        repetition=_floats([max(r.params.repetition_penalty, MIN_REPETITION_PENALTY) for r in chosen], device),
         frequency=_floats([r.params.frequency_penalty for r in chosen], device),
         presence=_floats([r.params.presence_penalty for r in chosen], device),
     )

@@ -132,7 +132,7 @@ def split_counts() -> Iterable[int]:
 def warm_up_split_kv(runner: ModelRunner) -> None:
     """Launch split-KV decode + reduction at every padded split count on a one-request batch."""
     key_cache, value_cache = runner.kv_caches[0][0], runner.kv_caches[0][1]
-    num_heads = runner.arch_config.num_attention_heads
+    num_heads = runner.model.num_heads  # this rank's query heads under tensor parallelism
     head_dim = runner.arch_config.head_dim
     query = torch.zeros(1, num_heads, head_dim, dtype=key_cache.dtype, device=runner.device)  # [1, H, d]
     seq_len = runner.block_size * 4

@@ -1,0 +1,52 @@
+"""Structured-output constraints as llguidance grammars (no torch: the API side validates with it too).
+
+llguidance (vLLM's `guidance` backend) compiles JSON schemas, regular expressions and Lark grammars
+into a matcher that, given the tokens so far, says which tokens may come next. Choices become a Lark
+alternation of JSON-quoted literals; a GBNF grammar (llama.cpp's, `::=`) is converted to Lark first.
+Why llguidance and not xgrammar: its wheel has no dependencies (xgrammar's pulls triton, 286 MB, and
+transformers, and would turn conveyor's HAS_TRITON on in CPU installs) and it compiles lazily (a
+schema's matcher is ready in about 1 ms; the tokenizer's index, once per process, takes about 0.4 s).
+"""
+
+from __future__ import annotations
+
+import json
+
+from llguidance import LLMatcher
+from llguidance.gbnf_to_lark import gbnf_to_lark
+
+from conveyor.sampling_params import GrammarKind, StructuredOutput
+
+
+class GrammarError(ValueError):
+    """The constraint does not compile; the message says why (for a 400 naming the field)."""
+
+
+def grammar_of(constraint: StructuredOutput) -> str:
+    """The llguidance grammar (serialized) for a constraint; GrammarError if it cannot be built."""
+    kind, spec = constraint.kind, constraint.spec
+    try:
+        if kind is GrammarKind.JSON:
+            return LLMatcher.grammar_from_json_schema(spec)
+        if kind is GrammarKind.JSON_OBJECT:
+            return LLMatcher.grammar_from_json_schema({"type": "object"})
+        if kind is GrammarKind.REGEX:
+            return LLMatcher.grammar_from_regex(spec)
+        if kind is GrammarKind.CHOICE:
+            choices = json.loads(spec)
+            return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in choices))
+        lark = gbnf_to_lark(spec) if "::=" in spec else spec
+        return LLMatcher.grammar_from_lark(lark)
+    except (ValueError, TypeError) as error:
+        raise GrammarError(str(error)) from None
+
+
+def check_grammar(constraint: StructuredOutput) -> None:
+    """Raise GrammarError unless the constraint compiles (checked once, before the engine sees it)."""
+    if constraint.kind is GrammarKind.CHOICE:
+        choices = json.loads(constraint.spec)
+        if not choices or not all(isinstance(c, str) and c for c in choices):
+            raise GrammarError("choice must be a non-empty list of non-empty strings")
+    error = LLMatcher.validate_grammar(grammar_of(constraint))
+    if error:
+        raise GrammarError(error.strip())

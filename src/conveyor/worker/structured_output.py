@@ -1,0 +1,115 @@
+"""Structured outputs in the worker: one llguidance matcher per constrained request, its next-token
+bitmask filled on the host each step, applied to the logits by the sampler (worker/sampler.py).
+
+Model: a matcher's state is a function of the request's output tokens alone. Before each mask the
+matcher is brought level with the request's known output (`RequestState.token_ids` past the prompt):
+it consumes the tokens it has not seen. So nothing else has to tell it what was accepted: a decode
+step's sampled token, a verified draft (speculative decoding is refused with structured outputs at
+admission, but the rule would hold), or a preempted request that comes back with its earlier outputs
+(its matcher was dropped with its state, and the new one consumes them all) all land the same way.
+Under async scheduling the runner collects the step in flight first, so no placeholder is consumed.
+
+A matcher that falls into an error (a token it refuses, e.g. forced by `min_tokens` or a bias) allows
+only EOS from then on, so the request ends instead of running on unconstrained; the error is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from llguidance import LLMatcher, LLTokenizer
+
+from conveyor.worker.grammar import grammar_of
+from conveyor.worker.request_state import RequestState
+from conveyor.worker.sampling_metadata import GrammarMask, host_to_device
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GrammarVocab:
+    """What the matchers need to know about the vocabulary."""
+
+    tokenizer_json: Callable[[], str]
+    """The tokenizer as tokenizer.json text (read on first use: indexing it takes ~0.4 s)."""
+    vocab_size: int
+    """Columns of the logits (may exceed the tokenizer's own vocabulary)."""
+    eos_token_ids: tuple[int, ...]
+    """Allowed once the grammar is complete."""
+
+
+@dataclass
+class _Matcher:
+    matcher: LLMatcher
+    num_consumed: int = 0
+    """Output tokens this matcher has consumed."""
+    failed: bool = False
+
+
+class StructuredOutputs:
+    """Per-request matchers and the step's bitmask for the rows that have a grammar."""
+
+    def __init__(self, vocab: GrammarVocab) -> None:
+        self._vocab = vocab
+        self._tokenizer: LLTokenizer | None = None
+        self._matchers: dict[str, _Matcher] = {}
+        self._num_words = (vocab.vocab_size + 31) // 32
+
+    @property
+    def tokenizer(self) -> LLTokenizer:
+        if self._tokenizer is None:
+            eos = list(self._vocab.eos_token_ids) or None
+            self._tokenizer = LLTokenizer(self._vocab.tokenizer_json(), n_vocab=self._vocab.vocab_size, eos_token=eos)
+        return self._tokenizer
+
+    def drop(self, request_ids: Iterable[str]) -> None:
+        """Forget finished and preempted requests (a preempted one is rebuilt from its outputs)."""
+        for request_id in request_ids:
+            self._matchers.pop(request_id, None)
+
+    def mask(self, rows: Sequence[RequestState], device: torch.device) -> GrammarMask | None:
+        """The bitmask for the sampling rows with a grammar (None when there are none)."""
+        constrained = [(row, state) for row, state in enumerate(rows)
+                       if state.sampling_params.structured_output is not None]
+        if not constrained:
+            return None
+        bitmask = np.zeros((len(constrained), self._num_words), dtype=np.int32)  # [G, W]
+        for index, (_, state) in enumerate(constrained):
+            self._fill(state, bitmask, index)
+        row_ids = host_to_device([row for row, _ in constrained], torch.int64, device)
+        return GrammarMask(rows=row_ids, bitmask=torch.from_numpy(bitmask).to(device))
+
+    def _fill(self, state: RequestState, bitmask: np.ndarray, index: int) -> None:
+        entry = self._level(state)
+        if entry.failed:
+            words = bitmask.view(np.uint32)
+            for eos in self._vocab.eos_token_ids:
+                words[index, eos // 32] |= np.uint32(1 << (eos % 32))
+            return
+        row = bitmask[index]
+        entry.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+
+    def _level(self, state: RequestState) -> _Matcher:
+        """The request's matcher, having consumed every known output token."""
+        entry = self._matchers.get(state.request_id)
+        if entry is None:
+            constraint = state.sampling_params.structured_output
+            assert constraint is not None
+            entry = _Matcher(LLMatcher(self.tokenizer, grammar_of(constraint), log_level=0))
+            self._matchers[state.request_id] = entry
+        outputs = state.token_ids[state.num_prompt_tokens:]
+        if entry.failed or entry.num_consumed == len(outputs):
+            return entry
+        new = list(outputs[entry.num_consumed:])
+        accepted = entry.matcher.try_consume_tokens(new)
+        entry.num_consumed = len(outputs)
+        if accepted < len(new) or entry.matcher.is_error():
+            entry.failed = True
+            logger.warning("request %s left its grammar at output token %d (%s); only EOS is allowed now",
+                           state.request_id, entry.num_consumed - len(new) + accepted,
+                           entry.matcher.get_error() or "token refused")
+        return entry
