@@ -5,7 +5,7 @@ Two runners over the same model (one with speculation, one without) each get B r
 once, then decode step after step as the scheduler's half of issue 14 will drive them: a request is
 scheduled 1 + len(drafts) tokens with the drafts of its last output, and num_computed_tokens
 advances by the accepted count + 1 (core/outputs.py's contract). The two alternate, --steps steps
-at a time, --repeats times, so that machine noise hits both alike. Reported per runner: median /
+at a time, --repeats times, in alternating order (A B, B A, ...), so that machine noise hits both alike. Reported per runner: median /
 min / max ms per step (each repeat's median), output tokens per step, tokens per second, and the
 acceptance rate. The default workload is nano256's (benchmarks/gpu/offline.py: random.seed(0),
 prompt lengths randint(100, 1024), ids randint(0, 10000), temperature 0.6): random ids, so n-gram
@@ -158,9 +158,10 @@ def main() -> None:
     if args.also_full_verification:
         force_full_verification(drivers["spec-full"].runner)
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in drivers}
-    for _ in range(args.repeats):
-        for name, driver in drivers.items():
-            runs[name].append(timed_steps(driver, args.steps))
+    names = list(drivers)
+    for repeat in range(args.repeats):  # off spec, spec off, ...: a drift of the machine favours neither
+        for name in names if repeat % 2 == 0 else names[::-1]:
+            runs[name].append(timed_steps(drivers[name], args.steps))
     for name, driver in drivers.items():
         ms = [r[0] for r in runs[name]]
         tokens_per_step = statistics.mean(r[1] for r in runs[name])

@@ -14,6 +14,8 @@ step loop, scheduler, model runner, sampler and CUDA graphs are exactly those of
 
     PYTHONPATH=src python benchmarks/gpu/offline.py --model benchmarks/models/qwen3-0.6b [--enforce-eager]
     PYTHONPATH=src python benchmarks/gpu/offline.py --model ... --profile-steps 8 --profile-out trace.txt
+    PYTHONPATH=src python benchmarks/gpu/offline.py --model ... --speculative-config \
+        '{"method": "ngram", "num_speculative_tokens": 3}'    # speculation's overhead (random ids: ~0 accepted)
     PYTHONPATH=src python benchmarks/gpu/offline.py --model benchmarks/models/llama-3.1-70b --tensor-parallel-size 2
 
 Prints one JSON line ("RESULT {...}") and appends it to --out if given.
@@ -27,9 +29,12 @@ import pathlib
 import random
 import sys
 import time
+from dataclasses import dataclass
 
 from conveyor.config import (CacheConfig, DeviceConfig, EngineConfig, LoadFormat, ModelConfig, ParallelConfig,
                              SchedulerConfig)
+from conveyor.core.stats import SpecDecodingStats
+from conveyor.engine.args import parse_speculative_config
 from conveyor.engine.model_setup import build_engine_core
 from conveyor.request import Request
 from conveyor.sampling_params import SamplingParams
@@ -55,22 +60,53 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         cache=CacheConfig(block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
                           enable_prefix_caching=False),
         device=DeviceConfig(device=args.device, enforce_eager=args.enforce_eager),
+        speculative_config=args.speculative_config,
         parallel=ParallelConfig(tensor_parallel_size=args.tensor_parallel_size),
     )
 
 
-def run_requests(core, prompts: list[list[int]], params: list[SamplingParams], tag: str) -> tuple[float, int, int]:
-    """Submit all, step to completion; (wall seconds, output tokens, steps)."""
+@dataclass(frozen=True)
+class RunTotals:
+    """One timed batch of requests."""
+
+    wall_s: float
+    num_tokens: int
+    """Output tokens streamed."""
+    num_steps: int
+    spec_decoding: SpecDecodingStats | None
+    """Speculative decoding's counters summed over the steps (None: off, or nothing drafted)."""
+
+
+def run_requests(core, prompts: list[list[int]], params: list[SamplingParams], tag: str) -> RunTotals:
+    """Submit all, step to completion."""
     eos = core.limits.eos_token_ids[0] if core.limits.eos_token_ids else None
     start = time.perf_counter()
     for index, (prompt, sp) in enumerate(zip(prompts, params)):
         core.add_request(Request(f"{tag}{index}", list(prompt), sp, time.monotonic(), eos_token_id=eos))
     num_tokens = num_steps = 0
+    spec: SpecDecodingStats | None = None
     while core.has_unfinished_requests():
         result = core.step()
         num_steps += 1
         num_tokens += sum(len(out.new_token_ids) for out in result.outputs)
-    return time.perf_counter() - start, num_tokens, num_steps
+        if result.stats.spec_decoding is not None:
+            spec = result.stats.spec_decoding.merged(spec)
+    return RunTotals(time.perf_counter() - start, num_tokens, num_steps, spec)
+
+
+def spec_fields(args: argparse.Namespace, spec: SpecDecodingStats | None) -> dict:
+    """The speculative config and what it accepted, vLLM's way (acceptance, mean acceptance length)."""
+    config = args.speculative_config
+    if config is None:
+        return {"speculative_config": None}
+    fields = {"speculative_config": config.to_dict(), "spec_num_drafts": 0, "spec_num_draft_tokens": 0,
+              "spec_num_accepted_tokens": 0}
+    if spec is not None and spec.num_drafts:
+        fields.update(spec_num_drafts=spec.num_drafts, spec_num_draft_tokens=spec.num_draft_tokens,
+                      spec_num_accepted_tokens=spec.num_accepted_tokens,
+                      spec_acceptance_rate=round(spec.num_accepted_tokens / spec.num_draft_tokens, 4),
+                      spec_mean_acceptance_length=round(1 + spec.num_accepted_tokens / spec.num_drafts, 3))
+    return fields
 
 
 def profile_steps(core, args: argparse.Namespace) -> dict:
@@ -113,6 +149,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--async-scheduling", action="store_true", help="launch step N+1 before step N's tokens are back")
+    parser.add_argument("--speculative-config", type=parse_speculative_config, default=None, metavar="JSON",
+                        help="speculative decoding, as conveyor serve takes it (not with --async-scheduling)")
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--num-layers", type=int, default=None, help="truncate the model (smoke tests)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the model is split over")
@@ -136,7 +174,8 @@ def main() -> int:
     prompts, out_lens = make_workload(num_requests=args.num_requests, seed=args.seed)
     params = [SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n) for n in out_lens]
     compiled_before = compiled_kernel_count()
-    wall, got, steps = run_requests(core, prompts, params, "req")
+    timed = run_requests(core, prompts, params, "req")
+    wall, got, steps = timed.wall_s, timed.num_tokens, timed.num_steps
     compiles_in_window = compiled_kernel_count() - compiled_before  # > 0: the warm-up missed a variant
     in_tok, out_tok = sum(len(p) for p in prompts), sum(out_lens)
     result = {
@@ -152,7 +191,7 @@ def main() -> int:
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens, "num_kv_blocks": core.limits.num_kv_blocks,
         "tensor_parallel_size": args.tensor_parallel_size,
-        "gpu": _gpu_name(), "versions": _versions(),
+        "gpu": _gpu_name(), "versions": _versions(), **spec_fields(args, timed.spec_decoding),
     }
     if args.profile_steps:
         result.update(profile_steps(core, args))

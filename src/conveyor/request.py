@@ -4,8 +4,9 @@ The model (vLLM V1): there is no prefill phase and no decode phase. A request ho
 `all_token_ids = prompt + output` and `num_computed_tokens` (how many of them have KV in the cache).
 Each step the scheduler gives it some tokens to close the gap; when the gap is closed the model samples
 one new token, which is appended and reopens a gap of one. Chunked prefill, prefix-cache hits (which
-start `num_computed_tokens` above zero) and recompute after preemption (which resets it to zero) are all
-the same loop.
+start `num_computed_tokens` above zero), recompute after preemption (which resets it to zero) and
+speculative decoding (draft tokens widen the gap; the rejected ones are taken back after the step) are
+all the same loop.
 """
 
 from __future__ import annotations
@@ -71,6 +72,11 @@ class Request:
     # Async scheduling: output tokens being sampled by steps in flight, not yet in output_token_ids
     # (vLLM's name). The scheduler counts them in a request's gap so the next step computes them.
     num_output_placeholders: int = 0
+    # Speculative decoding (vLLM's name): draft tokens for the request's next step, from the worker's
+    # last ModelRunnerOutput; between schedule() and update_from_output() the ones that step verifies
+    # (trimmed to what was scheduled, and counted in num_computed_tokens). Never in output_token_ids,
+    # never hashed into the prefix cache.
+    spec_token_ids: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first scheduling
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None

@@ -126,3 +126,16 @@ def test_the_stdlib_json_fallback_gives_the_same_bytes_and_objects(monkeypatch: 
     event = b'{"choices":[{"index":0,"text":" x"}],"usage":null}'
     assert loads(event) == client.json_loads(event)
     assert loads(dumps({"prompt": "é", "max_tokens": 3})) == {"prompt": "é", "max_tokens": 3}
+
+
+def test_temperature_is_sent_only_when_given() -> None:
+    from conveyor.bench.client import ClientConfig, Endpoint, build_payload
+    from conveyor.bench.runner import BenchError
+
+    request = _req(0, "ok")
+    plain = ClientConfig(base_url="http://127.0.0.1:1", model="m", endpoint=Endpoint.CHAT)
+    assert "temperature" not in build_payload(plain, request)
+    greedy = ClientConfig(base_url="http://127.0.0.1:1", model="m", temperature=0.0)
+    assert build_payload(greedy, request)["temperature"] == 0.0
+    with pytest.raises(BenchError, match="--temperature"):
+        BenchRunConfig(base_url="http://127.0.0.1:1", trace_path="t", request_rate=1.0, out_dir="o", temperature=-1.0)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from conveyor.config import Batching, CacheConfig, SchedulerConfig, SchedulingPolicy
-from conveyor.core.fake_runner import FakeModelRunner
+from conveyor.config import Batching, CacheConfig, SchedulerConfig, SchedulingPolicy, SpeculativeConfig
+from conveyor.core.fake_runner import FakeModelRunner, FakeSpeculation
 from conveyor.core.outputs import EngineCoreOutput, EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
 from conveyor.core.policies import make_scheduler as make_policy
 from conveyor.core.scheduler import Scheduler
@@ -44,8 +44,11 @@ def make_request(request_id: str = "r0", num_prompt_tokens: int = 8, max_tokens:
 
 def make_scheduler(num_blocks: int = 64, block_size: int = 4, clock: ManualClock | None = None,
                    **config: object) -> Scheduler:
-    """A scheduler; `config` keys go to SchedulerConfig or CacheConfig (enable_prefix_caching)."""
+    """A scheduler; `config` keys go to SchedulerConfig, CacheConfig (enable_prefix_caching) or, as
+    `speculative_config`, to speculative decoding."""
     cache_fields = {k: config.pop(k) for k in ("enable_prefix_caching",) if k in config}
+    speculative_config = config.pop("speculative_config", None)
+    assert speculative_config is None or isinstance(speculative_config, SpeculativeConfig)
     defaults: dict[str, object] = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 64}
     defaults.update(config)
     if isinstance(defaults.get("policy"), str):
@@ -54,7 +57,7 @@ def make_scheduler(num_blocks: int = 64, block_size: int = 4, clock: ManualClock
         defaults["batching"] = Batching(defaults["batching"])
     scheduler_config = SchedulerConfig(**defaults)  # type: ignore[arg-type]
     cache_config = replace(CacheConfig(block_size=block_size), **cache_fields)  # type: ignore[arg-type]
-    return make_policy(scheduler_config, cache_config, num_blocks, clock or ManualClock())
+    return make_policy(scheduler_config, cache_config, num_blocks, clock or ManualClock(), speculative_config)
 
 
 @dataclass
@@ -73,11 +76,13 @@ class Driver:
     """Runs schedule -> fake runner -> update, checking invariants after every half-step."""
 
     scheduler: Scheduler
+    speculation: FakeSpeculation | None = None
+    """The fake runner proposes and verifies drafts (the scheduler needs a speculative_config)."""
     runner: FakeModelRunner = field(init=False)
     history: list[StepResult] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.runner = FakeModelRunner(self.scheduler.block_size, check_kv=True)
+        self.runner = FakeModelRunner(self.scheduler.block_size, check_kv=True, speculation=self.speculation)
 
     def step(self, sampled: dict[str, list[int]] | None = None) -> StepResult:
         """One step; `sampled` overrides the fake runner's tokens for the listed requests."""

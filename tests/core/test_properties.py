@@ -9,6 +9,12 @@ covering the last known token, and (the fake runner simulating KV contents) ever
 request reads holds its own tokens' KV; at the end: every accepted request finished exactly once, its streamed
 tokens are exactly the tokens the runner produced for its positions (nothing lost or repeated across
 chunking, prefix hits and preemption), and all blocks are free.
+
+The same workloads run again with speculative decoding (ngram, or a draft model's lookahead slots):
+the fake runner proposes random drafts and accepts a random prefix of them, so acceptance counts,
+rollbacks and slot reuse are random while the tokens must still equal sequential decoding. Checked
+also: a verifying request is scheduled 1 + len(drafts) tokens, its drafts never take it past its length
+limit, a draft model's lookahead slots are reserved, and the per-step spec statistics add up.
 """
 
 from __future__ import annotations
@@ -16,15 +22,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from conveyor.config import Batching, CacheConfig, SchedulerConfig, SchedulingPolicy
+from conveyor.config import (Batching, CacheConfig, SchedulerConfig, SchedulingPolicy, SpeculativeConfig,
+                             SpeculativeMethod)
 from conveyor.core.errors import AdmissionError, QueueFullError
-from conveyor.core.fake_runner import FakeModelRunner, default_token_fn
+from conveyor.core.fake_runner import FakeModelRunner, FakeSpeculation, default_token_fn
 from conveyor.core.outputs import EngineCoreOutput, SchedulerOutput
 from conveyor.core.policies import make_scheduler
 from conveyor.core.scheduler import Scheduler
+from conveyor.core.stats import SchedulerStats
 from conveyor.request import FinishReason, Request
 from conveyor.sampling_params import SamplingParams
 
@@ -82,9 +90,12 @@ class Run:
     streamed: dict[str, list[int]]
     finished: dict[str, EngineCoreOutput]
     accepted: dict[str, Request]
+    num_draft_tokens: int = 0
+    """Speculative decoding: drafts verified by requests still running when their step came back."""
 
 
 def _check_step(run: Run, output: SchedulerOutput) -> None:
+    _check_spec_step(run, output)
     config = run.scheduler.scheduler_config
     assert output.total_num_scheduled_tokens == sum(output.num_scheduled_tokens.values())
     assert output.total_num_scheduled_tokens <= config.max_num_batched_tokens
@@ -95,6 +106,36 @@ def _check_step(run: Run, output: SchedulerOutput) -> None:
         assert new.num_computed_tokens % run.scheduler.block_size == 0
 
 
+def _check_spec_step(run: Run, output: SchedulerOutput) -> None:
+    """Drafts are part of a decode, within the length limit; a draft model's lookahead is reserved."""
+    scheduler = run.scheduler
+    for request_id, drafts in output.scheduled_spec_decode_tokens.items():
+        request = scheduler.requests[request_id]
+        assert 0 < len(drafts) <= scheduler.num_spec_tokens
+        assert output.num_scheduled_tokens[request_id] == 1 + len(drafts)
+        limit = scheduler.stop_specs[request_id].max_num_output_tokens
+        assert request.num_output_tokens + len(drafts) + 1 <= limit, "drafts past the length limit"
+    if scheduler.num_lookahead_tokens == 0:
+        return
+    for request_id in output.num_scheduled_tokens:
+        request = scheduler.requests[request_id]
+        last_slot = request.num_prompt_tokens + scheduler.stop_specs[request_id].max_num_output_tokens - 1
+        wanted = min(request.num_computed_tokens + scheduler.num_lookahead_tokens, last_slot)
+        assert scheduler.kv_cache_manager.num_slots[request_id] >= wanted, "lookahead slots not reserved"
+
+
+def _check_spec_stats(run: Run, output: SchedulerOutput, stats: SchedulerStats) -> None:
+    spec = stats.spec_decoding
+    if not output.scheduled_spec_decode_tokens:
+        assert spec is None
+        return
+    assert spec is not None
+    assert spec.num_accepted_tokens <= spec.num_draft_tokens
+    assert sum(spec.num_accepted_tokens_per_pos) == spec.num_accepted_tokens
+    assert spec.num_drafts <= len(output.scheduled_spec_decode_tokens)
+    run.num_draft_tokens += spec.num_draft_tokens
+
+
 def _step(run: Run) -> None:
     output = run.scheduler.schedule()
     run.scheduler.check_invariants()
@@ -102,6 +143,7 @@ def _step(run: Run) -> None:
     outputs, stats = run.scheduler.update_from_output(output, run.runner.execute(output))
     run.scheduler.check_invariants()
     assert stats.num_scheduled_tokens == output.total_num_scheduled_tokens
+    _check_spec_stats(run, output, stats)
     _collect(run, outputs)
 
 
@@ -133,19 +175,16 @@ def _check_final(run: Run) -> None:
         num_prompt = request.num_prompt_tokens
         expected = [default_token_fn(request_id, num_prompt + i) for i in range(len(streamed))]
         assert streamed == expected, "tokens lost or repeated across chunking/caching/preemption"
+        assert request.max_tokens is None or request.num_output_tokens <= request.max_tokens
         if run.finished[request_id].finish_reason is FinishReason.LENGTH:
             assert request.max_tokens is None or request.num_output_tokens == request.max_tokens or \
                 request.num_tokens == run.scheduler.scheduler_config.max_model_len or \
                 request.num_tokens == run.scheduler.pool_size.num_blocks * run.scheduler.block_size + 1
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(config=configs(), workload=arrivals)
-def test_random_workloads_keep_every_invariant_and_finish(
-        config: tuple[SchedulerConfig, CacheConfig, int], workload: list[Arrival]) -> None:
-    scheduler_config, cache_config, num_blocks = config
-    scheduler = make_scheduler(scheduler_config, cache_config, num_blocks, clock=lambda: 0.0)
-    run = Run(scheduler, FakeModelRunner(cache_config.block_size, check_kv=True), {}, {}, {})
+def _drive(run: Run, workload: list[Arrival]) -> None:
+    """Arrivals and aborts at their steps, one scheduler step at a time, until everything finished."""
+    scheduler = run.scheduler
     by_step: dict[int, list[int]] = {}
     for index, arrival in enumerate(workload):
         by_step.setdefault(arrival.step, []).append(index)
@@ -158,3 +197,40 @@ def test_random_workloads_keep_every_invariant_and_finish(
             break
         _step(run)
     _check_final(run)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(config=configs(), workload=arrivals)
+def test_random_workloads_keep_every_invariant_and_finish(
+        config: tuple[SchedulerConfig, CacheConfig, int], workload: list[Arrival]) -> None:
+    scheduler_config, cache_config, num_blocks = config
+    scheduler = make_scheduler(scheduler_config, cache_config, num_blocks, clock=lambda: 0.0)
+    _drive(Run(scheduler, FakeModelRunner(cache_config.block_size, check_kv=True), {}, {}, {}), workload)
+
+
+speculative_configs = st.builds(
+    lambda method, k: SpeculativeConfig(method=method, num_speculative_tokens=k,
+                                        model="draft.gguf" if method is SpeculativeMethod.DRAFT_MODEL else None),
+    method=st.sampled_from(list(SpeculativeMethod)), k=st.integers(1, 5))
+
+
+decoding_arrivals = arrivals.filter(lambda workload: any(a.max_tokens is None or a.max_tokens > 2 for a in workload))
+"""Workloads with at least one request long enough to verify drafts."""
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(config=configs(), workload=decoding_arrivals, speculative_config=speculative_configs,
+       seed=st.integers(0, 2**16))
+def test_random_workloads_with_random_acceptance_keep_every_invariant_and_finish(
+        config: tuple[SchedulerConfig, CacheConfig, int], workload: list[Arrival],
+        speculative_config: SpeculativeConfig, seed: int) -> None:
+    scheduler_config, cache_config, num_blocks = config
+    scheduler = make_scheduler(scheduler_config, cache_config, num_blocks, clock=lambda: 0.0,
+                               speculative_config=speculative_config)
+    speculation = FakeSpeculation(num_speculative_tokens=speculative_config.num_speculative_tokens,
+                                  max_model_len=scheduler_config.max_model_len,
+                                  num_lookahead_tokens=speculative_config.num_lookahead_tokens, seed=seed)
+    runner = FakeModelRunner(cache_config.block_size, check_kv=True, speculation=speculation)
+    run = Run(scheduler, runner, {}, {}, {})
+    _drive(run, workload)
+    event(f"draft tokens verified: {'some' if run.num_draft_tokens else 'none'}")

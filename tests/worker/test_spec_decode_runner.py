@@ -3,6 +3,7 @@ keeps the contract of core/outputs.py (spec_harness): outputs never depend on sp
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 import pytest
@@ -187,3 +188,20 @@ def test_kv_cache_sizing_counts_the_draft_models_cache(model_dir: pathlib.Path) 
     draft = runner.spec_decoder.proposer  # type: ignore[union-attr]
     assert draft.kv_caches[0].shape == runner.kv_caches[0].shape  # type: ignore[attr-defined]
     assert shared.num_bytes == 2 * shared.num_blocks * runner.kv_cache_spec.bytes_per_block
+
+
+def test_a_bad_draft_model_is_refused_naming_the_key(model_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """A missing draft, or one with another vocabulary, fails at start-up naming speculative_config's
+    'model' (not --model, the target's flag)."""
+    from runner_harness import TINY_LLAMA
+
+    from conveyor.model.loader import ModelNotFoundError
+
+    missing = SpeculativeConfig(SpeculativeMethod.DRAFT_MODEL, 3, model=str(tmp_path / "nope.gguf"))
+    with pytest.raises(ModelNotFoundError, match="speculative_config: the draft 'model' .*nope.gguf' does not exist"):
+        make_spec_runner(model_dir, missing)
+    other = tmp_path / "other-vocab"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({**TINY_LLAMA, "vocab_size": TINY_LLAMA["vocab_size"] + 8}))
+    with pytest.raises(ValueError, match="speculative_config: the draft model .* has a vocabulary of"):
+        make_spec_runner(model_dir, draft_config(other))

@@ -14,6 +14,7 @@ from conveyor.bench.profiles import LoadProfile
 from conveyor.bench.retry import add_retry_arguments, policy_from_args
 from conveyor.bench.rundirs import RunDirError, prepare_out_dir
 from conveyor.bench.runner import BenchError, BenchRunConfig, dashboard_table, run_benchmark
+from conveyor.bench.spec_metrics import describe_spec_decode
 from conveyor.bench.traces import TraceError
 from conveyor.bench.workers import WorkerError
 
@@ -52,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_window_arguments(parser)
     parser.add_argument("--endpoint", default=d["endpoint"].default, choices=["completions", "chat"])
     parser.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="sent with every request, as vllm bench serve's (default: not sent, the server's 1.0)")
     parser.add_argument("--out", required=True, help="run directory to write")
     parser.add_argument("--label", default="", help="run name in tables (default: the --out directory name)")
     parser.add_argument("--max-send-lag-ms", type=float, default=d["max_send_lag_p99_ms"].default,
@@ -85,7 +88,7 @@ def config_from_args(args: argparse.Namespace) -> BenchRunConfig:
     return BenchRunConfig(
         base_url=args.base_url, trace_path=args.trace, request_rate=args.rate, out_dir=args.out, label=args.label,
         burstiness=args.burstiness, arrival=args.arrival, time_scale=args.time_scale, endpoint=args.endpoint,
-        model=args.model, seed=args.seed, max_send_lag_p99_ms=args.max_send_lag_ms,
+        temperature=args.temperature, model=args.model, seed=args.seed, max_send_lag_p99_ms=args.max_send_lag_ms,
         request_timeout_s=args.request_timeout_s, scrape_interval_s=args.scrape_interval_s, slo=slo,
         api_key=args.api_key, num_requests=args.num_requests, show_progress=not args.no_progress,
         profile=args.profile, max_concurrency=args.max_concurrency, num_workers=args.workers,
@@ -101,6 +104,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"conveyor bench run: error: {exc}", file=sys.stderr)
         return 2
     print(dashboard_table([summary]))
+    spec_line = describe_spec_decode(summary.get("server") or {})
+    if spec_line is not None:
+        print(spec_line)
     print(f"{summary['completed']} completed, {summary['cancelled']} cancelled, {summary['failed']} failed "
           f"of {summary['num_prompts']} measured; {summary['window']['label']}; run directory {args.out}")
     if not summary["valid"]:

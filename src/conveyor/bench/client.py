@@ -149,6 +149,8 @@ class ClientConfig:
     """Bearer token, if the server wants one."""
     request_timeout_s: float = 600.0
     """Give up on a request (kind timeout) after this long."""
+    temperature: float | None = None
+    """The `temperature` of every request (None: not sent, the server's default)."""
 
 
 def build_payload(cfg: ClientConfig, req: TraceRequest) -> dict[str, Any]:
@@ -166,6 +168,8 @@ def build_payload(cfg: ClientConfig, req: TraceRequest) -> dict[str, Any]:
         payload["max_tokens"] = req.output_len
     if req.ignore_eos:
         payload["ignore_eos"] = True
+    if cfg.temperature is not None:
+        payload["temperature"] = cfg.temperature
     return payload
 
 

@@ -4,8 +4,9 @@ The model: a `ServerSpec` holds a command template such as
 `conveyor serve --port {port} {args}` or `vllm serve meta-llama/Llama-3.1-8B --port {port} {args}`;
 `{port}` and `{host}` are filled in, and `{args}` receives the configuration's engine flags rendered
 with vLLM's spelling (`max_num_seqs=8` -> `--max-num-seqs 8`, `enable_chunked_prefill=False` ->
-`--no-enable-chunked-prefill`). The server runs in its own process group with stdout+stderr in
-`server.log`, and its exact argv in `command.txt`, both in the configuration's directory. Readiness is
+`--no-enable-chunked-prefill`, a table such as `speculative_config` -> its JSON). The server runs in
+its own process group with stdout+stderr in `server.log`, and its exact argv in `command.txt`, both in
+the configuration's directory. Readiness is
 GET `health_path` returning 200 before `startup_timeout_s`; a server that exits early fails at once with
 the tail of its log. Warm-up sends a few short completions so the first measured requests do not pay
 for lazy initialisation. Stop is SIGTERM to the group, then SIGKILL after `stop_grace_s`.
@@ -73,6 +74,8 @@ def render_args(args: dict[str, Any]) -> list[str]:
             out.append(flag)
         elif value is False:
             out.append("--no-" + key.replace("_", "-"))
+        elif isinstance(value, (dict, list)):  # e.g. speculative_config: vLLM's flags take JSON
+            out.extend([flag, json.dumps(value, separators=(",", ":"))])
         else:
             out.extend([flag, str(value)])
     return out

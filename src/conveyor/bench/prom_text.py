@@ -80,6 +80,14 @@ class Snapshot:
                 return sum(s.value for s in self.by_name[name])
         return None
 
+    def by_label(self, name: str, label: str) -> dict[str, float]:
+        """Values of one metric summed per value of `label` (series without it are left out)."""
+        out: dict[str, float] = {}
+        for s in self.by_name.get(name, []):
+            if label in s.labels:
+                out[s.labels[label]] = out.get(s.labels[label], 0.0) + s.value
+        return out
+
     def labels(self, name: str) -> dict[str, str] | None:
         series = self.by_name.get(name)
         return dict(series[0].labels) if series else None

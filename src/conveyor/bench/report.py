@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import pathlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,7 @@ from conveyor.bench.diagnose import Finding, diagnose
 from conveyor.bench.fixed import FixedDifference, FixedRecord, differences, unknown_keys
 from conveyor.bench.intervals import IntervalConfig
 from conveyor.bench.point_verdict import PointStatus
-from conveyor.bench.report_format import fmt_bytes, fmt_count, fmt_interval, fmt_rate, summary_cell
+from conveyor.bench.report_format import fmt_bytes, fmt_count, fmt_interval, fmt_percent, fmt_rate, summary_cell
 from conveyor.bench.rundirs import Point, RunResult, discover_runs, find_study_file, group_points
 from conveyor.bench.slo import SLO, SLOVerdict, describe_objective, slo_from_mapping
 
@@ -176,6 +177,29 @@ def config_rows(analysis: Analysis) -> list[list[str]]:
 
 CONFIG_COLUMNS = ("Config", "Changes", "Max req/s meeting objective", "Capacity (req/s)",
                   "Cost per accepted response", "")
+SPEC_COLUMNS = ("Config", "Run", "Output tok/s", "Draft acceptance", "Mean accepted length", "Draft tokens")
+
+
+def spec_rows(analysis: Analysis) -> list[list[str]]:
+    """Speculative decoding, one row per run that verified drafts (none: the section is left out).
+    Mean accepted length counts the target's own token (1.0: speculation emitted nothing extra)."""
+    rows = []
+    for config in analysis.configs:
+        for evaluated in config.points:
+            for run in evaluated.point.runs:
+                drafted = run.metric("spec_decode_num_draft_tokens")
+                if not drafted:
+                    continue
+                length = run.metric("spec_decode_mean_accepted_length")
+                rows.append([config.name, run.label, fmt_rate(run.metric("output_throughput")),
+                             fmt_percent(run.metric("spec_decode_acceptance_rate")),
+                             "-" if length is None else f"{length:.2f}", fmt_count(drafted)])
+    return rows
+
+
+def _spec_section(analysis: Analysis, table: Callable[[tuple[str, ...], list[list[str]]], str]) -> list[str]:
+    rows = spec_rows(analysis)
+    return ["Speculative decoding (per run):", table(SPEC_COLUMNS, rows), ""] if rows else []
 
 
 def format_table(columns: tuple[str, ...] | list[str], rows: list[list[str]]) -> str:
@@ -232,6 +256,7 @@ def decision_lines(analysis: Analysis) -> list[str]:
 
 def format_terminal(analysis: Analysis) -> str:
     return "\n".join([format_table(DASHBOARD_COLUMNS, dashboard_rows(analysis)), "",
+                      *_spec_section(analysis, format_table),
                       format_table(POINT_COLUMNS, point_rows(analysis)), "",
                       format_table(CONFIG_COLUMNS, config_rows(analysis)), "", *decision_lines(analysis)])
 
@@ -243,6 +268,7 @@ def format_markdown(analysis: Analysis) -> str:
                       format_markdown_table(CONFIG_COLUMNS, config_rows(analysis)), "", "## Points", "",
                       format_markdown_table(POINT_COLUMNS, point_rows(analysis)), "", "## Dashboard", "",
                       format_markdown_table(DASHBOARD_COLUMNS, dashboard_rows(analysis)), "",
+                      *_spec_section(analysis, format_markdown_table),
                       "## Decision details", "", *decision_lines(analysis), ""])
 
 

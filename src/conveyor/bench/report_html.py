@@ -17,11 +17,13 @@ from conveyor.bench.report import (
     CONFIG_COLUMNS,
     DASHBOARD_COLUMNS,
     POINT_COLUMNS,
+    SPEC_COLUMNS,
     Analysis,
     config_rows,
     dashboard_rows,
     fixed_lines,
     point_rows,
+    spec_rows,
 )
 from conveyor.bench.report_format import summary_cell
 from conveyor.bench.slo import describe_objective
@@ -110,6 +112,7 @@ def render_html(analysis: Analysis, plot_paths: list[pathlib.Path]) -> str:
         f"<br><small>Look at: {html.escape(f.remedy)}</small></li>" for f in analysis.findings
     ) or "<li>No symptom of the guide's five was found in the valid runs.</li>"
     per_class_cols = ["Config", "Class", "Offered req/s", "Completed", "TTFT p95", "E2E p95", "Error rate"]
+    spec = spec_rows(analysis)
     sections = [
         _section("recommendation", "Recommendation", _recommendation(analysis)),
         _section("checklist", "Decision checklist", f"<ul>{checklist}</ul>"),
@@ -118,6 +121,7 @@ def render_html(analysis: Analysis, plot_paths: list[pathlib.Path]) -> str:
         _section("points", "Points (valid repeats pooled)", _table(POINT_COLUMNS, point_rows(analysis))),
         _section("dashboard", "Dashboard (one row per run)",
                  _table(DASHBOARD_COLUMNS, dashboard_rows(analysis), grey_invalid=True)),
+        *([_section("spec-decode", "Speculative decoding (per run)", _table(SPEC_COLUMNS, spec))] if spec else []),
         _section("fixed", "Fixed things", "".join(f"<p>{html.escape(line)}</p>" for line in fixed_lines(analysis))),
         _section("plots", "Plots", "".join(_embedded(p) for p in plot_paths)),
         _section("per-class", "Per-class breakdown (operating point)",

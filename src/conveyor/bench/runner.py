@@ -78,6 +78,8 @@ class BenchRunConfig:
     """replay: trace seconds per wall second."""
     endpoint: str = "completions"
     """completions | chat."""
+    temperature: float | None = None
+    """Sent with every request (vllm bench serve's --temperature; None: left to the server, 1.0 unless set)."""
     model: str | None = None
     """Model name to request (default: the first of GET /v1/models)."""
     seed: int = 0
@@ -123,6 +125,8 @@ class BenchRunConfig:
             raise BenchError(f"--profile {self.profile!r} must be one of {', '.join(p.value for p in LoadProfile)}")
         if self.endpoint not in {e.value for e in Endpoint}:
             raise BenchError(f"--endpoint {self.endpoint!r} must be completions or chat")
+        if self.temperature is not None and not self.temperature >= 0:
+            raise BenchError(f"--temperature must be >= 0, got {self.temperature}")
         if not self.request_rate > 0:
             raise BenchError(f"--rate must be > 0 or inf, got {self.request_rate}")
         if self.num_requests is not None and self.num_requests < 1:
@@ -207,7 +211,8 @@ async def _run(cfg: BenchRunConfig, trace: Trace, plan: LoadPlan) -> dict[str, A
         sampler = asyncio.create_task(scraper.run())
         started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         client = ClientConfig(base_url=cfg.base_url, model=model, endpoint=Endpoint(cfg.endpoint),
-                              api_key=cfg.api_key, request_timeout_s=cfg.request_timeout_s)
+                              api_key=cfg.api_key, request_timeout_s=cfg.request_timeout_s,
+                              temperature=cfg.temperature)
         meter = ClientCpuMeter()  # this process only: --workers processes are gated by their send lag
         try:
             load = await drive(session, client, plan, cfg.num_workers, cfg.show_progress)
@@ -233,7 +238,8 @@ def build_summary(cfg: BenchRunConfig, trace: Trace, model: str,
     measured = [r for r in load.records if r.in_window]
     summary: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "label": cfg.label or pathlib.Path(cfg.out_dir).name,
-        "base_url": cfg.base_url, "model": model, "endpoint": cfg.endpoint, "trace_path": cfg.trace_path,
+        "base_url": cfg.base_url, "model": model, "endpoint": cfg.endpoint,
+        "temperature": cfg.temperature, "trace_path": cfg.trace_path,
         "trace_version": trace.header.version, "request_rate": _jsonable(cfg.request_rate),
         "burstiness": cfg.burstiness, "arrival": shape.arrival.process.value, "profile": cfg.profile,
         "max_concurrency": shape.max_concurrency, "seed": cfg.seed, "started_at": started_at,

@@ -5,7 +5,8 @@ before the first request and the scrape after the last one: queue-time percentil
 of the queue-time buckets (`conveyor:request_queue_time_seconds`, finer, when the server has it, else
 vLLM's `vllm:request_queue_time_seconds`), preemptions and token counts from counter deltas, the
 prefix-cache hit rate from hits/queries deltas, CPU tokenization time from
-`conveyor:tokenization_time_seconds`. A histogram percentile is the bucket holding it, with an interval
+`conveyor:tokenization_time_seconds`, speculative decoding's acceptance from the `vllm:spec_decode_*`
+counters (spec_metrics.py). A histogram percentile is the bucket holding it, with an interval
 over requests (intervals.bucket_quantile); one in the lowest bucket is reported as "<= bound"
 (`queue_time_p95_ms` null, `queue_time_p95_bucket_ms` [0, bound]), never interpolated. Gauges (running,
 waiting, KV usage, GPU memory and utilisation) are sampled every scrape interval into a time series;
@@ -29,6 +30,7 @@ import aiohttp
 
 from conveyor.bench.intervals import IntervalConfig, bucket_quantile
 from conveyor.bench.prom_text import Snapshot, bucket_delta
+from conveyor.bench.spec_metrics import SPEC_KEYS, spec_decode_summary
 
 RUNNING = ("vllm:num_requests_running",)
 WAITING = ("vllm:num_requests_waiting",)
@@ -191,7 +193,7 @@ def server_summary(obs: ServerObservation, cfg: IntervalConfig | None = None) ->
     out: dict[str, Any] = {"available": obs.before is not None and obs.after is not None}
     keys = ("queue_time_p50_ms", "queue_time_p95_ms", "queue_time_p99_ms", "queue_time_histogram",
             "num_preemptions", "prefix_cache_hit_rate", "generation_tokens", "prompt_tokens",
-            "tokenization_time_mean_ms", "tokenization_time_p95_ms")
+            "tokenization_time_mean_ms", "tokenization_time_p95_ms", *SPEC_KEYS)
     out.update(dict.fromkeys(keys, None))
     out.update(_gauge_stats(obs.samples))
     out["peak_gpu_memory_bytes"] = obs.peak_gpu_memory_bytes
@@ -210,6 +212,7 @@ def server_summary(obs: ServerObservation, cfg: IntervalConfig | None = None) ->
     out["prefix_cache_hit_rate"] = hits / queries if queries and hits is not None else None
     out["generation_tokens"] = _delta(before, after, GENERATION_TOKENS)
     out["prompt_tokens"] = _delta(before, after, PROMPT_TOKENS)
+    out.update(spec_decode_summary(before, after))
     return out
 
 

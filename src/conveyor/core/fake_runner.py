@@ -9,10 +9,19 @@ sampling, every context position must hold the fingerprint this request's own to
 Prefix-cache hits, block tables, preemption and block reuse are thereby checked end to end. As on a
 GPU, all of a step's writes land before any read (a request may hit blocks another one fills in the
 same step).
+
+With `speculation`, it also plays speculative decoding as core/outputs.py specifies it: after each
+sampled token it proposes a random number of drafts for the request's next step, a random prefix of
+which are the tokens it will really produce (the rest wrong), and verifies scheduled drafts greedily
+(the longest prefix equal to its own tokens, then its own next token). Outputs therefore equal
+sequential decoding whatever the acceptance, while acceptance counts, rollbacks and slot reuse are
+random. Draft positions are fed as inputs (their KV fingerprints use the drafts), and like a draft
+model (`num_lookahead_tokens` > 0) it drafts only as far as its block table has slots.
 """
 
 from __future__ import annotations
 
+import random
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +34,20 @@ def default_token_fn(request_id: str, position: int) -> int:
     return 1000 + zlib.crc32(f"{request_id}:{position}".encode()) % 32000
 
 
+@dataclass(frozen=True)
+class FakeSpeculation:
+    """How the fake runner drafts (see the module docstring)."""
+
+    num_speculative_tokens: int
+    """K: drafts per request and step at most."""
+    max_model_len: int
+    """No draft at or past this position (as the real proposers)."""
+    num_lookahead_tokens: int = 0
+    """> 0: draft only where the block table has a slot for the draft's KV (a draft model's rule)."""
+    seed: int = 0
+    """Seed of the draft counts and of which drafts are right."""
+
+
 @dataclass
 class _WorkerState:
     token_ids: list[int]
@@ -32,11 +55,19 @@ class _WorkerState:
     num_computed_tokens: int
     fingerprints: list[int] = field(default_factory=list)  # fingerprints[p]: KV content of position p
 
-    def fingerprint(self, position: int) -> int:
-        while len(self.fingerprints) <= position:
+    def fingerprint(self, position: int, drafts: list[int] | None = None) -> int:
+        """KV content of `position` given the request's tokens followed by `drafts` (never cached)."""
+        num_tokens = len(self.token_ids)
+        while len(self.fingerprints) <= min(position, num_tokens - 1):
             previous = self.fingerprints[-1] if self.fingerprints else 0
             self.fingerprints.append(hash((previous, self.token_ids[len(self.fingerprints)])))
-        return self.fingerprints[position]
+        if position < num_tokens:
+            return self.fingerprints[position]
+        assert drafts is not None and position < num_tokens + len(drafts), "a position past the drafts"
+        value = self.fingerprints[-1]
+        for draft in drafts[: position - num_tokens + 1]:
+            value = hash((value, draft))
+        return value
 
 
 @dataclass
@@ -48,8 +79,14 @@ class FakeModelRunner:
     """Sampled token = token_fn(request id, position of the new token)."""
     check_kv: bool = False
     """Simulate KV contents and check every context read (O(context) per request and step)."""
+    speculation: FakeSpeculation | None = None
+    """Propose and verify drafts (None: the scheduler must send none)."""
     states: dict[str, _WorkerState] = field(default_factory=dict)
     kv_slots: dict[int, int] = field(default_factory=dict)
+    _rng: random.Random = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.speculation.seed if self.speculation else 0)
 
     def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
         for request_id in output.finished_req_ids | output.preempted_req_ids:
@@ -65,13 +102,18 @@ class FakeModelRunner:
             state = self.states[request_id]
             assert state.num_computed_tokens == num_computed_tokens, "worker/scheduler out of sync"
             state.block_ids.extend(new_block_ids)
+        spec_tokens = output.scheduled_spec_decode_tokens
+        assert self.speculation is not None or not spec_tokens, "drafts sent with speculation off"
         if self.check_kv:
             for request_id, num_tokens in output.num_scheduled_tokens.items():
-                self._write_kv(self.states[request_id], num_tokens)
+                self._write_kv(self.states[request_id], num_tokens, spec_tokens.get(request_id, []))
         sampled: dict[str, list[int]] = {}
+        proposals: dict[str, list[int]] = {}
         for request_id, num_tokens in output.num_scheduled_tokens.items():
-            sampled[request_id] = self._run(request_id, num_tokens)
-        return ModelRunnerOutput(sampled)
+            sampled[request_id] = self._run(request_id, num_tokens, spec_tokens.get(request_id, []))
+            if sampled[request_id] and self.speculation is not None:
+                proposals[request_id] = self._propose(request_id, self.speculation)
+        return ModelRunnerOutput(sampled, spec_token_ids={k: v for k, v in proposals.items() if v})
 
     def launch(self, output: SchedulerOutput) -> ModelRunnerOutput:
         """Async scheduling's first half: the fake computes at once (its tokens are a pure function of
@@ -84,22 +126,45 @@ class FakeModelRunner:
     def _slot(self, state: _WorkerState, position: int) -> int:
         return state.block_ids[position // self.block_size] * self.block_size + position % self.block_size
 
-    def _write_kv(self, state: _WorkerState, num_tokens: int) -> None:
+    def _write_kv(self, state: _WorkerState, num_tokens: int, drafts: list[int]) -> None:
         for position in range(state.num_computed_tokens, state.num_computed_tokens + num_tokens):
-            self.kv_slots[self._slot(state, position)] = state.fingerprint(position)
+            self.kv_slots[self._slot(state, position)] = state.fingerprint(position, drafts)
 
-    def _run(self, request_id: str, num_tokens: int) -> list[int]:
+    def _run(self, request_id: str, num_tokens: int, drafts: list[int]) -> list[int]:
         state = self.states[request_id]
         end = state.num_computed_tokens + num_tokens
-        assert 0 < num_tokens and end <= len(state.token_ids), f"{request_id}: computes unknown tokens"
+        num_known = len(state.token_ids)
+        assert 0 < num_tokens and end <= num_known + len(drafts), f"{request_id}: computes unknown tokens"
+        assert not drafts or end == num_known + len(drafts), f"{request_id}: its range does not reach its drafts"
         assert len(state.block_ids) * self.block_size >= end, f"{request_id}: too few KV slots"
         if self.check_kv:
             for position in range(end):
-                assert self.kv_slots.get(self._slot(state, position)) == state.fingerprint(position), (
+                assert self.kv_slots.get(self._slot(state, position)) == state.fingerprint(position, drafts), (
                     f"{request_id}: KV of position {position} is not this request's")
-        state.num_computed_tokens = end
-        if end < len(state.token_ids):
+        if end < num_known:
+            state.num_computed_tokens = end
             return []  # a partial prefill chunk samples nothing
-        token_id = self.token_fn(request_id, end)
-        state.token_ids.append(token_id)
-        return [token_id]
+        kept: list[int] = []  # greedy verification: the drafts equal to its own tokens, then its own next token
+        for draft in drafts:
+            if draft != self.token_fn(request_id, num_known + len(kept)):
+                break
+            kept.append(draft)
+        kept.append(self.token_fn(request_id, num_known + len(kept)))
+        state.token_ids.extend(kept)
+        state.num_computed_tokens = len(state.token_ids) - 1  # the contract's rollback, as the scheduler's
+        return kept
+
+    def _propose(self, request_id: str, speculation: FakeSpeculation) -> list[int]:
+        """A random number of drafts, a random prefix of them right (module docstring)."""
+        state, rng = self.states[request_id], self._rng
+        end = len(state.token_ids)
+        room = speculation.max_model_len - end
+        if speculation.num_lookahead_tokens:  # a draft writes KV at end .. end + k - 2
+            room = min(room, 1 + len(state.block_ids) * self.block_size - end)
+        num_drafts = rng.randint(0, max(0, min(room, speculation.num_speculative_tokens)))
+        num_right = rng.randint(0, num_drafts)
+        drafts = [self.token_fn(request_id, end + i) for i in range(num_right)]
+        while len(drafts) < num_drafts:  # the first is wrong; what follows a wrong one is never checked
+            wrong = self.token_fn(request_id, end + len(drafts)) + 1
+            drafts.append(wrong if len(drafts) == num_right else rng.choice([wrong, wrong - 1]))
+        return drafts

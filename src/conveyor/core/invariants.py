@@ -48,11 +48,13 @@ def check_scheduler_invariants(scheduler: SchedulerView) -> None:
         assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), request.status
         assert request.num_computed_tokens == 0, "a waiting request claims computed tokens"
         assert request.num_output_placeholders == 0, "a waiting request has tokens in flight"
+        assert not request.spec_token_ids, "a waiting request kept draft tokens"
         assert request.request_id not in manager.req_to_blocks, "a waiting request holds blocks"
     for request in scheduler.running:
         assert request.status is RequestStatus.RUNNING, request.status
         num_held = len(manager.req_to_blocks.get(request.request_id, ()))
         assert num_held >= manager.num_blocks_for(request.num_computed_tokens), "too few blocks"
         assert request.num_output_placeholders >= 0, "more tokens came back than were in flight"
-        assert request.num_computed_tokens <= request.num_tokens + request.num_output_placeholders, (
-            "computed beyond the known and in-flight tokens")
+        # Between schedule and update, a verifying request's drafts are counted as computed.
+        num_known = request.num_tokens + request.num_output_placeholders + len(request.spec_token_ids)
+        assert request.num_computed_tokens <= num_known, "computed beyond the known, in-flight and draft tokens"

@@ -1,7 +1,8 @@
 """Per-request block tables on top of the block pool: prefix lookup, slot allocation, freeing.
 
 Model: a running request holds `req_to_blocks[id]`, enough blocks for the tokens it has computed plus
-those scheduled this step (and, for the static policy, a reservation for its whole life). Blocks are
+those scheduled this step, and a reservation past them: for the static policy its whole life, for a
+draft model its lookahead slots (never hashed: they hold no known token). Blocks are
 only ever appended while the request runs and all released together on finish or preemption, tail
 first, so the tail blocks (the least likely to be shared) are the first evicted. With prefix caching on,
 the blocks full of computed or scheduled tokens are indexed under their chained hashes whenever the
@@ -112,15 +113,15 @@ class KVCacheManager:
         num_new_blocks = num_required - num_held - len(new_computed_blocks)
         return self._allocate(request, num_new_blocks, new_computed_blocks, num_tokens_after)
 
-    def append_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
-        """New blocks for a running request whose next `num_new_tokens` do not fit its `num_slots`
-        (1/block_size of decodes per step): taken from the pool directly, as a running request already
-        has its table and no hits or lookahead to account. Returns their ids, or None, changing
-        nothing, if too few are free."""
+    def append_slots(self, request: Request, num_new_tokens: int, num_lookahead_tokens: int = 0) -> list[int] | None:
+        """New blocks for a running request whose next `num_new_tokens` (plus the draft model's
+        lookahead slots past them) do not fit its `num_slots` (1/block_size of decodes per step): taken
+        from the pool directly, as a running request already has its table and no hits to account.
+        Returns their ids, or None, changing nothing, if too few are free."""
         request_id = request.request_id
         num_tokens_after = request.num_computed_tokens + num_new_tokens
         req_blocks = self.req_to_blocks[request_id]
-        num_new_blocks = cdiv(num_tokens_after, self.block_size) - len(req_blocks)
+        num_new_blocks = cdiv(num_tokens_after + num_lookahead_tokens, self.block_size) - len(req_blocks)
         pool = self.block_pool
         if num_new_blocks > pool.num_free_blocks:
             return None

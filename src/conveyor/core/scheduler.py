@@ -11,8 +11,10 @@ preempted (admitting under pool pressure would thrash), the waiting pass starts 
 fewer than `max_num_seqs` run and budget remains, each reusing its longest cached prefix, its prompt
 chunked (chunked prefill on) or fitting whole (off; else it and everything behind it waits); the
 `SchedulerOutput` holds ints only. `update_from_output()` appends sampled tokens with the stop checks,
-finishes (frees) stopped requests and reports each request with news. Hooks: `_schedule_waiting` (how
-waiting requests start) and `_count_in_flight` (how tokens of a step still in flight are counted).
+finishes (frees) stopped requests and reports each request with news. Speculative decoding
+(spec_decode.py) rides on the same loop: a request's drafts widen its gap, and the update takes the
+rejected ones back. Hooks: `_schedule_waiting` (how waiting requests start) and `_count_in_flight` (how
+tokens of a step still in flight are counted).
 """
 
 from __future__ import annotations
@@ -20,74 +22,26 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from conveyor.config import CacheConfig, SchedulerConfig, SchedulingPolicy
+from conveyor.config import CacheConfig, SchedulerConfig, SchedulingPolicy, SpeculativeConfig
 from conveyor.core.errors import AdmissionError, QueueFullError
 from conveyor.core.invariants import check_scheduler_invariants
 from conveyor.core.kv_cache_manager import KVCacheManager, PrefixHit
 from conveyor.core.lifecycle import KVPoolSize, StopSpec, check_admission, check_stop, make_stop_spec
 from conveyor.core.outputs import (
     NO_NEW_BLOCKS,
-    CachedRequestData,
     EngineCoreOutput,
     EngineCoreOutputs,
     ModelRunnerOutput,
-    NewRequestData,
     SchedulerOutput,
     TokenLogprobs,
 )
 from conveyor.core.request_queue import make_request_queue
-from conveyor.core.stats import SchedulerStats, StepCounters
+from conveyor.core.spec_decode import apply_verification, num_drafts_allowed, num_lookahead_slots, store_drafts
+from conveyor.core.stats import SchedulerStats, SpecDecodingStats, StepCounters
+from conveyor.core.step_builder import StepBuilder
 from conveyor.request import FinishReason, Request, RequestStatus
 
 _RUNNING = RequestStatus.RUNNING
-
-
-class StepBuilder:
-    """The step being built: the requests scheduled so far, in batch order, and the budget left. A
-    request scheduled earlier in the step may become a preemption victim (priority policy):
-    `unschedule` gives its progress, budget and prompt count back."""
-
-    def __init__(self, token_budget: int, now_s: float) -> None:
-        self.token_budget = token_budget
-        self.now_s = now_s
-        self.num_scheduled_tokens: dict[str, int] = {}
-        self.new_reqs: list[NewRequestData] = []
-        self.cached_reqs = CachedRequestData()
-        self.preempted_req_ids: set[str] = set()
-        self.num_preemptions = 0  # including requests the worker never saw (not in preempted_req_ids)
-        self.num_prompt_tokens = 0  # prompt positions computed, recomputation included
-        self._prompt_tokens_by_req: dict[str, int] = {}
-
-    def add_new(self, request: Request, block_ids: list[int]) -> None:
-        """A request (re)entering the worker travels whole: every known token and its full block table."""
-        self.new_reqs.append(NewRequestData(
-            request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
-            output_token_ids=list(request.output_token_ids), sampling_params=request.sampling_params,
-            block_ids=block_ids, num_computed_tokens=request.num_computed_tokens))
-        if request.timings.first_scheduled_s is None:
-            request.timings.first_scheduled_s = self.now_s
-
-    def count_prompt_tokens(self, request_id: str, num_prompt_tokens: int) -> None:
-        self.num_prompt_tokens += num_prompt_tokens
-        self._prompt_tokens_by_req[request_id] = num_prompt_tokens
-
-    def unschedule(self, request: Request) -> None:
-        request_id = request.request_id
-        num_tokens = self.num_scheduled_tokens.pop(request_id, None)
-        if num_tokens is None:
-            return
-        self.token_budget += num_tokens
-        request.num_computed_tokens -= num_tokens  # back to what is really computed (freeing relies on it)
-        self.num_prompt_tokens -= self._prompt_tokens_by_req.pop(request_id, 0)
-        self.new_reqs[:] = [data for data in self.new_reqs if data.request_id != request_id]
-        self.cached_reqs.remove(request_id)
-
-    def build(self, finished_req_ids: set[str]) -> SchedulerOutput:
-        return SchedulerOutput(
-            scheduled_new_reqs=self.new_reqs, scheduled_cached_reqs=self.cached_reqs,
-            num_scheduled_tokens=self.num_scheduled_tokens,
-            total_num_scheduled_tokens=sum(self.num_scheduled_tokens.values()),
-            finished_req_ids=finished_req_ids, preempted_req_ids=self.preempted_req_ids)
 
 
 class Scheduler:
@@ -95,7 +49,8 @@ class Scheduler:
     `schedule`, `update_from_output` and `finish_requests`."""
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 speculative_config: SpeculativeConfig | None = None) -> None:
         self.scheduler_config = scheduler_config
         self.clock = clock
         self.block_size = cache_config.block_size
@@ -113,6 +68,9 @@ class Scheduler:
         # The threshold is a chunked-prefill knob: with chunking off a prompt is never split.
         chunked = scheduler_config.enable_chunked_prefill
         self.long_prefill_token_threshold = scheduler_config.long_prefill_token_threshold if chunked else None
+        # Speculative decoding (spec_decode.py): K, and the slots a draft model writes past a step's tokens.
+        self.num_spec_tokens = speculative_config.num_speculative_tokens if speculative_config else 0
+        self.num_lookahead_tokens = speculative_config.num_lookahead_tokens if speculative_config else 0
 
     def add_request(self, request: Request) -> None:
         """Accept a request into the waiting queue, or raise AdmissionError / QueueFullError."""
@@ -148,7 +106,8 @@ class Scheduler:
         """Give each request, in order (running ones in admission order; then each one the waiting pass
         starts), what closes its gap within the budget. Runs for every running request at every step:
         the common case (its blocks have room; a decode needs a block every block_size steps) calls nothing."""
-        threshold, num_slots = self.long_prefill_token_threshold, self.kv_cache_manager.num_slots
+        num_slots, speculating, lookahead = (self.kv_cache_manager.num_slots, self.num_spec_tokens,
+                                             self.num_lookahead_tokens)
         unsent, cached, num_scheduled_tokens = self.unsent_req_ids, step.cached_reqs, step.num_scheduled_tokens
         add_id, add_blocks, add_computed = (cached.req_ids.append, cached.new_block_ids.append,
                                             cached.num_computed_tokens.append)  # three parallel lists
@@ -161,17 +120,16 @@ class Scheduler:
             request_id, num_computed = request.request_id, request.num_computed_tokens
             num_prompt = len(request.prompt_token_ids)  # the gap: known + in-flight tokens - computed ones
             num_new_tokens = num_prompt + len(request.output_token_ids) + request.num_output_placeholders - num_computed
-            if num_new_tokens != 1:  # (one token always fits: the threshold and the budget are >= 1)
+            if num_new_tokens != 1 or speculating and request.spec_token_ids:  # (one token always fits)
+                num_new_tokens = self._cap_new_tokens(request, num_new_tokens, step)
                 if num_new_tokens <= 0:
                     continue  # nothing to compute until its sampled token is back
-                if threshold is not None and num_new_tokens > threshold:
-                    num_new_tokens = threshold
-                if num_new_tokens > budget:
-                    num_new_tokens = budget
-            if num_computed + num_new_tokens <= num_slots[request_id]:
+            num_tokens_after = num_computed + num_new_tokens
+            num_lookahead = lookahead and self._num_lookahead(request, num_tokens_after)
+            if num_tokens_after + num_lookahead <= num_slots[request_id]:
                 new_block_ids: Sequence[int] = NO_NEW_BLOCKS
             else:
-                appended = self._append_slots_or_preempt(request, num_new_tokens, step)
+                appended = self._append_slots_or_preempt(request, num_new_tokens, num_lookahead, step)
                 if appended is None:
                     break  # it preempted itself: nothing after it is served this step
                 new_block_ids, budget = appended, step.token_budget  # victims gave their tokens back
@@ -184,14 +142,40 @@ class Scheduler:
             num_scheduled_tokens[request_id] = num_new_tokens
             step.token_budget = budget - num_new_tokens
             if num_computed < num_prompt:
-                step.count_prompt_tokens(request_id, min(num_computed + num_new_tokens, num_prompt) - num_computed)
-            request.num_computed_tokens = num_computed + num_new_tokens  # advances when scheduled
+                step.count_prompt_tokens(request_id, min(num_tokens_after, num_prompt) - num_computed)
+            request.num_computed_tokens = num_tokens_after  # advances when scheduled
 
-    def _append_slots_or_preempt(self, request: Request, num_new_tokens: int,
+    def _cap_new_tokens(self, request: Request, num_new_tokens: int, step: StepBuilder) -> int:
+        """A gap other than a one-token decode, widened by the request's drafts (trimmed to its length
+        limit), capped by the prefill threshold and the budget; the drafts are then trimmed to what
+        fits (a budget of one verifies none) and recorded in the step (which drops them again if the
+        request turns out to be a preemption victim)."""
+        budget = step.token_budget
+        drafts, num_gap = request.spec_token_ids, num_new_tokens
+        if drafts and num_gap > 0:
+            num_allowed = num_drafts_allowed(request, self.stop_specs[request.request_id].max_num_output_tokens)
+            num_new_tokens += max(0, min(len(drafts), num_allowed))
+        threshold = self.long_prefill_token_threshold
+        if threshold is not None and num_new_tokens > threshold:
+            num_new_tokens = threshold
+        if num_new_tokens > budget:
+            num_new_tokens = budget
+        if drafts:
+            request.spec_token_ids = drafts = drafts[:max(0, num_new_tokens - num_gap)]
+            if drafts:
+                step.spec_decode_tokens[request.request_id] = drafts
+        return num_new_tokens
+
+    def _num_lookahead(self, request: Request, num_tokens_after: int) -> int:
+        """Draft model: slots past the step's tokens for its proposals' KV (none past the length limit)."""
+        max_num_slots = len(request.prompt_token_ids) + self.stop_specs[request.request_id].max_num_output_tokens - 1
+        return num_lookahead_slots(num_tokens_after, max_num_slots, self.num_lookahead_tokens)
+
+    def _append_slots_or_preempt(self, request: Request, num_new_tokens: int, num_lookahead: int,
                                  step: StepBuilder) -> list[int] | None:
         """The request's new blocks, preempting victims until they fit; None if it was the victim."""
         while True:
-            new_block_ids = self.kv_cache_manager.append_slots(request, num_new_tokens)
+            new_block_ids = self.kv_cache_manager.append_slots(request, num_new_tokens, num_lookahead)
             if new_block_ids is not None:
                 return new_block_ids
             victim = self._pick_victim()
@@ -211,6 +195,7 @@ class Scheduler:
         _remove(self.running, victim)
         step.unschedule(victim)
         victim.num_output_placeholders = 0
+        victim.spec_token_ids = []  # drafts of a context that is now recomputed: it drafts again
         self.kv_cache_manager.free(victim)
         if victim.request_id in self.unsent_req_ids:
             self.unsent_req_ids.discard(victim.request_id)
@@ -236,7 +221,8 @@ class Scheduler:
                 num_new_tokens = min(num_new_tokens, step.token_budget)
             elif num_new_tokens > step.token_budget:
                 return  # without chunking it must fit whole; it, and everything behind it, waits
-            if not self._start_running(request, hit, num_new_tokens):
+            num_lookahead = self.num_lookahead_tokens and self._num_lookahead(request, hit.num_tokens + num_new_tokens)
+            if not self._start_running(request, hit, num_new_tokens, num_lookahead):
                 return
             self._schedule_running(step, [request])  # its slots are allocated: it gets num_new_tokens
 
@@ -271,6 +257,7 @@ class Scheduler:
         requests, stop_specs, logprobs = self.requests, self.stop_specs, model_runner_output.logprobs
         add_req_id, add_token_ids = outputs.req_ids.append, outputs.new_token_ids.append
         num_unfinished = len(requests)
+        spec_decoding = self._apply_verification(scheduler_output, model_runner_output)
         for request_id, token_ids in model_runner_output.sampled_token_ids.items():
             request = requests.get(request_id)
             if not token_ids or request is None or request.status is not _RUNNING:
@@ -299,9 +286,19 @@ class Scheduler:
                     request, reason, now_s, token_ids[:len(output_token_ids) - num_before], logprobs.get(request_id)))
         if len(requests) != num_unfinished:  # some finished: they leave the running list
             self.running = [request for request in self.running if request.status is _RUNNING]
+        if model_runner_output.spec_token_ids:
+            store_drafts(requests, model_runner_output.spec_token_ids)
         num_generated = (sum(map(len, outputs.new_token_ids))  # every kept token is reported once
                          + sum(len(output.new_token_ids) for output in outputs.finished_outputs))
-        return outputs, self._take_stats(scheduler_output, num_generated, now_s)
+        return outputs, self._take_stats(scheduler_output, num_generated, now_s, spec_decoding)
+
+    def _apply_verification(self, scheduler_output: SchedulerOutput,
+                            model_runner_output: ModelRunnerOutput) -> SpecDecodingStats | None:
+        """Speculative decoding: the rejected drafts are taken back before the kept tokens are appended
+        (spec_decode.py); None when the step verified no drafts."""
+        if not scheduler_output.scheduled_spec_decode_tokens:
+            return None
+        return apply_verification(self.requests, scheduler_output, model_runner_output, self.num_spec_tokens)
 
     def finish_requests(self, request_ids: Iterable[str], reason: FinishReason) -> list[EngineCoreOutput]:
         """End requests from outside (abort, stop string); unknown or finished ids are ignored."""
@@ -349,7 +346,8 @@ class Scheduler:
             self.pending_outputs.append(self._finish(request, FinishReason.QUEUE_TIMEOUT, now_s))
         self.counters.num_queue_timeouts += len(expired)
 
-    def _take_stats(self, scheduler_output: SchedulerOutput, num_generated: int, now_s: float) -> SchedulerStats:
+    def _take_stats(self, scheduler_output: SchedulerOutput, num_generated: int, now_s: float,
+                    spec_decoding: SpecDecodingStats | None) -> SchedulerStats:
         prefix, counters = self.kv_cache_manager.take_prefix_cache_stats(), self.counters
         self.counters = StepCounters()
         return SchedulerStats(
@@ -358,7 +356,7 @@ class Scheduler:
             prefix_cache_queries=prefix.num_queries, prefix_cache_hits=prefix.num_hits,
             num_scheduled_tokens=scheduler_output.total_num_scheduled_tokens,
             num_prompt_tokens=counters.num_prompt_tokens, num_generation_tokens=num_generated,
-            num_queue_timeouts=counters.num_queue_timeouts, step_time_s=now_s)
+            num_queue_timeouts=counters.num_queue_timeouts, step_time_s=now_s, spec_decoding=spec_decoding)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)

@@ -11,7 +11,8 @@ start differs from `Scheduler`: the admitted batch is then served by the same ru
 
 from __future__ import annotations
 
-from conveyor.core.scheduler import Scheduler, StepBuilder
+from conveyor.core.scheduler import Scheduler
+from conveyor.core.step_builder import StepBuilder
 
 
 class StaticScheduler(Scheduler):

@@ -6,7 +6,52 @@ into `vllm:*_total` metrics and observes the per-request histograms from finishe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SpecDecodingStats:
+    """Speculative decoding during one step (vLLM's SpecDecodingStats): a draft is one request's
+    drafts verified in one step. Accepted tokens are those verification kept (the target's own
+    token, the "bonus", is not counted), before any stop cut the step's tokens short, as in vLLM;
+    so accepted <= draft tokens, and the per-position counts sum to the accepted count (a draft
+    accepted at position i was accepted at every position before it)."""
+
+    num_spec_tokens: int
+    """K, the length of the per-position list."""
+    num_drafts: int = 0
+    """Requests that verified drafts this step."""
+    num_draft_tokens: int = 0
+    """Draft tokens verified."""
+    num_accepted_tokens: int = 0
+    """Of those, accepted."""
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    """[i]: drafts whose position i was accepted (K entries)."""
+
+    def __post_init__(self) -> None:
+        if not self.num_accepted_tokens_per_pos:
+            self.num_accepted_tokens_per_pos = [0] * self.num_spec_tokens
+
+    def observe_draft(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """One request's verification: `num_accepted_tokens` of its `num_draft_tokens` kept."""
+        assert 0 <= num_accepted_tokens <= num_draft_tokens <= self.num_spec_tokens, (
+            num_accepted_tokens, num_draft_tokens, self.num_spec_tokens)
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        per_pos = self.num_accepted_tokens_per_pos
+        for position in range(num_accepted_tokens):
+            per_pos[position] += 1
+
+    def merged(self, other: SpecDecodingStats | None) -> SpecDecodingStats:
+        """A new sum of this and `other` (e.g. over a run's steps)."""
+        other = other or SpecDecodingStats(num_spec_tokens=self.num_spec_tokens)
+        return SpecDecodingStats(
+            num_spec_tokens=self.num_spec_tokens, num_drafts=self.num_drafts + other.num_drafts,
+            num_draft_tokens=self.num_draft_tokens + other.num_draft_tokens,
+            num_accepted_tokens=self.num_accepted_tokens + other.num_accepted_tokens,
+            num_accepted_tokens_per_pos=[a + b for a, b in zip(self.num_accepted_tokens_per_pos,
+                                                               other.num_accepted_tokens_per_pos)])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,6 +79,8 @@ class SchedulerStats:
     """Requests that ended this step because they waited past queue_timeout_s."""
     step_time_s: float = 0.0
     """Monotonic time at which the step's outputs were produced."""
+    spec_decoding: SpecDecodingStats | None = None
+    """Speculative decoding this step (None: no request verified drafts)."""
 
 
 @dataclass

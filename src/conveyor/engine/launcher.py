@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import zmq
 
 from conveyor.config import EngineConfig
+from conveyor.engine.args import fields_to_flags
 from conveyor.engine.core_proc import EngineAddresses, EngineCoreProc, watch_parent
 from conveyor.engine.engine_core import EngineCore
 from conveyor.engine.messages import (
@@ -126,7 +127,7 @@ class EngineProcess:
         message = decode(handshake.recv())
         if isinstance(message, EngineStartupFailed):
             self.process.join(timeout=SHUTDOWN_TIMEOUT_S)
-            raise EngineStartupError(message.message)
+            raise EngineStartupError(fields_to_flags(message.message))  # the flags the user typed
         return message.info
 
     def is_alive(self) -> bool:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from conveyor.config import CacheConfig, DeviceConfig, EngineConfig, ModelConfig, SchedulerConfig
 from conveyor.core.lifecycle import KVPoolSize
-from conveyor.core.stats import SchedulerStats
+from conveyor.core.stats import SchedulerStats, SpecDecodingStats
 from conveyor.engine.admission import AdmissionControl, QueueLimits, RequestLimits, check_request
 from conveyor.engine.async_tokenizer import TextTokenizer
 from conveyor.engine.engine_core import EngineCore
@@ -61,8 +61,12 @@ class RunSummary:
     elapsed_s: float = 0.0
     max_kv_cache_usage: float = 0.0
     max_num_running: int = 0
+    spec_decoding: SpecDecodingStats | None = None
+    """Speculative decoding's counters summed over the run (None: no step verified drafts)."""
 
     def add(self, stats: SchedulerStats) -> None:
+        if stats.spec_decoding is not None:
+            self.spec_decoding = stats.spec_decoding.merged(self.spec_decoding)
         self.num_steps += 1
         self.num_preemptions += stats.num_preemptions
         self.num_generation_tokens += stats.num_generation_tokens

@@ -5,7 +5,9 @@ then sizes and allocates the KV cache from the memory budget; only then can the 
 pool be built with exactly that many blocks. `max_model_len` is resolved here: the configured value
 (SchedulerConfig's default 2048 unless --max-model-len is given) capped by the model's
 `max_position_embeddings`, so a request can never run past the positions the model was trained for;
-the scheduler is built with the resolved value so admission and the runner agree. With
+the scheduler is built with the resolved value so admission and the runner agree. Speculative decoding
+(`--speculative-config`) goes to both: the runner builds the proposer (and loads a draft model), the
+scheduler schedules the drafts and reserves the draft model's lookahead slots. With
 --tensor-parallel-size N > 1 the runner is a `TensorParallelExecutor` (rank 0 here, ranks 1 .. N-1
 in processes of their own, worker/tp_executor.py); the rest of start-up is the same.
 """
@@ -47,7 +49,7 @@ def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.mo
                        config.scheduler.max_model_len, max_model_len)
         config = with_overrides(config, "scheduler", max_model_len=max_model_len)
     capacity = runner.initialize_kv_cache()
-    scheduler = make_scheduler(config.scheduler, config.cache, capacity.num_blocks, clock)
+    scheduler = make_scheduler(config.scheduler, config.cache, capacity.num_blocks, clock, config.speculative_config)
     limits = ModelLimits(num_kv_blocks=capacity.num_blocks, max_model_len=max_model_len,
                          eos_token_ids=tuple(runner.eos_token_ids), vocab_size=runner.vocab_size)
     num_ranks = config.parallel.tensor_parallel_size
@@ -69,7 +71,7 @@ def make_runner(config: EngineConfig, on_rank_failure: Callable[[RankFailure], N
         return TensorParallelExecutor(config, on_rank_failure)
     from conveyor.worker.model_runner import ModelRunner
 
-    runner = ModelRunner(config.model, config.cache, config.scheduler, config.device)
+    runner = ModelRunner(config.model, config.cache, config.scheduler, config.device, config.speculative_config)
     runner.structured_outputs = structured_outputs_for(config.model, runner.vocab_size, runner.eos_token_ids)
     return runner
 

@@ -8,6 +8,7 @@ tests may pass any object with this shape.
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -158,6 +159,12 @@ class EngineInfo:
     def max_concurrency(self) -> float:
         """Requests of max_model_len tokens that fit in the KV cache at once."""
         return self.num_kv_tokens / self.max_model_len
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """K of speculative decoding, from the resolved --speculative-config JSON (0: off)."""
+        text = self.config.get("speculative-config", "none")
+        return 0 if text == "none" else int(json.loads(text)["num_speculative_tokens"])
 
 
 class EngineClient(Protocol):

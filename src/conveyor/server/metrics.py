@@ -46,6 +46,7 @@ from conveyor.server.metric_families import (
     SchedulerFamilies,
     build_1_2_5_buckets,
 )
+from conveyor.server.spec_metrics import SpecDecodeMetrics
 
 __all__ = ["ServerMetrics", "build_1_2_5_buckets"]
 
@@ -87,6 +88,8 @@ class ServerMetrics:
         self._gpu = GpuCollector(info, nvml or Nvml())
         if multiprocess_dir is None:
             self._add_local_collectors(self.registry)
+        k = info.num_speculative_tokens  # vLLM's vllm:spec_decode_* counters exist only with speculation
+        self.spec_decode = SpecDecodeMetrics(self.registry, self.model_name, k) if k else None
 
     def _add_local_collectors(self, registry: CollectorRegistry) -> None:
         """What this process reports of itself and its host (read at scrape time, never merged)."""
@@ -143,6 +146,8 @@ class ServerMetrics:
         self.front.queue_timeouts.inc(stats.num_queue_timeouts)
         if stats.num_scheduled_tokens > 0:
             s.iteration_tokens.observe(stats.num_scheduled_tokens)
+        if self.spec_decode is not None:
+            self.spec_decode.observe(stats)
 
     def _observe_finished(self, request: FinishedRequestStats) -> None:
         r, t = self.requests, request.timings

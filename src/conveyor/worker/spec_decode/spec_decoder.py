@@ -23,7 +23,7 @@ import torch
 
 from conveyor.config import LoadFormat, ModelConfig, SpeculativeConfig, SpeculativeMethod
 from conveyor.core.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
-from conveyor.model.loader import load_model
+from conveyor.model.loader import LoadedModel, ModelNotFoundError, load_model
 from conveyor.worker.input_batch import HostBatch, prepare_host_batch
 from conveyor.worker.request_state import RequestState
 from conveyor.worker.sampler import Sampler, gather_logprobs, raw_logprobs
@@ -208,12 +208,24 @@ def make_proposer(config: SpeculativeConfig, setup: ProposerSetup) -> Proposer:
         return NgramProposer(NgramParams(min_n=config.prompt_lookup_min, max_n=config.prompt_lookup_max,
                                          num_speculative_tokens=config.num_speculative_tokens,
                                          max_model_len=setup.max_model_len))
+    loaded = _load_draft(config, setup)
+    params = DraftParams(num_speculative_tokens=config.num_speculative_tokens,
+                         max_model_len=setup.max_model_len, block_size=setup.block_size)
+    return DraftModelProposer(loaded, params, setup.device, setup.dtype)
+
+
+def _load_draft(config: SpeculativeConfig, setup: ProposerSetup) -> LoadedModel:
+    """The draft model, checked against the target; every error names the speculative_config key."""
     draft_config = ModelConfig(
         model=config.model, dtype=setup.target.dtype, seed=setup.target.seed,
         load_format=LoadFormat.DUMMY if setup.target.load_format is LoadFormat.DUMMY else LoadFormat.AUTO,
         num_hidden_layers_override=config.num_hidden_layers_override,
     )
-    loaded = load_model(draft_config, setup.device.type, setup.dtype, setup.attention_backend)
+    try:
+        loaded = load_model(draft_config, setup.device.type, setup.dtype, setup.attention_backend)
+    except ModelNotFoundError:  # the loader's message names --model, the target's flag
+        raise ModelNotFoundError(f"speculative_config: the draft 'model' {config.model!r} does not exist; "
+                                 "nothing is downloaded") from None
     if loaded.arch_config.vocab_size != setup.target_vocab_size:
         raise ValueError(f"speculative_config: the draft model {config.model!r} has a vocabulary of "
                          f"{loaded.arch_config.vocab_size} tokens, the target {setup.target_vocab_size}: a draft "
@@ -222,6 +234,4 @@ def make_proposer(config: SpeculativeConfig, setup: ProposerSetup) -> Proposer:
         raise ValueError(f"speculative_config: the draft model {config.model!r} reaches position "
                          f"{loaded.arch_config.max_position_embeddings}, below max_model_len {setup.max_model_len}; "
                          "lower --max-model-len")
-    params = DraftParams(num_speculative_tokens=config.num_speculative_tokens,
-                         max_model_len=setup.max_model_len, block_size=setup.block_size)
-    return DraftModelProposer(loaded, params, setup.device, setup.dtype)
+    return loaded
