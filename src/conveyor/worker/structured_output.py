@@ -9,8 +9,10 @@ admission, but the rule would hold), or a preempted request that comes back with
 (its matcher was dropped with its state, and the new one consumes them all) all land the same way.
 Under async scheduling the runner collects the step in flight first, so no placeholder is consumed.
 
-A matcher that falls into an error (a token it refuses, e.g. forced by `min_tokens` or a bias) allows
-only EOS from then on, so the request ends instead of running on unconstrained; the error is logged.
+A matcher that falls into an error (a token it refuses, e.g. forced by `min_tokens` or a bias), or
+that cannot be built for this request, allows only EOS from then on, so the request ends instead of
+running on unconstrained; the error is logged. Nothing here may raise into the step: one request's
+grammar must never stop the engine for every other request.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 import torch
 from llguidance import LLMatcher, LLTokenizer
 
+from conveyor.sampling_params import StructuredOutput
 from conveyor.worker.grammar import grammar_of
 from conveyor.worker.request_state import RequestState
 from conveyor.worker.sampling_metadata import GrammarMask, host_to_device
@@ -44,10 +47,23 @@ class GrammarVocab:
 
 @dataclass
 class _Matcher:
-    matcher: LLMatcher
+    matcher: LLMatcher | None
+    """None only when it could not be built (then `failed`)."""
     num_consumed: int = 0
     """Output tokens this matcher has consumed."""
     failed: bool = False
+
+
+def make_tokenizer(vocab: GrammarVocab) -> LLTokenizer:
+    """llguidance's view of the tokenizer over the logits' columns. The model's EOS ids end a grammar;
+    where they lie outside the tokenizer's own vocabulary (random weights of one model served with
+    another's tokenizer) llguidance refuses them, and the tokenizer's own EOS ends it instead."""
+    text = vocab.tokenizer_json()
+    try:
+        return LLTokenizer(text, n_vocab=vocab.vocab_size, eos_token=list(vocab.eos_token_ids) or None)
+    except ValueError as error:
+        logger.warning("structured outputs: %s; grammars end on the tokenizer's own EOS", error)
+        return LLTokenizer(text, n_vocab=vocab.vocab_size)
 
 
 class StructuredOutputs:
@@ -62,8 +78,7 @@ class StructuredOutputs:
     @property
     def tokenizer(self) -> LLTokenizer:
         if self._tokenizer is None:
-            eos = list(self._vocab.eos_token_ids) or None
-            self._tokenizer = LLTokenizer(self._vocab.tokenizer_json(), n_vocab=self._vocab.vocab_size, eos_token=eos)
+            self._tokenizer = make_tokenizer(self._vocab)
         return self._tokenizer
 
     def drop(self, request_ids: Iterable[str]) -> None:
@@ -90,6 +105,7 @@ class StructuredOutputs:
             for eos in self._vocab.eos_token_ids:
                 words[index, eos // 32] |= np.uint32(1 << (eos % 32))
             return
+        assert entry.matcher is not None  # only a failed entry has none
         row = bitmask[index]
         entry.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
 
@@ -99,11 +115,12 @@ class StructuredOutputs:
         if entry is None:
             constraint = state.sampling_params.structured_output
             assert constraint is not None
-            entry = _Matcher(LLMatcher(self.tokenizer, grammar_of(constraint), log_level=0))
+            entry = self._build(state.request_id, constraint)
             self._matchers[state.request_id] = entry
         outputs = state.token_ids[state.num_prompt_tokens:]
         if entry.failed or entry.num_consumed == len(outputs):
             return entry
+        assert entry.matcher is not None
         new = list(outputs[entry.num_consumed:])
         accepted = entry.matcher.try_consume_tokens(new)
         entry.num_consumed = len(outputs)
@@ -113,3 +130,12 @@ class StructuredOutputs:
                            state.request_id, entry.num_consumed - len(new) + accepted,
                            entry.matcher.get_error() or "token refused")
         return entry
+
+    def _build(self, request_id: str, constraint: StructuredOutput) -> _Matcher:
+        """A new matcher, or a failed entry (EOS only) if this grammar or tokenizer cannot make one."""
+        try:
+            return _Matcher(LLMatcher(self.tokenizer, grammar_of(constraint), log_level=0))
+        except Exception:  # noqa: BLE001 - whatever llguidance raises, the step must go on
+            logger.exception("request %s: its %s constraint could not be built; only EOS is allowed",
+                             request_id, constraint.field)
+            return _Matcher(None, failed=True)

@@ -1,0 +1,53 @@
+"""Structured outputs in the worker: no request's grammar may raise into the step (it would stop the
+engine for every request), and a model whose EOS ids the tokenizer does not know still gets masks."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+from conveyor.config import ModelConfig
+from conveyor.sampling_params import GrammarKind, SamplingParams, StructuredOutput
+from conveyor.worker.request_state import RequestState
+from conveyor.worker.structured_output import GrammarVocab, StructuredOutputs
+
+
+@functools.cache
+def tokenizer_json() -> str:
+    from conveyor.engine.model_setup import tokenizer_path
+    from conveyor.engine.tokenizer import Tokenizer
+
+    return Tokenizer.from_path(tokenizer_path(ModelConfig())).backend.to_str()  # the embedded SmolLM2
+
+
+def constrained(request_id: str, kind: GrammarKind, spec: str) -> RequestState:
+    params = SamplingParams(max_tokens=4, structured_output=StructuredOutput(kind, spec))
+    return RequestState(request_id, [1, 2, 3], 3, [0], params, 0)
+
+
+def allowed(outputs: StructuredOutputs, state: RequestState) -> set[int]:
+    mask = outputs.mask([state], torch.device("cpu"))
+    assert mask is not None
+    words = mask.bitmask.numpy().view(np.uint32)[0]
+    return {w * 32 + b for w in range(len(words)) for b in range(32) if words[w] >> b & 1}
+
+
+def test_model_eos_outside_the_tokenizer_still_masks() -> None:
+    """Random Qwen3 weights (vocabulary 151,936, EOS 151,645) served with SmolLM2's tokenizer (49,152):
+    llguidance refuses such an EOS; the grammar then ends on the tokenizer's own EOS (H200, 2026-12-02:
+    this request stopped the engine core)."""
+    outputs = StructuredOutputs(GrammarVocab(tokenizer_json, 151_936, (151_645,)))
+    ids = allowed(outputs, constrained("r", GrammarKind.CHOICE, '["yes", "no"]'))
+    assert ids and max(ids) < 49_152 and len(ids) < 50  # a few prefixes of "yes" / "no", nothing else
+
+
+def test_a_grammar_that_cannot_be_built_allows_only_eos(caplog: pytest.LogCaptureFixture) -> None:
+    """The API server checks grammars first; should one still fail here, that request ends (EOS only) and
+    the step goes on for the others."""
+    outputs = StructuredOutputs(GrammarVocab(tokenizer_json, 49_152, (2,)))
+    assert allowed(outputs, constrained("bad", GrammarKind.CHOICE, "not a JSON list")) == {2}
+    assert "could not be built" in caplog.text
+    assert len(allowed(outputs, constrained("good", GrammarKind.CHOICE, '["yes", "no"]'))) < 50
