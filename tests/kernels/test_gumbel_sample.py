@@ -3,6 +3,10 @@ reference on its own uniforms, is exact argmax at temperature 0 and follows the 
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import pathlib
+
 import pytest
 import torch
 
@@ -91,6 +95,23 @@ def test_kernel_is_cuda_only() -> None:
     if not HAS_TRITON:
         with pytest.raises(RuntimeError, match="needs Triton"):
             gumbel_sample(torch.zeros(1, 8), torch.ones(1), torch.zeros(1, dtype=torch.int64))
+
+
+def test_sampler_bench_dry_run_checks_shapes_and_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    path = pathlib.Path(__file__).parents[2] / "benchmarks" / "gpu" / "sampler_bench.py"
+    spec = importlib.util.spec_from_file_location("sampler_bench", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--dry-run", "--num-rows", "1", "5", "--vocab-sizes", "8", "5000", "--temperature", "0.7"])
+    rows = [json.loads(line.removeprefix("RESULT ")) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["num_rows"], r["vocab_size"]) for r in rows] == [(1, 8), (5, 8), (1, 5000), (5, 5000)]
+    for bad in (["--dry-run", "--temperature", "0"], ["--dry-run", "--num-rows", "0"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            bench.parse_args([])  # a timed run needs the GPU
 
 
 def device_seed(seed: int) -> torch.Tensor:
