@@ -32,8 +32,9 @@ class ProposalInputs:
 class Proposer(Protocol):
     """A source of draft tokens (n-gram lookup, a draft model)."""
 
-    def propose(self, inputs: ProposalInputs) -> list[list[int]]:
-        """Drafts for each of `inputs.proposing_rows`, in that order (empty: none)."""
+    def propose(self, inputs: ProposalInputs) -> dict[str, list[int]]:
+        """Drafts of each of `inputs.proposing_rows` that got some, by request id (absent: none, so a
+        step that drafts nothing costs nothing per request here)."""
         ...
 
     def drop(self, request_ids: Iterable[str]) -> None:

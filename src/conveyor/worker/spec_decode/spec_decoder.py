@@ -180,8 +180,7 @@ class SpecDecoder:
 
     def propose(self, inputs: ProposalInputs) -> dict[str, list[int]]:
         """Drafts for the next step of every proposing request that got some."""
-        drafts = self.proposer.propose(inputs)
-        return {inputs.batch[row].request_id: d for row, d in zip(inputs.proposing_rows, drafts) if d}
+        return self.proposer.propose(inputs)
 
     def drop(self, request_ids: Iterable[str]) -> None:
         self.proposer.drop(request_ids)
