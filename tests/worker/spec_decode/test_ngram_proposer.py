@@ -160,6 +160,20 @@ def test_may_match_is_certain_when_false() -> None:
     assert index.sync_many(["fresh"], histories[1:2])[2].tolist() == [True]
 
 
+def test_a_decode_step_takes_the_batched_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Known requests longer than min_n, one new token each: no call of the general sync."""
+    index = NgramIndex(min_n=2)
+    histories = [[1, 2, 3, 4], [5, 6, 7, 8, 9], [1, 2, 3]]
+    index.sync_many(["a", "b", "c"], histories)
+    monkeypatch.setattr(index, "_sync_any", lambda *args: pytest.fail("a decode step took the general path"))
+    for tokens, token in zip(histories, [1, 7, 9]):
+        tokens.append(token)
+    assert index.sync_many(["a", "b", "c"], histories)[2].tolist() == [False, False, False]
+    for tokens, token in zip(histories, [2, 8, 1]):  # (1, 2) and (7, 8) seen before, (9, 1) not
+        tokens.append(token)
+    assert index.sync_many(["a", "b", "c"], histories)[2].tolist() == [True, True, False]
+
+
 def test_only_requests_whose_last_ngram_was_seen_are_looked_up(monkeypatch: pytest.MonkeyPatch) -> None:
     """Random ids: the exact lookup reads the rows of the few requests that repeated their last bigram."""
     looked_up: list[int] = []

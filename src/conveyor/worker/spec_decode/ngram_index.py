@@ -28,6 +28,7 @@ still get the exact lookup (0.5% at 600 tokens, 6% at 8k)."""
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # odd 64-bit constants (golden ratio, splitmix64's)
 _MIX_2 = np.uint64(0xBF58476D1CE4E5B9)
+_BITS = np.left_shift(1, np.arange(8)).astype(np.uint8)  # bit i of a byte
 
 
 class NgramIndex:
@@ -40,7 +41,8 @@ class NgramIndex:
             raise ValueError(f"num_buckets must be a power of two >= 8 (got {num_buckets})")
         self.min_n = min_n
         self._bucket_shift = np.uint64(64 - (num_buckets.bit_length() - 1))  # a hash's top bits pick its bucket
-        self._backs = np.arange(min_n)  # offsets of an n-gram's tokens before its last one
+        # Offsets back from a row's last token of the tokens of its last two n-grams: [2, n].
+        self._pair_backs = np.arange(min_n) + np.arange(2)[:, None]
         self.matrix = np.full((num_rows, width), ABSENT_TOKEN, dtype=np.int32)
         self.seen = np.zeros((num_rows, num_buckets // 8), dtype=np.uint8)
         self.num_synced = np.zeros(num_rows, dtype=np.int64)
@@ -58,33 +60,17 @@ class NgramIndex:
         one whose tokens shrank) and record the n-grams they complete. Returns (rows, lengths) [B]
         int64 and may_match [B] bool: whether the request's last min_n tokens may have occurred earlier
         with a token after them (False is certain; True may be a collision). The usual step -- known
-        requests, one new token each -- reads each request's row, length and last token in three
-        passes and does the rest in about twenty numpy operations over the batch."""
+        requests longer than min_n, one new token each -- reads each request's row, length and last
+        token in three passes and does the rest in about thirty numpy operations over the batch."""
         rows = self._rows(request_ids)
         lengths = np.fromiter(map(len, token_ids), dtype=np.int64, count=len(token_ids))
         done = self.num_synced[rows]
-        if not (lengths >= done).all():  # not an append: start those rows again
-            for i in np.flatnonzero(lengths < done).tolist():
-                self._clear_row(int(rows[i]))
-                done[i] = 0
-        if lengths.size and int(lengths.max()) > self.matrix.shape[1]:
-            self._grow(self.matrix.shape[0], max(2 * self.matrix.shape[1], int(lengths.max())))
-        self.num_synced[rows] = lengths
-        # A match ends at min_n - 1 at the earliest and before the last token: only longer rows can match.
-        may_match = lengths > self.min_n
-        every_row = bool(may_match.all())
-        long_rows, long_lengths = (rows, lengths) if every_row else (rows[may_match], lengths[may_match])
-        if (lengths - done == 1).all():  # one token each: one scatter, and one new n-gram per row
-            self.matrix[rows, done] = list(map(itemgetter(-1), token_ids))
-            matched = self._record_last_ngrams(long_rows, long_lengths)
-        else:
-            self._copy_new_tokens(rows, lengths, done, token_ids)
-            self._record_ngrams(rows, done, lengths)
-            matched = self._is_set(long_rows, self._buckets(long_rows, long_lengths - 1))
-        if every_row:
-            return rows, lengths, matched
-        may_match[may_match] = matched
-        return rows, lengths, may_match
+        if (lengths.size and (lengths - done == 1).all() and int(lengths.min()) > self.min_n
+                and int(lengths.max()) <= self.matrix.shape[1]):
+            self.num_synced[rows] = lengths
+            self.matrix[rows, done] = np.fromiter(map(itemgetter(-1), token_ids), dtype=np.int32, count=len(rows))
+            return rows, lengths, self._record_last_ngrams(rows, lengths)
+        return rows, lengths, self._sync_any(rows, lengths, done, token_ids)
 
     def drop(self, request_ids: Iterable[str]) -> None:
         for request_id in request_ids:
@@ -102,24 +88,38 @@ class NgramIndex:
             return np.array([row_of[request_id] if request_id in row_of else self._new_row(request_id)
                              for request_id in request_ids], dtype=np.int64)
 
-    def _copy_new_tokens(self, rows: np.ndarray, lengths: np.ndarray, done: np.ndarray,
-                         token_ids: Sequence[Sequence[int]]) -> None:
-        """matrix[rows[i], done[i]:lengths[i]] = token_ids[i][done[i]:], gathered in Python first."""
+    def _sync_any(self, rows: np.ndarray, lengths: np.ndarray, done: np.ndarray,
+                  token_ids: Sequence[Sequence[int]]) -> np.ndarray:
+        """`sync_many` of any batch (new rows, shrunk ones, several tokens, growth); returns may_match."""
+        for i in np.flatnonzero(lengths < done).tolist():  # not an append: start the row again
+            self._clear_row(int(rows[i]))
+            done[i] = 0
+        if lengths.size and int(lengths.max()) > self.matrix.shape[1]:
+            self._grow(self.matrix.shape[0], max(2 * self.matrix.shape[1], int(lengths.max())))
+        self.num_synced[rows] = lengths
         more = np.flatnonzero(lengths > done)
-        if more.size:
+        if more.size:  # matrix[rows[i], done[i]:lengths[i]] = token_ids[i][done[i]:]
             values = [t for i, a in zip(more.tolist(), done[more].tolist()) for t in token_ids[i][a:]]
             flat_rows, columns = _ranges(rows[more], done[more], lengths[more])
             self.matrix[flat_rows, columns] = values
+        self._record_ngrams(rows, done, lengths)
+        # A match ends at min_n - 1 at the earliest and before the last token: only longer rows can match.
+        may_match = lengths > self.min_n
+        long_rows = rows[may_match]
+        may_match[may_match] = self._is_set(long_rows, self._buckets(long_rows, lengths[may_match] - 1))
+        return may_match
 
     def _record_last_ngrams(self, rows: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """After one new token per row (all longer than min_n): set the bit of the n-gram that now has a
-        token after it (ending at lengths - 2), and return whether the suffix's bit is set. One hash
-        call covers both; the rows are distinct, so a plain fancy-indexed OR sets every bit."""
-        num_rows = rows.shape[0]
-        buckets = self._buckets(np.concatenate([rows, rows]), np.concatenate([lengths - 2, lengths - 1]))
-        recorded = buckets[:num_rows]
-        self.seen[rows, recorded >> 3] |= np.left_shift(1, recorded & 7).astype(np.uint8)
-        return self._is_set(rows, buckets[num_rows:])
+        """After one new token per row (every row longer than min_n): set the bit of the n-gram that now
+        has a token after it (ending at lengths - 2), then return whether the suffix's bit (ending at
+        lengths - 1) is set. One gather and one hash cover both n-grams; the rows are distinct, so a
+        plain fancy-indexed OR sets every bit."""
+        last = rows * self.matrix.shape[1] + lengths - 1  # [B] flat index of each row's last token
+        grams = self.matrix.reshape(-1)[last[:, None, None] - self._pair_backs]  # [B, 2, n]
+        buckets = self._hash(grams)  # [B, 2]: (suffix, previous suffix)
+        recorded, suffix = buckets[:, 1], buckets[:, 0]
+        self.seen[rows, recorded >> 3] |= _BITS[recorded & 7]
+        return self._is_set(rows, suffix)
 
     def _record_ngrams(self, rows: np.ndarray, done: np.ndarray, lengths: np.ndarray) -> None:
         """Set the bits of the min_n-grams that now have a token after them: those ending at positions
@@ -128,20 +128,24 @@ class NgramIndex:
         flat_rows, ends = _ranges(rows, first_end, np.maximum(first_end, lengths - 1))
         if ends.size:
             buckets = self._buckets(flat_rows, ends)
-            np.bitwise_or.at(self.seen, (flat_rows, buckets >> 3), np.left_shift(1, buckets & 7).astype(np.uint8))
+            np.bitwise_or.at(self.seen, (flat_rows, buckets >> 3), _BITS[buckets & 7])
 
     def _buckets(self, rows: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """[C] int64 bucket of the min_n-gram ending at ends[c] of row rows[c] (all its tokens synced)."""
         index = rows * self.matrix.shape[1] + ends  # [C] flat index of each n-gram's last token
-        grams = self.matrix.reshape(-1)[index[:, None] - self._backs].astype(np.uint64)  # [C, n]
-        key = grams[:, 0]
+        return self._hash(self.matrix.reshape(-1)[index[:, None] - self._pair_backs[0]])
+
+    def _hash(self, grams: np.ndarray) -> np.ndarray:
+        """grams [..., n] int32 (an n-gram's tokens from its last one back) -> buckets [...] int64."""
+        keys = grams.astype(np.uint64)
+        key = keys[..., 0]
         for back in range(1, self.min_n):
-            key = (key * _MIX_2) ^ grams[:, back]
+            key = (key * _MIX_2) ^ keys[..., back]
         key = (key ^ (key >> np.uint64(31))) * _MIX  # the high bits depend on every token of the n-gram
         return (key >> self._bucket_shift).view(np.int64)  # < num_buckets: the view reads the same value
 
     def _is_set(self, rows: np.ndarray, buckets: np.ndarray) -> np.ndarray:
-        return ((self.seen[rows, buckets >> 3] >> (buckets & 7).astype(np.uint8)) & 1).astype(bool)
+        return (self.seen[rows, buckets >> 3] & _BITS[buckets & 7]) != 0
 
     def _new_row(self, request_id: str) -> int:
         if not self._free_rows:
