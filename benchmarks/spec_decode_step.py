@@ -18,6 +18,14 @@ lookup finds next to nothing and the numbers are its pure overhead.
 With --also-full-verification a third runner, "spec-full", sends even its draft-less steps through
 the verification path (SpecDecoder.verify_step) instead of the plain step: the A/B of that fast path.
 
+With --phases each runner's step is split into phases (spec_phases.py: the driver's stand-in for the
+scheduler, input preparation, forward, LM head, sampler, proposer, the runner's own bookkeeping),
+exclusive CPU ms per step, one more JSON line per runner ("PHASES {...}"). The CPU attribution of
+issue 14 runs a tiny model, so that the host path dominates (one torch thread: CPU time is host work):
+
+    PYTHONPATH=src python benchmarks/spec_decode_step.py --model benchmarks/models/qwen3-tiny \
+        --load-format dummy --batch-size 256 --max-prompt 600 --num-threads 1 --phases --steps 30 --repeats 9
+
 Prints one JSON line per runner ("RESULT {...}").
 """
 
@@ -36,6 +44,7 @@ from conveyor.core.outputs import NO_NEW_BLOCKS, CachedRequestData, NewRequestDa
 from conveyor.engine.args import parse_speculative_config
 from conveyor.sampling_params import SamplingParams
 from conveyor.worker.model_runner import ModelRunner
+from spec_phases import PhaseClock, instrument_modules, instrument_runner
 
 
 def nano_prompts(batch_size: int, max_prompt: int, seed: int = 0) -> list[list[int]]:
@@ -125,6 +134,33 @@ def timed_steps(driver: SpecDriver, steps: int) -> tuple[float, float]:
     return statistics.median(times), emitted / steps
 
 
+def run_rounds(drivers: dict[str, SpecDriver], args: argparse.Namespace, clock: PhaseClock | None
+               ) -> tuple[dict[str, list[tuple[float, float]]], dict[str, list[dict[str, float]]]]:
+    """Timed rounds in alternating order; per runner, (ms per step, tokens per step) of each round and,
+    with a clock, each round's exclusive CPU ms per step by phase."""
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in drivers}
+    phases: dict[str, list[dict[str, float]]] = {name: [] for name in drivers}
+    names = list(drivers)
+    for repeat in range(args.repeats):  # off spec, spec off, ...: a drift of the machine favours neither
+        for name in names if repeat % 2 == 0 else names[::-1]:
+            if clock is not None:
+                clock.take(clock.current)  # what ran outside a round (prefill, the other runner) is dropped
+                clock.current = name
+            runs[name].append(timed_steps(drivers[name], args.steps))
+            if clock is not None:
+                cpu_ns, _ = clock.take(name)
+                phases[name].append({phase: ns / 1e6 / args.steps for phase, ns in cpu_ns.items()})
+    return runs, phases
+
+
+def phase_table(rounds: list[dict[str, float]]) -> dict[str, list[float]]:
+    """phase -> [median, min, max] over the rounds of its ms per step, "total" the sum of the phases."""
+    rounds = [{**r, "total": sum(r.values())} for r in rounds]
+    names = sorted({phase for r in rounds for phase in r}, key=lambda p: (p == "total", p))
+    return {phase: [round(f(r.get(phase, 0.0) for r in rounds), 4) for f in (statistics.median, min, max)]
+            for phase in names}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None)
@@ -142,6 +178,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--also-full-verification", action="store_true",
                         help="a third runner whose draft-less steps take the verification path too")
+    parser.add_argument("--phases", action="store_true",
+                        help="also print each runner's exclusive CPU ms per step by phase (PHASES lines)")
     parser.add_argument("--speculative-config", type=parse_speculative_config,
                         default=parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 3, '
                                                          '"prompt_lookup_min": 2, "prompt_lookup_max": 5}'))
@@ -157,12 +195,18 @@ def main() -> None:
                for name, config in configs.items()}
     if args.also_full_verification:
         force_full_verification(drivers["spec-full"].runner)
-    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in drivers}
-    names = list(drivers)
-    for repeat in range(args.repeats):  # off spec, spec off, ...: a drift of the machine favours neither
-        for name in names if repeat % 2 == 0 else names[::-1]:
-            runs[name].append(timed_steps(drivers[name], args.steps))
+    clock = None
+    if args.phases:
+        clock = PhaseClock(torch.cuda.synchronize if args.device.startswith("cuda") else None)
+        instrument_modules(clock)
+        for driver in drivers.values():
+            instrument_runner(driver.runner, clock)
+            driver.step = clock.wrap("driver", driver.step)  # type: ignore[method-assign]
+    runs, phases = run_rounds(drivers, args, clock)
     for name, driver in drivers.items():
+        if clock is not None:
+            print("PHASES " + json.dumps({"runner": name, "batch_size": args.batch_size,
+                                          "cpu_ms_per_step": phase_table(phases[name])}), flush=True)
         ms = [r[0] for r in runs[name]]
         tokens_per_step = statistics.mean(r[1] for r in runs[name])
         print("RESULT " + json.dumps({

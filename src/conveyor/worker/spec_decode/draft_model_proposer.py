@@ -113,11 +113,11 @@ class DraftModelProposer:
         """Nothing to forget: the draft's KV follows the scheduler's num_computed_tokens."""
 
     @torch.inference_mode()
-    def propose(self, inputs: ProposalInputs) -> list[list[int]]:
+    def propose(self, inputs: ProposalInputs) -> dict[str, list[int]]:
         if not self.kv_caches:
             raise RuntimeError("the draft model's KV cache is not allocated (bind_kv_cache)")
         if not inputs.batch:
-            return []
+            return {}
         passes = plan_draft_passes(inputs, self.params)
         drafts = torch.zeros(len(inputs.proposing_rows), self.params.num_speculative_tokens,
                              dtype=torch.int64, device=self.device)  # [P, K]
@@ -127,7 +127,8 @@ class DraftModelProposer:
         for step, (host, active) in enumerate(passes.later, start=1):
             rows = self._index(active)
             drafts[rows, step] = self._forward(host, step, drafts[rows, step - 1])
-        return [row[:count] for row, count in zip(drafts.tolist(), passes.counts)]
+        return {inputs.batch[row].request_id: request_drafts[:count]
+                for row, request_drafts, count in zip(inputs.proposing_rows, drafts.tolist(), passes.counts) if count}
 
     def _index(self, rows: list[int]) -> torch.Tensor:
         return host_to_device(rows, torch.int64, self.device)

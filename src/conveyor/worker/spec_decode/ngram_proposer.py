@@ -7,10 +7,13 @@ length the latest one (its end nearest the suffix); the up to K tokens after it 
 request without a match gets none. Where vLLM 0.32 keeps the *earliest* match of the longest n, we keep
 the latest: recent text (the code being edited, the passage just quoted) predicts the next tokens best.
 
-It runs on the host every step for every request, so it is vectorized over the batch with numpy:
-every live request's tokens sit in one int32 matrix (`TokenRows`, synced by appends), one comparison
-over [B, L] finds the positions whose token equals each request's last token (the only possible
-match ends), and max_n - 1 gathers over those candidates measure how far back each match goes.
+It runs on the host every step for every request, so it is vectorized over the batch with numpy and
+skips what it can prove futile: every live request's tokens sit in one int32 matrix, next to a bitset
+of the min_n-grams each has seen (`NgramIndex`, both synced by appends), and only the requests whose
+last min_n tokens hit a set bit -- those that repeated them, and a few collisions -- are looked up:
+one comparison over their [M, L] rows finds the positions whose token equals each one's last token
+(the only possible match ends), and max_n - 1 gathers over those candidates measure how far back each
+match goes. At ~no repetition (random ids) a step is then O(batch), not O(batch x history).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from conveyor.worker.kv_cache import KVCacheSpec
+from conveyor.worker.spec_decode.ngram_index import NgramIndex
 from conveyor.worker.spec_decode.proposer import ProposalInputs
 
 
@@ -38,93 +42,16 @@ class NgramParams:
     """No draft may sit at or past this position."""
 
 
-ABSENT_TOKEN = -1
-"""TokenRows' filler beyond each row's tokens: no token id is negative, so it never matches one."""
-
-
-class TokenRows:
-    """Every live request's tokens in one int32 matrix [rows, width], a row per request, `ABSENT_TOKEN`
-    beyond its tokens; rows are reused after `drop`, and the matrix doubles when outgrown."""
-
-    def __init__(self, num_rows: int = 16, width: int = 256) -> None:
-        self.matrix = np.full((num_rows, width), ABSENT_TOKEN, dtype=np.int32)
-        self._row_of: dict[str, int] = {}
-        self._num_synced: dict[str, int] = {}
-        self._free_rows = list(range(num_rows - 1, -1, -1))
-
-    def sync(self, request_id: str, token_ids: Sequence[int]) -> int:
-        """Copy the tokens appended since the last sync (all of them for a new request); returns the row."""
-        row = self._row_of.get(request_id)
-        if row is None:
-            row = self._new_row(request_id)
-        num_tokens, done = len(token_ids), self._num_synced[request_id]
-        if num_tokens < done:  # only appends are expected; anything else re-copies the row
-            self.matrix[row, :done] = ABSENT_TOKEN
-            done = 0
-        if num_tokens > self.matrix.shape[1]:
-            self._grow(num_rows=self.matrix.shape[0], width=max(2 * self.matrix.shape[1], num_tokens))
-        if num_tokens > done:
-            self.matrix[row, done:num_tokens] = token_ids[done:num_tokens]
-        self._num_synced[request_id] = num_tokens
-        return row
-
-    def sync_many(self, request_ids: Sequence[str], token_ids: Sequence[Sequence[int]]) -> np.ndarray:
-        """`sync` of each request, in order; returns their rows [B] int64. The usual case -- a known
-        request that appended a few tokens that fit -- costs a few dict and list operations per request
-        and one scatter for the whole batch, instead of a numpy slice assignment per request."""
-        rows: list[int] = []
-        scatter_rows: list[int] = []
-        scatter_columns: list[int] = []
-        values: list[int] = []
-        row_of, num_synced, width = self._row_of, self._num_synced, self.matrix.shape[1]
-        for request_id, tokens in zip(request_ids, token_ids):
-            row, num_tokens = row_of.get(request_id), len(tokens)
-            done = num_synced.get(request_id, 0)
-            if row is None or not done <= num_tokens <= width:
-                rows.append(self.sync(request_id, tokens))  # new, shrunk or outgrowing the matrix
-                width = self.matrix.shape[1]
-                continue
-            rows.append(row)
-            if num_tokens > done:
-                scatter_rows.extend([row] * (num_tokens - done))
-                scatter_columns.extend(range(done, num_tokens))
-                values.extend(tokens[done:num_tokens])
-                num_synced[request_id] = num_tokens
-        if values:
-            self.matrix[scatter_rows, scatter_columns] = values
-        return np.array(rows, dtype=np.int64)
-
-    def drop(self, request_ids: Iterable[str]) -> None:
-        for request_id in request_ids:
-            row = self._row_of.pop(request_id, None)
-            if row is not None:
-                self.matrix[row, : self._num_synced.pop(request_id)] = ABSENT_TOKEN
-                self._free_rows.append(row)
-
-    def _new_row(self, request_id: str) -> int:
-        if not self._free_rows:
-            num_rows = self.matrix.shape[0]
-            self._grow(num_rows=2 * num_rows, width=self.matrix.shape[1])
-            self._free_rows = list(range(2 * num_rows - 1, num_rows - 1, -1))
-        row = self._free_rows.pop()
-        self._row_of[request_id], self._num_synced[request_id] = row, 0
-        return row
-
-    def _grow(self, num_rows: int, width: int) -> None:
-        grown = np.full((num_rows, width), ABSENT_TOKEN, dtype=np.int32)
-        grown[: self.matrix.shape[0], : self.matrix.shape[1]] = self.matrix
-        self.matrix = grown
-
-
 class NgramProposer:
     """Drafts for each request from its own tokens (see the module docstring)."""
 
     def __init__(self, params: NgramParams) -> None:
         self.params = params
-        self.rows = TokenRows()
+        self.index = NgramIndex(params.min_n)
 
-    def propose(self, inputs: ProposalInputs) -> list[list[int]]:
-        states = [inputs.batch[row] for row in inputs.proposing_rows]
+    def propose(self, inputs: ProposalInputs) -> dict[str, list[int]]:
+        batch = inputs.batch
+        states = batch if len(inputs.proposing_rows) == len(batch) else [batch[row] for row in inputs.proposing_rows]
         return self.propose_tokens([s.request_id for s in states], [s.token_ids for s in states])
 
     @property
@@ -134,16 +61,19 @@ class NgramProposer:
     def bind_kv_cache(self, num_blocks: int) -> None:
         """Nothing to allocate: the lookup reads tokens only."""
 
-    def propose_tokens(self, request_ids: Sequence[str], token_ids: Sequence[Sequence[int]]) -> list[list[int]]:
-        """Drafts (possibly none) per request, in order; token_ids[i] = request i's prompt + output."""
+    def propose_tokens(self, request_ids: Sequence[str], token_ids: Sequence[Sequence[int]]) -> dict[str, list[int]]:
+        """Drafts of the requests that get some, by id; token_ids[i] = request i's prompt + output."""
         if not request_ids:
-            return []
-        rows = self.rows.sync_many(request_ids, token_ids)
-        lengths = np.fromiter(map(len, token_ids), dtype=np.int64, count=len(token_ids))
-        return propose_ngram_drafts(self.rows.matrix, rows, lengths, self.params)
+            return {}
+        rows, lengths, may_match = self.index.sync_many(request_ids, token_ids)
+        looked_up = np.flatnonzero(may_match)  # the others have no match
+        if looked_up.size == 0:
+            return {}
+        found = propose_ngram_drafts(self.index.matrix, rows[looked_up], lengths[looked_up], self.params)
+        return {request_ids[i]: request_drafts for i, request_drafts in zip(looked_up.tolist(), found) if request_drafts}
 
     def drop(self, request_ids: Iterable[str]) -> None:
-        self.rows.drop(request_ids)
+        self.index.drop(request_ids)
 
 
 def propose_ngram_drafts(matrix: np.ndarray, rows: np.ndarray, lengths: np.ndarray,

@@ -7,8 +7,9 @@ runner calls it once per step, after verification, and tells it which requests t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol
 
 from conveyor.worker.kv_cache import KVCacheSpec
@@ -22,18 +23,28 @@ class ProposalInputs:
     batch: Sequence[RequestState]
     """Every request of the step in batch order; token_ids already hold the step's kept tokens, and
     num_computed_tokens is still the step's start (what the scheduler sent)."""
-    context_ends: list[int]
-    """Per request: the end of the tokens [num_computed_tokens, end) a draft model (re)computes this
-    step -- all its known tokens if it sampled, the end of its chunk for a partial prefill."""
     proposing_rows: list[int]
     """Batch rows of the requests that sampled: each gets drafts for its next step (possibly none)."""
+    num_scheduled_tokens: Mapping[str, int]
+    """The step's tokens per request (the SchedulerOutput's)."""
+
+    @cached_property
+    def context_ends(self) -> list[int]:
+        """Per request: the end of the tokens [num_computed_tokens, end) a draft model (re)computes this
+        step -- all its known tokens if it sampled, the end of its chunk for a partial prefill. Computed
+        on first use: the n-gram lookup never reads it."""
+        proposing = set(self.proposing_rows)
+        return [len(state.token_ids) if row in proposing
+                else state.num_computed_tokens + self.num_scheduled_tokens[state.request_id]
+                for row, state in enumerate(self.batch)]
 
 
 class Proposer(Protocol):
     """A source of draft tokens (n-gram lookup, a draft model)."""
 
-    def propose(self, inputs: ProposalInputs) -> list[list[int]]:
-        """Drafts for each of `inputs.proposing_rows`, in that order (empty: none)."""
+    def propose(self, inputs: ProposalInputs) -> dict[str, list[int]]:
+        """Drafts of each of `inputs.proposing_rows` that got some, by request id (absent: none, so a
+        step that drafts nothing costs nothing per request here)."""
         ...
 
     def drop(self, request_ids: Iterable[str]) -> None:

@@ -68,8 +68,9 @@ class Verified:
     """What each sampling request keeps: accepted drafts, then the target's token."""
 
     token_ids: list[list[int]]
-    logprobs: list[list[TokenLogprobs] | None]
-    """Per request, one entry per kept token (None: the request asked for no logprobs)."""
+    logprobs: list[list[TokenLogprobs] | None] | None
+    """Per request, one entry per kept token (None: the request asked for no logprobs); None as a
+    whole when no request did (the usual step: no per-request pass over nothing)."""
 
 
 @dataclass(frozen=True)
@@ -105,16 +106,16 @@ class SpecDecoder:
         else:
             verified = self.plain_step(host, sampling)
         sampled: dict[str, list[int]] = {state.request_id: [] for state in batch}
-        logprobs: dict[str, list[TokenLogprobs]] = {}
-        for state, tokens, token_logprobs in zip(sampling, verified.token_ids, verified.logprobs):
+        for state, tokens in zip(sampling, verified.token_ids):
             state.token_ids.extend(tokens)
             sampled[state.request_id] = tokens
-            if token_logprobs is not None:
-                logprobs[state.request_id] = token_logprobs
-        ends = [len(s.token_ids) if sampled[s.request_id] else
-                s.num_computed_tokens + scheduler_output.num_scheduled_tokens[s.request_id] for s in batch]
-        proposals = self.propose(ProposalInputs(batch, ends, host.sampling_rows))
-        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, spec_token_ids=proposals)
+        logprobs: dict[str, list[TokenLogprobs]] = {}
+        if verified.logprobs is not None:
+            for state, token_logprobs in zip(sampling, verified.logprobs):
+                if token_logprobs is not None:
+                    logprobs[state.request_id] = token_logprobs
+        inputs = ProposalInputs(batch, host.sampling_rows, scheduler_output.num_scheduled_tokens)
+        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, spec_token_ids=self.propose(inputs))
 
     def verify_step(self, host: HostBatch, sampling: list[RequestState],
                     spec_tokens: Mapping[str, list[int]]) -> Verified:
@@ -122,7 +123,7 @@ class SpecDecoder:
         plan = self.plan(sampling, spec_tokens) if sampling else None
         rows = self.target.forward(host)
         if plan is None:
-            return Verified([], [])
+            return Verified([], None)
         return self.verify(self.target.compute_logits(rows).float(), plan)  # logits [R, V]
 
     def plain_step(self, host: HostBatch, sampling: list[RequestState]) -> Verified:
@@ -133,10 +134,12 @@ class SpecDecoder:
         sampling_batch = build_sampling_batch(requests, self.target.vocab, self.target.device) if sampling else None
         rows = self.target.forward(host)  # launched after the sampler inputs' host-to-device copies
         if sampling_batch is None:
-            return Verified([], [])
+            return Verified([], None)
         result = self.target.sampler(self.target.compute_logits(rows).float(), sampling_batch)  # logits [S, V]
-        return Verified([[token_id] for token_id in result.sampled_token_ids],
-                        [None if entry is None else [entry] for entry in result.logprobs])
+        token_ids = [[token_id] for token_id in result.sampled_token_ids]
+        if sampling_batch.max_num_logprobs is None:
+            return Verified(token_ids, None)
+        return Verified(token_ids, [None if entry is None else [entry] for entry in result.logprobs])
 
     def plan(self, sampling: Sequence[RequestState], spec_tokens: Mapping[str, list[int]]) -> VerifyPlan:
         """One sampling row per verified position of each sampling request, in the layout's order."""
@@ -168,7 +171,7 @@ class SpecDecoder:
         targets = self.target.sampler.sample(logits, plan.sampling_batch)  # [R] on the device
         kept = verify_drafts(targets, plan.layout).to_lists()
         if raw is None:
-            return Verified(kept, [None] * len(kept))
+            return Verified(kept, None)
         per_row = gather_logprobs(raw, targets, plan.sampling_batch.num_logprobs)
         logprobs: list[list[TokenLogprobs] | None] = []
         row = 0
@@ -180,8 +183,7 @@ class SpecDecoder:
 
     def propose(self, inputs: ProposalInputs) -> dict[str, list[int]]:
         """Drafts for the next step of every proposing request that got some."""
-        drafts = self.proposer.propose(inputs)
-        return {inputs.batch[row].request_id: d for row, d in zip(inputs.proposing_rows, drafts) if d}
+        return self.proposer.propose(inputs)
 
     def drop(self, request_ids: Iterable[str]) -> None:
         self.proposer.drop(request_ids)
