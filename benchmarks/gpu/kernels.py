@@ -23,7 +23,12 @@ import triton
 from conveyor.kernels.paged_batch import PagedBatch
 from conveyor.kernels.split_kv_attention import SplitKVParams, choose_num_splits, split_kv_attention
 from conveyor.kernels.store_kv import store_kv
-from conveyor.kernels.unified_attention import UnifiedTile, unified_attention, unified_attention_with_tile
+from conveyor.kernels.unified_attention import (
+    UnifiedTile,
+    unified_attention,
+    unified_attention_with_tile,
+    unified_tile,
+)
 
 BLOCK_SIZE = 16
 HEAD_DIM = 128
@@ -142,8 +147,17 @@ def mixed_and_store(rows: list[dict]) -> None:
     query_lens = [1] * 240 + [2048]
     seq_lens = [rng.randint(100, 2048) for _ in range(240)] + [2048 + 500]
     query, caches, batch = make_batch(query_lens, seq_lens, heads)
+    cost = attention_cost(query_lens, seq_lens, heads)
     ms = time_ms(lambda: unified_attention(query, caches[0], caches[1], batch, 0.088))
-    rows.append(report("mixed 240 decodes + 2048-token chunk", ms, attention_cost(query_lens, seq_lens, heads)))
+    rows.append(report("mixed 240 decodes + 2048-token chunk", ms, cost))
+    one = unified_tile(2048, heads[0] // heads[1])  # before: every row in one launch of 64-row blocks
+    ms = time_ms(lambda: unified_attention_with_tile(query, (caches[0], caches[1]), batch, 0.088, one))
+    rows.append(report("  mixed, one launch of 64-row blocks", ms, cost))
+    for name, part in (("decodes", slice(0, 240)), ("chunk", slice(240, 241))):
+        q_lens, s_lens = query_lens[part], seq_lens[part]
+        inputs = make_batch(q_lens, s_lens, heads)
+        ms = time_ms(lambda: unified_attention(inputs[0], inputs[1][0], inputs[1][1], inputs[2], 0.088))
+        rows.append(report(f"  mixed, its {name} alone", ms, attention_cost(q_lens, s_lens, heads)))
     kv = torch.randn(16384, 3 * 8, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
     cache = torch.empty(2, 2048, BLOCK_SIZE, 8, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
     slots = torch.randperm(2048 * BLOCK_SIZE, device="cuda")[:16384]

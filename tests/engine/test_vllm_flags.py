@@ -16,7 +16,8 @@ import pytest
 from conveyor.cli import build_parser
 from conveyor.config import ConfigError, CUDAGraphMode
 from conveyor.engine.args import build_engine_config
-from conveyor.engine.vllm_flag_table import VLLM_FLAGS, Arity, FlagStatus
+from conveyor.engine.vllm_flag_table import VLLM_FLAGS
+from conveyor.engine.vllm_flag_types import Arity, FlagStatus
 from conveyor.engine.vllm_flags import check_vllm_flags, human_readable_int, preprocess_argv
 from conveyor.server.flag_docs import conveyor_flags
 from conveyor.server.server_args import server_config_from_args
@@ -37,7 +38,7 @@ def test_every_flag_of_vllm_0_32_is_in_the_table_with_its_arity() -> None:
     assert len(vllm) == 316
     for entry in vllm:
         flag = table.get(entry["names"][0])
-        assert flag is not None, f"{entry['names'][0]} is missing from engine/vllm_flag_table.py"
+        assert flag is not None, f"{entry['names'][0]} is missing from the table (engine/vllm_flag_table.py)"
         assert set(entry["names"]) <= set(flag.names), (entry["names"], flag.names)
         assert flag.arity is Arity(entry["arity"]) or flag.status is FlagStatus.IMPLEMENTED, flag
 

@@ -90,3 +90,20 @@ def test_store_kv_matches_reference(dtype: torch.dtype) -> None:
     store_kv(key, value, caches[0], caches[1], slots)
     store_kv_ref(key, value, caches[2], caches[3], slots)
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+@pytest.mark.parametrize("heads", [(32, 8), (16, 8), (64, 2)])
+def test_mixed_batch_split_launches_equal_one_launch(heads: tuple[int, int]) -> None:
+    """A mixed batch runs as two launches (one-token sequences with the decode tile, the rest with 64-row
+    blocks): every token is written once, and the result is the single launch's, decodes first or last."""
+    from conveyor.kernels.unified_attention import unified_attention_with_tile, unified_tile
+
+    query_lens = (1,) * 40 + (300,) + (1,) * 9 + (17,)
+    context_lens = tuple(random.Random(3).randint(0, 900) for _ in query_lens)
+    case = make_case(Shape(heads[0], heads[1], 128, 16, query_lens, context_lens), torch.bfloat16, "cuda", seed=5)
+    split = unified_attention(case.query, case.key_cache, case.value_cache, case.batch, 0.09)
+    one = unified_attention_with_tile(case.query, (case.key_cache, case.value_cache), case.batch, 0.09,
+                                      unified_tile(300, heads[0] // heads[1]))
+    ref = paged_attention_ref(case.query, case.key_cache, case.value_cache, case.batch, 0.09)
+    assert relative_error(split, ref) <= TOLERANCE
+    assert relative_error(split, one) <= TOLERANCE

@@ -7,7 +7,7 @@ import torch
 from kernel_fixtures import Shape, dense_attention, make_case, relative_error
 
 from conveyor.kernels.split_kv_attention import SplitKVParams, choose_num_splits, split_kv_attention_ref
-from conveyor.kernels.unified_attention import unified_attention_ref, unified_tile
+from conveyor.kernels.unified_attention import decode_tile, unified_attention_ref, unified_tile
 
 MIXED = [
     Shape(4, 4, 64, 16, query_lens=(1, 7, 1, 33), context_lens=(5, 0, 40, 17)),
@@ -72,6 +72,12 @@ def test_tile_shapes_pack_the_group() -> None:
     decode, prefill = unified_tile(max_query_len=1, group=4), unified_tile(max_query_len=100, group=4)
     assert (decode.block_q, decode.block_m) == (4, 16) and (prefill.block_q, prefill.block_m) == (16, 64)
     assert unified_tile(max_query_len=1, group=32).block_m == 32
+
+
+def test_the_decode_tile_of_a_mixed_batch_holds_one_token() -> None:
+    """The one-token launch of a mixed batch: one token x the group's heads, at least tl.dot's 16 rows."""
+    assert (decode_tile(4).block_q, decode_tile(4).block_m) == (1, 16)
+    assert (decode_tile(32).block_q, decode_tile(32).block_m) == (1, 32)
 
 
 def test_num_splits_fill_the_gpu_only_when_needed() -> None:

@@ -66,16 +66,17 @@ def sharpen(model: torch.nn.Module) -> None:
 
 
 def record_logits(runner: ModelRunner) -> list[torch.Tensor]:
-    """Wrap the model's compute_logits so each call's [S, V] result is appended to the returned list."""
+    """Wrap the model's lm_head_logits (what the runner samples from) so each call's [S, V] result is
+    appended to the returned list."""
     calls: list[torch.Tensor] = []
-    original = runner.model.compute_logits
+    original = runner.model.lm_head_logits
 
-    def compute_logits(hidden: torch.Tensor) -> torch.Tensor:
+    def lm_head_logits(hidden: torch.Tensor) -> torch.Tensor:
         logits = original(hidden)
         calls.append(logits.clone())
         return logits
 
-    runner.model.compute_logits = compute_logits  # type: ignore[method-assign]
+    runner.model.lm_head_logits = lm_head_logits  # type: ignore[method-assign]
     return calls
 
 

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 from conveyor.sampling_params import SamplingParams
-from conveyor.worker.sampler import Sampler, apply_penalties, top_k_top_p_candidates
-from conveyor.worker.sampling_metadata import SamplingRequest, VocabInfo, build_sampling_batch
+from conveyor.worker.sampler import (
+    Sampler,
+    SamplingPath,
+    apply_penalties,
+    reads_lm_head_logits,
+    sampling_path,
+    top_k_top_p_candidates,
+)
+from conveyor.worker.sampling_metadata import GrammarMask, SamplingRequest, VocabInfo, build_sampling_batch
 
 VOCAB = VocabInfo(vocab_size=8, eos_token_ids=frozenset({7}))
 CPU = torch.device("cpu")
@@ -184,3 +192,49 @@ def test_logprobs_zero_gives_only_the_sampled_token() -> None:
         [make_request(temperature=0.0, logprobs=0)], VOCAB, CPU))
     entry = out.logprobs[0]
     assert entry is not None and entry.rank == 1 and entry.top_token_ids == []
+
+
+def dispatch(*requests: SamplingRequest, fused_available: bool = True) -> tuple[SamplingPath, bool]:
+    """(path, reads the LM head's dtype) of a batch of `requests` plus one greedy row."""
+    batch = build_sampling_batch([*requests, make_request(temperature=0.0)], VOCAB, CPU)
+    return sampling_path(batch, fused_available), reads_lm_head_logits(batch, fused_available)
+
+
+def test_fused_path_only_for_plain_temperature_rows_on_the_shared_generator() -> None:
+    assert dispatch(make_request(temperature=0.8)) == (SamplingPath.FUSED, True)
+    assert dispatch(make_request(temperature=0.8, logprobs=3)) == (SamplingPath.FUSED, True)  # float32 apart
+    assert dispatch(make_request(temperature=0.0)) == (SamplingPath.GREEDY, True)
+    for staged in ({"top_k": 5}, {"top_p": 0.9}, {"min_p": 0.1}, {"seed": 1}):
+        assert dispatch(make_request(temperature=0.8, **staged)) == (SamplingPath.STAGED, False), staged
+        # one such row sends the whole batch down the staged path (seeded rows reproduce as before)
+        pair = (make_request(temperature=0.8), make_request(temperature=1.2, **staged))
+        assert dispatch(*pair) == (SamplingPath.STAGED, False), staged
+
+
+def test_edits_keep_the_fused_draw_but_make_a_float32_copy() -> None:
+    edits: list[dict[str, object]] = [{"presence_penalty": 0.5}, {"repetition_penalty": 1.2},
+                                      {"logit_bias": ((3, 1.0),)}, {"min_tokens": 2}]
+    for edit in edits:
+        assert dispatch(make_request(temperature=0.8, **edit)) == (SamplingPath.FUSED, False), edit
+        assert dispatch(make_request(temperature=0.0, **edit)) == (SamplingPath.GREEDY, False), edit
+    batch = build_sampling_batch([make_request(temperature=0.8)], VOCAB, CPU)
+    grammar = GrammarMask(torch.tensor([0]), torch.full((1, 1), -1, dtype=torch.int32))
+    assert not reads_lm_head_logits(dataclasses.replace(batch, grammar=grammar), True)
+    assert reads_lm_head_logits(batch, True)
+
+
+def test_without_the_kernel_nothing_is_fused_or_read_as_bf16() -> None:
+    assert dispatch(make_request(temperature=0.8), fused_available=False) == (SamplingPath.STAGED, False)
+    assert dispatch(make_request(temperature=0.0), fused_available=False) == (SamplingPath.GREEDY, False)
+
+
+def test_cpu_sampler_takes_bf16_logits_as_their_float32_values() -> None:
+    logits = torch.randn(6, 8).bfloat16()
+    requests = [make_request(temperature=0.0), make_request(temperature=0.9, seed=4), make_request(temperature=1.3)]
+    assert sample(logits[:3], requests, seed=2) == sample(logits[:3].float(), requests, seed=2)
+    out = Sampler(torch.Generator())(logits.clone(), build_sampling_batch(
+        [make_request(temperature=0.0, logprobs=1)] * 6, VOCAB, CPU))
+    assert out.sampled_token_ids == logits.float().argmax(-1).tolist()
+    first = out.logprobs[0]
+    assert first is not None and first.logprob == pytest.approx(
+        torch.log_softmax(logits[0].float(), -1)[first.token_id].item(), abs=1e-6)

@@ -51,3 +51,24 @@ def test_a_grammar_that_cannot_be_built_allows_only_eos(caplog: pytest.LogCaptur
     assert allowed(outputs, constrained("bad", GrammarKind.CHOICE, "not a JSON list")) == {2}
     assert "could not be built" in caplog.text
     assert len(allowed(outputs, constrained("good", GrammarKind.CHOICE, '["yes", "no"]'))) < 50
+
+
+def test_llguidance_releases_that_take_one_eos_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    """llguidance < 1.7 takes `eos_token` as one int and raises TypeError on a list (H200, 2026-12-02:
+    with 1.6.1 every structured request ended at once with EOS only). The first EOS id is used then."""
+    from conveyor.worker import structured_output
+
+    real = structured_output.LLTokenizer
+    calls: list[object] = []
+
+    def one_id_only(text: str, n_vocab: int | None = None, eos_token: object = None) -> object:
+        calls.append(eos_token)
+        if isinstance(eos_token, list):
+            raise TypeError("argument 'eos_token': 'list' object cannot be interpreted as an integer")
+        return real(text, n_vocab=n_vocab, eos_token=eos_token)
+
+    monkeypatch.setattr(structured_output, "LLTokenizer", one_id_only)
+    outputs = StructuredOutputs(GrammarVocab(tokenizer_json, 49_152, (2, 0)))
+    ids = allowed(outputs, constrained("r", GrammarKind.CHOICE, '["yes", "no"]'))
+    assert calls == [[2, 0], 2]
+    assert ids and len(ids) < 50 and ids != {2}  # a real mask, not "EOS only"

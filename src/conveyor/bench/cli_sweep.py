@@ -22,13 +22,13 @@ from conveyor.bench.cli_run import add_window_arguments, parse_rate
 from conveyor.bench.sweep import (
     RunFn,
     RunTemplate,
-    SweepAxis,
     SweepConfig,
     SweepError,
     SweepResult,
     make_run_fn,
     run_sweep,
 )
+from conveyor.bench.sweep_axis import SweepAxis
 
 _RUN_OPTIONS = ("endpoint", "model", "burstiness", "arrival", "seed", "num_requests", "request_timeout_s",
                 "max_send_lag_p99_ms", "scrape_interval_s", "api_key", "num_workers", "warmup_requests",

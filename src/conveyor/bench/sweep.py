@@ -13,13 +13,13 @@ point with no valid repeat is invalid and stops the upward search (the client ca
 A repeat showing *runaway overload* (error rate above `runaway_error_rate`; half the requests waiting at
 once; or completed req/s below `runaway_completion_ratio` × offered over a dispatch window long against
 the median latency) makes its point missed at once: further repeats and higher rates are skipped, since
-they would only pile up a queue that never drains. The run function is injected, so the search is tested
+they would only pile up a queue that never drains. The same search runs over a closed loop's concurrency
+instead of the rate (sweep_axis.py: how the values step there). The run function is injected, so the search is tested
 without a server; `make_run_fn` wires it to `conveyor.bench.runner.run_benchmark`.
 """
 
 from __future__ import annotations
 
-import enum
 import json
 import math
 import os
@@ -32,6 +32,7 @@ from conveyor.bench.intervals import IntervalConfig
 from conveyor.bench.point_verdict import PointStatus, point_verdict
 from conveyor.bench.rundirs import SPREAD_METRICS, SWEEP_FILE, RunResult
 from conveyor.bench.slo import SLO
+from conveyor.bench.sweep_axis import SweepAxis, axis_unit, first_value, midpoint, next_value, run_dir_name
 
 RunFn = Callable[[float, int, pathlib.Path], dict[str, Any]]
 """(offered rate, repeat index, run directory) -> summary dict; must write the run directory."""
@@ -43,14 +44,6 @@ _MIN_PROMPTS_FOR_QUEUE_RULE = 20
 
 class SweepError(ValueError):
     """A sweep setting that cannot work; names the flag."""
-
-
-class SweepAxis(str, enum.Enum):
-    """What the search varies: the offered rate (req/s), or the concurrency cap of a closed loop (an integer,
-    vLLM's --max-concurrency; each run sends as slots free up). Everything else about the search is the same."""
-
-    RATE = "rate"
-    CONCURRENCY = "concurrency"
 
 
 @dataclass(frozen=True)
@@ -143,15 +136,6 @@ class SweepResult:
         return max(passing, default=None)
 
 
-def run_dir_name(cfg: SweepConfig, value: float, repeat: int) -> str:
-    """`rate-<r>-rep<k>`, or `concurrency-<n>-rep<k>` over concurrency."""
-    return f"rate-{value:.4g}-rep{repeat}" if cfg.axis is SweepAxis.RATE else f"concurrency-{value:g}-rep{repeat}"
-
-
-def axis_unit(cfg: SweepConfig) -> str:
-    return "req/s" if cfg.axis is SweepAxis.RATE else "concurrent"
-
-
 def runaway_reason(summary: dict[str, Any], rate: float, cfg: SweepConfig) -> str | None:
     """Why this run shows a backlog that would never drain (None: it does not). Over concurrency there is
     no offered rate to fall short of: only the error-rate and queue rules apply."""
@@ -235,7 +219,7 @@ class Sweeper:
 
     def run_repeat(self, rate: float, repeat: int) -> tuple[pathlib.Path, dict[str, Any], list[str]]:
         """One repeat, re-run while invalid (up to max_invalid_reruns); returns (dir, summary, invalid dirs)."""
-        run_dir = self.out_dir / run_dir_name(self.cfg, rate, repeat)
+        run_dir = self.out_dir / run_dir_name(self.cfg.axis, rate, repeat)
         invalid: list[str] = []
         while True:
             summary = self.run_fn(rate, repeat, run_dir)
@@ -245,7 +229,7 @@ class Sweeper:
             aside = run_dir.with_name(f"{run_dir.name}-invalid{len(invalid) + 1}")
             run_dir.rename(aside)
             invalid.append(aside.name)
-            self.progress(f"[sweep {self.name}] {rate:.4g} {axis_unit(self.cfg)} repeat {repeat}: INVALID "
+            self.progress(f"[sweep {self.name}] {rate:.4g} {axis_unit(self.cfg.axis)} repeat {repeat}: INVALID "
                           f"({summary.get('invalid_reason')}); running it again")
 
     def wants_more(self, state: PointProgress) -> bool:
@@ -286,7 +270,7 @@ class Sweeper:
         self.points.append(point)
         self.summaries.extend(state.summaries)
         invalid = f", {len(state.invalid_dirs)} invalid" if state.invalid_dirs else ""
-        self.progress(f"[sweep {self.name}] {state.rate:.4g} {axis_unit(self.cfg)}: {state.status.value.upper()} after "
+        self.progress(f"[sweep {self.name}] {state.rate:.4g} {axis_unit(self.cfg.axis)}: {state.status.value.upper()} after "
                       f"{len(state.dirs)} valid repeat(s){invalid} ({state.description})"
                       + (f"; {state.runaway}" if state.runaway else ""))
         self.write()
@@ -299,34 +283,14 @@ class Sweeper:
             self.add_repeat(state)
         return self.finish_point(state)
 
-    def _capped(self, rate: float) -> float:
-        return rate if self.cfg.max_rate is None else min(rate, self.cfg.max_rate)
-
-    def _step(self, value: float, factor: float) -> float:
-        """The next value to try: value x factor, a whole number >= 1 (and a new one) over concurrency."""
-        if self.cfg.axis is SweepAxis.RATE:
-            return self._capped(value * factor)
-        nxt = max(1.0, float(round(value * factor)))
-        if nxt == value:
-            nxt = value + (1.0 if factor > 1 else -1.0)
-        return max(1.0, self._capped(nxt))
-
-    def _midpoint(self, good: float, bad: float) -> float | None:
-        """Geometric midpoint of the bracket (rounded over concurrency; None once nothing lies between)."""
-        mid = math.sqrt(good * bad)
-        if self.cfg.axis is SweepAxis.CONCURRENCY:
-            mid = float(round(mid))
-            return mid if good < mid < bad else None
-        return mid
-
     def bracket(self) -> tuple[float | None, float | None]:
         """(last passing, first failing) rate after the geometric search."""
-        rate = self._capped(self.cfg.start_rate if self.cfg.axis is SweepAxis.RATE else float(round(self.cfg.start_rate)))
+        rate = first_value(self.cfg.axis, self.cfg.start_rate, self.cfg.max_rate)
         first = self.run_point(rate)
         step = self.cfg.growth_factor if first.passed else 1.0 / self.cfg.growth_factor
         good, bad = (rate, None) if first.passed else (None, rate)
         while len(self.points) < self.cfg.max_points:
-            nxt = self._step(rate, step)
+            nxt = next_value(self.cfg.axis, rate, step, self.cfg.max_rate)
             if nxt == rate or any(p.rate == nxt for p in self.points):
                 break
             rate = nxt
@@ -347,7 +311,7 @@ class Sweeper:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         good, bad = self.bracket()
         for _ in range(self.cfg.bisect_steps):
-            mid = None if good is None or bad is None else self._midpoint(good, bad)
+            mid = None if good is None or bad is None else midpoint(self.cfg.axis, good, bad)
             if mid is None:
                 break
             if self.run_point(mid).passed:

@@ -6,157 +6,45 @@ server/cli.py or engine/vllm_flags.py itself; the note says where conveyor diffe
 with a one-line warning, because it cannot change what this server computes (logging, hub downloads,
 multimodal inputs of a text-only engine, kernel choices conveyor makes itself, ...). DEFAULT_ONLY:
 accepted silently at vLLM's default value (restating the default changes nothing); any other value is
-an error naming the flag and why. UNSUPPORTED: always an error naming the flag and why. Data only.
+an error naming the flag and why. UNSUPPORTED: always an error naming the flag and why.
+
+The rows follow vLLM's argument groups: the API server's (top level, Frontend) are in
+vllm_frontend_flags.py, the engine's (model ... vLLM config objects) and the older spellings here; the
+statuses, arities and shared reasons are in vllm_flag_types.py. Data only.
 """
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
-
-
-class FlagStatus(enum.Enum):
-    IMPLEMENTED = "implemented"
-    IGNORED = "ignored"
-    DEFAULT_ONLY = "default only"
-    UNSUPPORTED = "unsupported"
-
-
-class Arity(enum.Enum):
-    """How the flag takes its value (as vLLM's argparse declares it)."""
-
-    SWITCH = "switch"
-    """`--x` alone (store_true)."""
-    BOOL = "bool"
-    """`--x` / `--no-x`."""
-    VALUE = "value"
-    """`--x V`."""
-    VALUES = "values"
-    """`--x V [V ...]`."""
-
-
-@dataclass(frozen=True)
-class VllmFlag:
-    """One `vllm serve` flag and conveyor's answer to it."""
-
-    names: tuple[str, ...]
-    """Its spellings, long name first (`--tensor-parallel-size`, `-tp`); `--no-x` is implied by BOOL."""
-    arity: Arity
-    """How it takes a value."""
-    status: FlagStatus
-    """What conveyor does with it."""
-    note: str
-    """Why (IGNORED, DEFAULT_ONLY, UNSUPPORTED) or how conveyor's meaning differs (IMPLEMENTED)."""
-    defaults: tuple[str, ...] = ()
-    """DEFAULT_ONLY: the values that are no-ops (vLLM's default; `false` for a BOOL means `--no-x`)."""
-
-    @property
-    def name(self) -> str:
-        return self.names[0]
-
+from conveyor.engine.vllm_flag_types import (
+    FEATURE,
+    HUB,
+    KERNELS,
+    KV_TRANSFER,
+    LOADING,
+    LOGS,
+    LORA,
+    MAMBA,
+    MM,
+    MOE,
+    OFFLOAD,
+    PARALLEL,
+    PLUGINS,
+    POOLING,
+    SLEEP,
+    TOOLS,
+    Arity,
+    FlagStatus,
+    VllmFlag,
+    flag_row,
+)
+from conveyor.engine.vllm_frontend_flags import FRONTEND_FLAGS
 
 S, B, V, L = Arity.SWITCH, Arity.BOOL, Arity.VALUE, Arity.VALUES
 _I, _G, _D, _U = FlagStatus.IMPLEMENTED, FlagStatus.IGNORED, FlagStatus.DEFAULT_ONLY, FlagStatus.UNSUPPORTED
-
-HUB = "no model hub here: models are local HF directories or GGUF files"
-LOGS = "a logging/tracing option with no counterpart in conveyor"
-MM = "multimodal inputs: conveyor serves text-only models"
-MAMBA = "Mamba/SSM state: conveyor serves attention-only models"
-LORA = "LoRA adapters are not supported"
-PARALLEL = "conveyor runs one engine-core process: no data/pipeline/context/expert parallelism"
-KERNELS = "kernel and backend choices: conveyor picks its own kernels"
-MOE = "mixture-of-experts models are not supported"
-TOOLS = "tool calling and reasoning parsers are not supported"
-LOADING = "weight-loading tuning: conveyor's loader reads safetensors/GGUF its own way"
-OFFLOAD = "weight/KV offloading is not supported"
-KV_TRANSFER = "disaggregated prefill / KV and encoder transfer are not supported"
-PLUGINS = "loading user code (plugins, classes, middleware) is not supported"
-OTHER_APIS = "that API (Cohere, Anthropic, gRPC, ...) is not served by conveyor"
-POOLING = "pooling/embedding models are not served"
-SLEEP = "sleep mode is not supported"
-FEATURE = "not supported by conveyor's engine"
+_f = flag_row
 
 
-def _f(names: str, arity: Arity, status: FlagStatus, note: str, *defaults: str) -> VllmFlag:
-    return VllmFlag(tuple(names.split(",")), arity, status, note, tuple(defaults))
-
-
-VLLM_FLAGS: tuple[VllmFlag, ...] = (
-    # ---- top level -------------------------------------------------------------------------------
-    _f("--headless", S, _U, "headless engines serve multi-node data parallelism: " + PARALLEL),
-    _f("--api-server-count,-asc", V, _I, "N API-server processes sharing the port (default 1)"),
-    _f("--config", V, _I, "a YAML file of flags, as vLLM (needs PyYAML)"),
-    _f("--grpc", S, _U, OTHER_APIS),
-    _f("--disable-log-stats", S, _G, "conveyor logs no periodic stats; /metrics has them"),
-    _f("--aggregate-engine-logging", S, _G, PARALLEL),
-    _f("--fail-on-environ-validation", B, _G, "conveyor reads no VLLM_* environment variables"),
-    _f("--shutdown-timeout", V, _I, "seconds in-flight requests get after SIGTERM (= --shutdown-grace)"),
-    _f("--gdn-prefill-backend", V, _G, KERNELS),
-    _f("--kda-prefill-backend", V, _G, KERNELS),
-    _f("--kda-decode-backend", V, _G, KERNELS),
-    _f("--enable-log-requests", B, _I, "one INFO line per request (id, prompt tokens, sampling parameters)"),
-    # ---- frontend --------------------------------------------------------------------------------
-    _f("--lora-modules", L, _U, LORA),
-    _f("--chat-template", V, _I, "a Jinja template file, or the template itself, replacing the model's"),
-    _f("--chat-template-content-format", V, _D, "text parts are joined into one string", "auto", "string"),
-    _f("--trust-request-chat-template", B, _D, "requests cannot bring their own chat template", "false"),
-    _f("--trust-request-mm-kwargs", B, _G, MM),
-    _f("--default-chat-template-kwargs", V, _D, "chat templates get no extra keyword arguments", "{}"),
-    _f("--response-role", V, _D, "the assistant role is the only one answered", "assistant"),
-    _f("--return-tokens-as-token-ids", B, _D, "logprob tokens are always text", "false"),
-    _f("--enable-auto-tool-choice", B, _G, TOOLS + ": a request with `tools` gets a 400"),
-    _f("--exclude-tools-when-tool-choice-none", B, _G, TOOLS),
-    _f("--tool-call-parser", V, _G, TOOLS + ": a request with `tools` gets a 400"),
-    _f("--tool-parser-plugin", V, _D, TOOLS, ""),
-    _f("--tool-strict-level", V, _G, TOOLS),
-    _f("--tool-server", V, _D, TOOLS, ""),
-    _f("--max-log-len", V, _I, "longest prompt excerpt --enable-log-requests prints (characters)"),
-    _f("--enable-prompt-tokens-details", B, _I, "usage.prompt_tokens_details.cached_tokens (prefix-cache hits)"),
-    _f("--enable-per-request-metrics", B, _G, "per-request metrics in responses are not produced"),
-    _f("--enable-server-load-tracking", B, _I, "always on: GET /load reports the requests in flight"),
-    _f("--enable-force-include-usage", B, _I, "every stream ends with a usage chunk, asked for or not"),
-    _f("--sse-keep-alive-interval", V, _G, "streams send no keep-alive comments (tokens flow every step)"),
-    _f("--enable-tokenizer-info-endpoint", B, _D, "GET /tokenizer_info is not served", "false"),
-    _f("--enable-log-outputs", B, _G, LOGS),
-    _f("--enable-log-deltas", B, _G, LOGS),
-    _f("--cohere-is-reasoning-model", B, _G, OTHER_APIS),
-    _f("--cohere-format", V, _G, OTHER_APIS),
-    _f("--anthropic-disabled-thinking-effort", V, _G, OTHER_APIS),
-    _f("--log-error-stack", B, _G, "internal errors are always logged with their stack, never sent to clients"),
-    _f("--tokens-only", B, _D, "the server always detokenizes", "false"),
-    _f("--enable-scale-out", B, _D, PARALLEL, "false"),
-    _f("--fingerprint-mode", V, _G, "responses carry no system_fingerprint"),
-    _f("--fingerprint-value", V, _G, "responses carry no system_fingerprint"),
-    _f("--host", V, _I, "address to bind (default 127.0.0.1; vLLM's default binds every address)"),
-    _f("--port", V, _I, "port to bind (default 8000)"),
-    _f("--grpc-port", V, _U, OTHER_APIS),
-    _f("--data-parallel-supervisor-port", V, _G, PARALLEL),
-    _f("--dp-supervisor-probe-interval-s", V, _G, PARALLEL),
-    _f("--dp-supervisor-probe-timeout-s", V, _G, PARALLEL),
-    _f("--dp-supervisor-probe-failure-threshold", V, _G, PARALLEL),
-    _f("--uds", V, _I, "serve on a Unix domain socket instead of host:port"),
-    _f("--uvicorn-log-level", V, _I, "uvicorn's log level"),
-    _f("--disable-uvicorn-access-log", B, _I, "conveyor's access log is off by default anyway"),
-    _f("--disable-access-log-for-endpoints", V, _G, "conveyor writes no access log"),
-    _f("--allow-credentials", B, _I, "CORS: Access-Control-Allow-Credentials"),
-    _f("--allowed-origins", V, _I, "CORS: JSON list of origins (default none: no CORS headers)"),
-    _f("--allowed-methods", V, _I, "CORS: JSON list of methods (default [\"*\"])"),
-    _f("--allowed-headers", V, _I, "CORS: JSON list of headers (default [\"*\"])"),
-    _f("--api-key", L, _I, "one or more keys; every route but /health, /ping, /version, /metrics needs one"),
-    _f("--ssl-keyfile", V, _I, "TLS key file (uvicorn)"),
-    _f("--ssl-certfile", V, _I, "TLS certificate file (uvicorn)"),
-    _f("--ssl-ca-certs", V, _I, "TLS CA certificates (uvicorn)"),
-    _f("--enable-ssl-refresh", B, _D, "certificates are read once at start", "false"),
-    _f("--ssl-cert-reqs", V, _I, "whether client certificates are required (ssl module's numbers, uvicorn)"),
-    _f("--ssl-ciphers", V, _I, "TLS ciphers (uvicorn)"),
-    _f("--root-path", V, _I, "ASGI root_path, behind a path-based proxy"),
-    _f("--middleware", V, _U, PLUGINS),
-    _f("--enable-request-id-headers", B, _I, "always on: X-Request-Id is echoed on every response"),
-    _f("--disable-fastapi-docs", B, _G, "conveyor serves no OpenAPI docs pages"),
-    _f("--h11-max-incomplete-event-size", V, _I, "largest request head (bytes) before it is refused"),
-    _f("--h11-max-header-count", V, _I, "most request headers before the request is refused"),
-    _f("--enable-offline-docs", B, _G, "conveyor serves no OpenAPI docs pages"),
-    _f("--enable-flash-late-interaction", B, _G, POOLING),
+_ENGINE_FLAGS: tuple[VllmFlag, ...] = (
     # ---- model -----------------------------------------------------------------------------------
     _f("--model", V, _I, "a local HF directory or GGUF file (default: the embedded SmolLM2-135M-Instruct)"),
     _f("--runner", V, _D, POOLING, "auto", "generate"),
@@ -387,6 +275,10 @@ VLLM_FLAGS: tuple[VllmFlag, ...] = (
     _f("--optimization-level", V, _I, "-O0: no CUDA graphs (as --enforce-eager); -O1..-O3: conveyor's defaults"),
     _f("--performance-mode", V, _G, "conveyor's defaults are not tuned by a mode"),
     _f("--weight-transfer-config", V, _U, FEATURE),
+)
+"""vLLM's EngineArgs groups (model ... vLLM config objects), in `vllm serve --help=all` order."""
+
+_OLDER_SPELLINGS: tuple[VllmFlag, ...] = (
     # ---- spellings of older vLLM releases, still in vLLM's docs and scripts ----------------------
     _f("--disable-log-requests", S, _G, "conveyor logs requests only with --enable-log-requests"),
     _f("--swap-space", V, _G, "preemption recomputes; nothing is swapped to CPU"),
@@ -400,4 +292,6 @@ VLLM_FLAGS: tuple[VllmFlag, ...] = (
     _f("--task", V, _D, POOLING, "auto", "generate"),
     _f("--enable-reasoning", S, _U, TOOLS),
 )
+
+VLLM_FLAGS: tuple[VllmFlag, ...] = (*FRONTEND_FLAGS, *_ENGINE_FLAGS, *_OLDER_SPELLINGS)
 """vLLM's flags in `vllm serve --help=all` order (vLLM 0.32), then older spellings."""

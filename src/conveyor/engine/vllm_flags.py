@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from conveyor.config import ConfigError
-from conveyor.engine.vllm_flag_table import VLLM_FLAGS, Arity, FlagStatus, VllmFlag
+from conveyor.engine.vllm_flag_table import VLLM_FLAGS
+from conveyor.engine.vllm_flag_types import Arity, FlagStatus, VllmFlag
 
 logger = logging.getLogger("conveyor.serve")
 

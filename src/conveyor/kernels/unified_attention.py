@@ -20,6 +20,12 @@ from conveyor.kernels.paged_batch import PagedBatch, check_paged_inputs, paged_a
 from conveyor.kernels.triton_compat import tl, triton
 
 LOG2_E = 1.4426950408889634
+ALL_ROWS = 0
+"""`ROWS` of a launch: every sequence of the batch (decode-only batches: they all have one token)."""
+DECODE_ROWS = 1
+"""Only the one-token sequences, one program each (grid (num_seqs, num_kv_heads))."""
+PREFILL_ROWS = 2
+"""Only the sequences of more than one token (the grid of ALL_ROWS; one-token programs exit at once)."""
 
 
 @triton.jit
@@ -48,15 +54,27 @@ def _unified_attention_kernel(
     stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h, stride_bt_s,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
-    q_block_id = tl.program_id(0)
     kv_head = tl.program_id(1)
-    seq = _find_sequence(query_start_loc_ptr, num_seqs, q_block_id, BLOCK_Q)
+    if ROWS == 1:  # DECODE_ROWS: one program per sequence; only the one-token ones
+        seq = tl.program_id(0)
+        q_block = 0
+    else:
+        q_block_id = tl.program_id(0)
+        seq = _find_sequence(query_start_loc_ptr, num_seqs, q_block_id, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
-    q_block = q_block_id - (q_start // BLOCK_Q + seq)
-    if q_block * BLOCK_Q >= q_len:
-        return
+    if ROWS == 1:
+        if q_len != 1:
+            return
+    else:
+        q_block = q_block_id - (q_start // BLOCK_Q + seq)
+        if q_block * BLOCK_Q >= q_len:
+            return
+        if ROWS == 2:  # PREFILL_ROWS
+            if q_len == 1:
+                return
     seq_len = tl.load(seq_lens_ptr + seq)
     context_len = seq_len - q_len
 
@@ -122,32 +140,63 @@ def unified_tile(max_query_len: int, group: int) -> UnifiedTile:
     return UnifiedTile(block_q=block_m // group_pad, block_m=block_m, tile_n=64, num_warps=4, num_stages=2)
 
 
+def decode_tile(group: int) -> UnifiedTile:
+    """One token per program (DECODE_ROWS): the group's query heads, padded to tl.dot's 16 rows."""
+    return UnifiedTile(block_q=1, block_m=max(16, triton.next_power_of_2(group)), tile_n=64, num_warps=4,
+                       num_stages=2)
+
+
 def unified_attention(
     query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, batch: PagedBatch,
     scale: float,
 ) -> torch.Tensor:
-    """query [T, H, d] (bf16/fp16) + paged caches [nb, bs, kvh, d] -> [T, H, d], causal; no host sync."""
+    """query [T, H, d] (bf16/fp16) + paged caches [nb, bs, kvh, d] -> [T, H, d], causal; no host sync.
+
+    A mixed batch is two launches into one output: its one-token sequences with the decode tile, the
+    others with 64-row blocks. In one launch of 64-row blocks a decode row (one token x the group's
+    heads: 4 of 64 rows for Llama's GQA 4) paid 16x the matrix multiplies and exponentials of the
+    decode tile for the same K/V reads, and decodes are most of a mixed step's attention online.
+    Which sequence each launch takes is decided in the kernel from the query lengths, so the launches
+    stay CUDA-graph capturable."""
     group = query.shape[1] // key_cache.shape[2]
-    tile = unified_tile(batch.max_query_len, group)
-    return unified_attention_with_tile(query, (key_cache, value_cache), batch, scale, tile)
+    caches = (key_cache, value_cache)
+    if batch.max_query_len == 1:
+        return unified_attention_with_tile(query, caches, batch, scale, unified_tile(1, group))
+    out = torch.empty_like(query)
+    _launch(out, query, caches, batch, scale, decode_tile(group), DECODE_ROWS)
+    _launch(out, query, caches, batch, scale, unified_tile(batch.max_query_len, group), PREFILL_ROWS)
+    return out
 
 
 def unified_attention_with_tile(
     query: torch.Tensor, caches: tuple[torch.Tensor, torch.Tensor], batch: PagedBatch, scale: float,
     tile: UnifiedTile,
 ) -> torch.Tensor:
-    """`unified_attention` with an explicit launch shape (benchmarks sweep it)."""
+    """`unified_attention` in one launch with an explicit launch shape (benchmarks sweep it)."""
+    out = torch.empty_like(query)
+    _launch(out, query, caches, batch, scale, tile, ALL_ROWS)
+    return out
+
+
+def _launch(
+    out: torch.Tensor, query: torch.Tensor, caches: tuple[torch.Tensor, torch.Tensor], batch: PagedBatch,
+    scale: float, tile: UnifiedTile, rows: int,
+) -> None:
+    """One launch over the sequences `rows` selects, writing their tokens of `out` [T, H, d]."""
     key_cache, value_cache = caches
     check_paged_inputs(query, key_cache, value_cache, batch)
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads = key_cache.shape[2]
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
-    assert tile.block_q * group_pad == tile.block_m, f"block_m must be block_q * {group_pad}: {tile}"
-    out = torch.empty_like(query)
     if num_tokens == 0:
-        return out
-    grid = (num_tokens // tile.block_q + batch.num_seqs, num_kv_heads)
+        return
+    if rows == DECODE_ROWS:
+        assert tile.block_q == 1 and tile.block_m >= group_pad, f"a decode tile holds one token: {tile}"
+        grid = (batch.num_seqs, num_kv_heads)
+    else:
+        assert tile.block_q * group_pad == tile.block_m, f"block_m must be block_q * {group_pad}: {tile}"
+        grid = (num_tokens // tile.block_q + batch.num_seqs, num_kv_heads)
     _unified_attention_kernel[grid](
         out, query, key_cache, value_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
         scale * LOG2_E, batch.num_seqs,
@@ -156,9 +205,8 @@ def unified_attention_with_tile(
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), batch.block_tables.stride(0),
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=tile.block_q, BLOCK_M=tile.block_m,
         TILE_N=tile.tile_n, HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_SIZE=key_cache.shape[1], num_warps=tile.num_warps, num_stages=tile.num_stages,
+        BLOCK_SIZE=key_cache.shape[1], ROWS=rows, num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
-    return out
 
 
 def unified_attention_ref(

@@ -3,8 +3,9 @@
 K/V of the step go to the cache with `store_kv` (negative slots = CUDA-graph padding, skipped). A batch
 that is all decodes and too small to fill the GPU (num_seqs * num_kv_heads programs under two waves)
 with contexts long enough to split runs the split-KV kernel; everything else, mixed prefill/decode
-batches included, runs the unified kernel. The choice reads only host ints of the metadata
-(`max_query_len`, `max_seq_len`, tensor shapes), so it is the same at CUDA-graph capture and replay.
+batches included, runs the unified kernel (two launches for a mixed batch: see unified_attention.py).
+The choice reads only host ints of the metadata (`max_query_len`, `max_seq_len`, tensor shapes), so it
+is the same at CUDA-graph capture and replay.
 """
 
 from __future__ import annotations

@@ -161,12 +161,18 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> logits [N, vocab] (float32 for stable sampling)."""
+        return self.lm_head_logits(hidden).float()
+
+    def lm_head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] -> logits [N, vocab] as the LM head computes them: the model's dtype for a
+        plain head (bf16 on a GPU), float32 for quantized and tensor-parallel heads. The runner hands
+        these to the sampler, which converts to float32 only where it edits or stages them."""
         head = self.model.embed_tokens if self.lm_head is None else self.lm_head
         if isinstance(head, (QuantizedEmbedding, VocabParallelEmbedding)):
             return head.project(hidden)
         if isinstance(head, QuantizedLinear):
             return head(hidden)
-        return linear(hidden, head.weight).float()  # CPU: (W @ h^T)^T, ~2x faster for a few rows
+        return linear(hidden, head.weight)  # CPU: (W @ h^T)^T, ~2x faster for a few rows
 
     def block_format_plan(self, formats: dict[str, BlockFormat | None]) -> dict[str, BlockFormat]:
         """Module name -> layout, for each Linear / Embedding whose every checkpoint shard (HF names in

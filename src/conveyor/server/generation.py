@@ -39,6 +39,7 @@ from conveyor.engine.types import (
 from conveyor.request import FinishReason
 from conveyor.server.errors import APIError, ErrorType, RejectReason
 from conveyor.server.lifecycle import AdmissionGate, InFlightSlot
+from conveyor.server.responses import SSE_DONE
 
 T = TypeVar("T")
 RETRY_AFTER_S = 1
@@ -281,3 +282,39 @@ async def drain(stream: EngineStream, first: RequestOutput) -> list[RequestOutpu
     if error is not None:
         raise error
     return outputs
+
+
+async def drain_all(streams: list[EngineStream], firsts: list[RequestOutput]) -> list[list[RequestOutput]]:
+    """`drain` of every choice, in choice order: what a non-streaming response is built from."""
+    return [await drain(stream, first) for stream, first in zip(streams, firsts)]
+
+
+ChoiceEvent = Callable[[int, RequestOutput, list[RequestOutput]], str]
+"""(choice index, its new output, every choice's latest output) -> the SSE event for that output."""
+
+
+async def sse_events(streams: list[EngineStream], firsts: list[RequestOutput], prelude: list[str],
+                     event: ChoiceEvent, closing: Callable[[list[RequestOutput]], str] | None
+                     ) -> AsyncGenerator[str, None]:
+    """The SSE body both generation endpoints share: `prelude` (the chat role deltas, the echoed prompt),
+    then one event per output that carries something new -- a token whose text the detokenizer holds back
+    still gets its event, as in vLLM -- then `closing(lasts)` (the usage chunk, when asked for) and
+    `[DONE]`. A failed end or an API error mid-stream is the last event instead, with no `[DONE]`."""
+    for text in prelude:
+        yield text
+    lasts = list(firsts)
+    try:
+        async for index, output in merged(streams, firsts):
+            lasts[index] = output
+            error = failed_output_error(output)
+            if error is not None:
+                yield error.to_sse()
+                return
+            if output.new_token_ids or output.new_text or output.finished or output.new_logprobs:
+                yield event(index, output, lasts)
+    except APIError as error:
+        yield error.to_sse()
+        return
+    if closing is not None:
+        yield closing(lasts)
+    yield SSE_DONE

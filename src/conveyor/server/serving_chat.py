@@ -25,20 +25,18 @@ from conveyor.server.context import (
     log_request,
     total_usage,
 )
-from conveyor.server.errors import APIError, bad_request
+from conveyor.server.errors import bad_request
 from conveyor.server.generation import (
     EngineStream,
     ResponseRenderer,
-    drain,
-    failed_output_error,
+    drain_all,
     fan_out,
-    merged,
     open_streams,
     respond,
+    sse_events,
 )
 from conveyor.server.protocol import ChatCompletionRequest
 from conveyor.server.responses import (
-    SSE_DONE,
     ChatChoice,
     ChatChoiceLogprobs,
     ChatCompletionChunk,
@@ -110,18 +108,19 @@ async def create_chat_completion(ctx: ServingContext, body: ChatCompletionReques
 
 async def _collect(ctx: ServingContext, prepared: PreparedChat, streams: list[EngineStream],
                    firsts: list[RequestOutput]) -> ChatCompletionResponse:
-    choices, lasts = [], []
-    for index, (stream, first) in enumerate(zip(streams, firsts)):
-        outputs = await drain(stream, first)
-        last = outputs[-1]
-        entries = [entry for output in outputs for entry in output.new_logprobs]
-        logprobs = ChatChoiceLogprobs.of(entries) if prepared.want_logprobs else None
-        text = "".join(output.new_text for output in outputs)
-        choices.append(ChatChoice(index=index, message=ChatMessageOut(content=text), logprobs=logprobs,
-                                  finish_reason=finish_reason_text(last), stop_reason=last.stop_reason))
-        lasts.append(last)
-    return ChatCompletionResponse(id=prepared.response_id, created=prepared.created,
-                                  model=ctx.model_name, choices=choices, usage=total_usage(ctx, lasts))
+    runs = await drain_all(streams, firsts)
+    choices = [_collected_choice(prepared, index, outputs) for index, outputs in enumerate(runs)]
+    return ChatCompletionResponse(id=prepared.response_id, created=prepared.created, model=ctx.model_name,
+                                  choices=choices, usage=total_usage(ctx, [outputs[-1] for outputs in runs]))
+
+
+def _collected_choice(prepared: PreparedChat, index: int, outputs: list[RequestOutput]) -> ChatChoice:
+    last = outputs[-1]
+    entries = [entry for output in outputs for entry in output.new_logprobs]
+    logprobs = ChatChoiceLogprobs.of(entries) if prepared.want_logprobs else None
+    text = "".join(output.new_text for output in outputs)
+    return ChatChoice(index=index, message=ChatMessageOut(content=text), logprobs=logprobs,
+                      finish_reason=finish_reason_text(last), stop_reason=last.stop_reason)
 
 
 def _chunk(ctx: ServingContext, prepared: PreparedChat, choices: list[ChatStreamChoice],
@@ -130,31 +129,21 @@ def _chunk(ctx: ServingContext, prepared: PreparedChat, choices: list[ChatStream
                                    model=ctx.model_name, choices=choices, usage=usage))
 
 
-def _content_choice(prepared: PreparedChat, index: int, output: RequestOutput) -> ChatStreamChoice:
+def _content_event(ctx: ServingContext, prepared: PreparedChat, index: int, output: RequestOutput,
+                   lasts: list[RequestOutput]) -> str:
     logprobs = ChatChoiceLogprobs.of(output.new_logprobs) if prepared.want_logprobs else None
-    return ChatStreamChoice(index=index, delta=DeltaMessage(content=output.new_text), logprobs=logprobs,
-                            finish_reason=finish_reason_text(output), stop_reason=output.stop_reason)
+    choice = ChatStreamChoice(index=index, delta=DeltaMessage(content=output.new_text), logprobs=logprobs,
+                              finish_reason=finish_reason_text(output), stop_reason=output.stop_reason)
+    return _chunk(ctx, prepared, [choice], total_usage(ctx, lasts) if prepared.continuous_usage else None)
 
 
-async def _chunks(ctx: ServingContext, prepared: PreparedChat, streams: list[EngineStream],
-                  firsts: list[RequestOutput]) -> AsyncGenerator[str, None]:
-    for index in range(len(streams)):
-        yield _chunk(ctx, prepared, [ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
-    lasts = list(firsts)
-    try:
-        async for index, output in merged(streams, firsts):
-            lasts[index] = output
-            error = failed_output_error(output)
-            if error is not None:
-                yield error.to_sse()
-                return
-            # Every new token gets a chunk, even one whose text the detokenizer holds back (as in vLLM).
-            if output.new_token_ids or output.new_text or output.finished or output.new_logprobs:
-                usage = total_usage(ctx, lasts) if prepared.continuous_usage else None
-                yield _chunk(ctx, prepared, [_content_choice(prepared, index, output)], usage)
-    except APIError as error:
-        yield error.to_sse()
-        return
-    if prepared.include_usage:
-        yield _chunk(ctx, prepared, [], total_usage(ctx, lasts))
-    yield SSE_DONE
+def _usage_chunk(ctx: ServingContext, prepared: PreparedChat, lasts: list[RequestOutput]) -> str:
+    return _chunk(ctx, prepared, [], total_usage(ctx, lasts))
+
+
+def _chunks(ctx: ServingContext, prepared: PreparedChat, streams: list[EngineStream],
+            firsts: list[RequestOutput]) -> AsyncGenerator[str, None]:
+    roles = [_chunk(ctx, prepared, [ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
+             for index in range(len(streams))]
+    closing = functools.partial(_usage_chunk, ctx, prepared) if prepared.include_usage else None
+    return sse_events(streams, firsts, roles, functools.partial(_content_event, ctx, prepared), closing)

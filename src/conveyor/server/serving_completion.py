@@ -19,20 +19,17 @@ from conveyor.server.context import (
     log_request,
     total_usage,
 )
-from conveyor.server.errors import APIError
 from conveyor.server.generation import (
     EngineStream,
     ResponseRenderer,
-    drain,
-    failed_output_error,
+    drain_all,
     fan_out,
-    merged,
     open_streams,
     respond,
+    sse_events,
 )
 from conveyor.server.protocol import CompletionRequest
 from conveyor.server.responses import (
-    SSE_DONE,
     CompletionChoice,
     CompletionLogprobs,
     CompletionResponse,
@@ -101,22 +98,23 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, http_r
 
 async def _collect(ctx: ServingContext, prepared: PreparedCompletion, streams: list[EngineStream],
                    firsts: list[RequestOutput]) -> CompletionResponse:
-    choices, lasts = [], []
-    for index, (stream, first) in enumerate(zip(streams, firsts)):
-        outputs = await drain(stream, first)
-        last = outputs[-1]
-        texts = [prepared.echo_text] if prepared.echo_text is not None else []
-        texts.extend(output.new_text for output in outputs)
-        logprobs = CompletionLogprobs() if prepared.want_logprobs else None
-        offset = 0
-        for output in outputs:
-            if logprobs is not None:
-                offset = logprobs.extend(output.new_logprobs, offset)
-        choices.append(CompletionChoice(index=index, text="".join(texts), logprobs=logprobs,
-                                        finish_reason=finish_reason_text(last), stop_reason=last.stop_reason))
-        lasts.append(last)
-    return CompletionResponse(id=prepared.response_id, created=prepared.created,
-                              model=ctx.model_name, choices=choices, usage=total_usage(ctx, lasts))
+    runs = await drain_all(streams, firsts)
+    choices = [_collected_choice(prepared, index, outputs) for index, outputs in enumerate(runs)]
+    return CompletionResponse(id=prepared.response_id, created=prepared.created, model=ctx.model_name,
+                              choices=choices, usage=total_usage(ctx, [outputs[-1] for outputs in runs]))
+
+
+def _collected_choice(prepared: PreparedCompletion, index: int, outputs: list[RequestOutput]) -> CompletionChoice:
+    last = outputs[-1]
+    texts = [prepared.echo_text] if prepared.echo_text is not None else []
+    texts.extend(output.new_text for output in outputs)
+    logprobs = CompletionLogprobs() if prepared.want_logprobs else None
+    offset = 0
+    for output in outputs:
+        if logprobs is not None:
+            offset = logprobs.extend(output.new_logprobs, offset)
+    return CompletionChoice(index=index, text="".join(texts), logprobs=logprobs,
+                            finish_reason=finish_reason_text(last), stop_reason=last.stop_reason)
 
 
 def _chunk(ctx: ServingContext, prepared: PreparedCompletion, choices: list[CompletionChoice],
@@ -125,32 +123,24 @@ def _chunk(ctx: ServingContext, prepared: PreparedCompletion, choices: list[Comp
                                   model=ctx.model_name, choices=choices, usage=usage))
 
 
-async def _chunks(ctx: ServingContext, prepared: PreparedCompletion, streams: list[EngineStream],
-                  firsts: list[RequestOutput]) -> AsyncGenerator[str, None]:
-    if prepared.echo_text:
-        for index in range(len(streams)):
-            yield _chunk(ctx, prepared, [CompletionChoice(index=index, text=prepared.echo_text)])
-    offsets = [0] * len(streams)
-    lasts = list(firsts)
-    try:
-        async for index, output in merged(streams, firsts):
-            lasts[index] = output
-            error = failed_output_error(output)
-            if error is not None:
-                yield error.to_sse()
-                return
-            if not (output.new_token_ids or output.new_text or output.finished or output.new_logprobs):
-                continue  # nothing new (a token whose text is held back still gets its chunk, as in vLLM)
-            logprobs = None
-            if prepared.want_logprobs:
-                logprobs = CompletionLogprobs()
-                offsets[index] = logprobs.extend(output.new_logprobs, offsets[index])
-            choice = CompletionChoice(index=index, text=output.new_text, logprobs=logprobs,
-                                      finish_reason=finish_reason_text(output), stop_reason=output.stop_reason)
-            yield _chunk(ctx, prepared, [choice], total_usage(ctx, lasts) if prepared.continuous_usage else None)
-    except APIError as error:
-        yield error.to_sse()
-        return
-    if prepared.include_usage:
-        yield _chunk(ctx, prepared, [], total_usage(ctx, lasts))
-    yield SSE_DONE
+def _chunks(ctx: ServingContext, prepared: PreparedCompletion, streams: list[EngineStream],
+            firsts: list[RequestOutput]) -> AsyncGenerator[str, None]:
+    echo = [_chunk(ctx, prepared, [CompletionChoice(index=index, text=prepared.echo_text)])
+            for index in range(len(streams)) if prepared.echo_text]
+    offsets = [0] * len(streams)  # each choice's running text offset, for its logprobs
+
+    def event(index: int, output: RequestOutput, lasts: list[RequestOutput]) -> str:
+        logprobs = None
+        if prepared.want_logprobs:
+            logprobs = CompletionLogprobs()
+            offsets[index] = logprobs.extend(output.new_logprobs, offsets[index])
+        choice = CompletionChoice(index=index, text=output.new_text, logprobs=logprobs,
+                                  finish_reason=finish_reason_text(output), stop_reason=output.stop_reason)
+        return _chunk(ctx, prepared, [choice], total_usage(ctx, lasts) if prepared.continuous_usage else None)
+
+    closing = functools.partial(_usage_chunk, ctx, prepared) if prepared.include_usage else None
+    return sse_events(streams, firsts, echo, event, closing)
+
+
+def _usage_chunk(ctx: ServingContext, prepared: PreparedCompletion, lasts: list[RequestOutput]) -> str:
+    return _chunk(ctx, prepared, [], total_usage(ctx, lasts))

@@ -218,7 +218,8 @@ class ModelRunner:
         request_ids = [state.request_id for state in batch]
         if sampling_batch is None:
             return StepHandle.done(ModelRunnerOutput(sampled_token_ids={request_id: [] for request_id in request_ids}))
-        logits = self.model.compute_logits(rows).float()  # [S, V]
+        # [S, V] in the LM head's dtype: the sampler makes the float32 copy only where it needs one
+        logits = self.model.lm_head_logits(rows)
         if sampling_batch.max_num_logprobs is not None:  # logprobs are read on the host: finish now
             return StepHandle.done(self._sample(sampling, logits, sampling_batch, request_ids))
         return self._launch_sampling(request_ids, sampling, logits, sampling_batch)

@@ -11,16 +11,62 @@ The pipeline follows vLLM V1, in this order:
    `max_top_k` candidates (a top-k of 50 instead of a sort of the vocabulary), then draw by the
    exponential race (argmax of p / q with q ~ Exp(1), equivalent to a categorical draw) so that each
    seeded row draws its noise from its own generator and unseeded rows share the runner's generator.
+
+The fused path: on CUDA with Triton, a batch whose random rows all do plain temperature sampling (no
+top-k, top-p, min-p) from the shared generator (no seed of their own) skips steps 4-5: one Gumbel-max
+kernel (kernels/gumbel_sample.py) draws every row, greedy rows at temperature 0, in one read of the
+logits. Without edits (2, 3, logit_bias, grammar) it reads the LM head's logits as they come (bf16),
+with no float32 copy; logprobs are taken in float32 either way. Everything else, and the CPU, takes
+the staged path, unchanged (seeded rows reproduce exactly as before).
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import torch
 
 from conveyor.core.outputs import TokenLogprobs
-from conveyor.worker.sampling_metadata import PenaltyInputs, SamplingBatch
+from conveyor.kernels.gumbel_sample import gumbel_sample, gumbel_sample_supported
+from conveyor.worker.sampling_metadata import PenaltyInputs, RandomSampling, SamplingBatch
+
+SEED_BOUND = 1 << 62
+"""The fused kernel's per-step Philox seed is drawn from [0, SEED_BOUND) with the shared generator."""
+
+
+class SamplingPath(enum.Enum):
+    """How a batch is drawn (see the module docstring)."""
+
+    GREEDY = "greedy"
+    """Every row greedy: one argmax."""
+    FUSED = "fused"
+    """One Gumbel-max kernel for every row: plain temperature sampling, shared generator, CUDA + Triton."""
+    STAGED = "staged"
+    """Temperature, min-p, top-k / top-p, then the exponential race (per-row generators for seeded rows)."""
+
+
+def sampling_path(batch: SamplingBatch, fused_available: bool) -> SamplingPath:
+    """The path for `batch`; fused_available: whether the Gumbel-max kernel runs on the logits' device."""
+    random = batch.random
+    if random is None:
+        return SamplingPath.GREEDY
+    plain = random.top_k is None and random.top_p is None and random.min_p is None and not random.generators
+    return SamplingPath.FUSED if plain and fused_available else SamplingPath.STAGED
+
+
+def edits_logits(batch: SamplingBatch) -> bool:
+    """Whether the logits change before the draw (grammar, logit_bias, min_tokens, penalties)."""
+    return (batch.grammar is not None or batch.logit_bias is not None or batch.masked_rows is not None
+            or batch.penalties is not None)
+
+
+def reads_lm_head_logits(batch: SamplingBatch, fused_available: bool) -> bool:
+    """Whether `Sampler.sample` reads the LM head's logits in their own dtype (bf16) instead of a float32
+    copy: only where the fused kernel exists (the CPU converts as it always did), only for a path that
+    never writes the logits, and only without edits (they stay in float32, as the staged path)."""
+    path = sampling_path(batch, fused_available)
+    return fused_available and path is not SamplingPath.STAGED and not edits_logits(batch)
 
 
 @dataclass(frozen=True)
@@ -38,7 +84,7 @@ class Sampler:
         self.generator = generator
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
-        """logits: [N, V] float32, modified in place."""
+        """logits: [N, V] float32 (modified in place) or the LM head's dtype (see `sample`)."""
         raw = raw_logprobs(logits, batch)
         sampled = self.sample(logits, batch)  # [N] int64
         token_ids = sampled.tolist()
@@ -47,9 +93,13 @@ class Sampler:
         return SamplerOutput(token_ids, gather_logprobs(raw, sampled, batch.num_logprobs))
 
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """[N] int64 token ids left on the device (no host sync); logits [N, V] float32, modified in
-        place. Logprobs, if wanted, must be taken from the logits before (see `__call__`)."""
+        """[N] int64 token ids left on the device (no host sync). logits [N, V]: float32, modified in
+        place, or the LM head's dtype, read as they are where `reads_lm_head_logits` says so and
+        converted to float32 otherwise. Logprobs, if wanted, must be taken before (see `__call__`)."""
         assert logits.dim() == 2 and logits.shape[0] == batch.num_rows, logits.shape
+        fused_available = gumbel_sample_supported(logits.device)
+        if not reads_lm_head_logits(batch, fused_available):
+            logits = logits.float()  # float32 logits: the same tensor, edited in place below
         if batch.grammar is not None:
             apply_token_bitmask(logits, batch.grammar.rows, batch.grammar.bitmask)
         if batch.logit_bias is not None:
@@ -59,27 +109,43 @@ class Sampler:
             logits[batch.masked_rows, batch.masked_token_ids] = float("-inf")
         if batch.penalties is not None:
             apply_penalties(logits, batch.penalties)
-        return self._sample(logits, batch)
-
-    def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """[N] int64: argmax for greedy rows, a draw for the others (only they pay for it)."""
-        random = batch.random
-        if random is None:
+        path = sampling_path(batch, fused_available)
+        if path is SamplingPath.GREEDY:
             return logits.argmax(dim=-1)
-        chosen = logits if random.rows is None else logits[random.rows]  # [R, V]
-        scaled = chosen / random.temperature.unsqueeze(1)  # a new tensor: edits below stay local
-        if random.min_p is not None:
-            apply_min_p(scaled, random.min_p)
-        candidates = None
-        if random.top_k is not None or random.top_p is not None:
-            scaled, candidates = top_k_top_p_candidates(scaled, random.top_k, random.top_p, random.max_top_k)
-        probs = scaled.softmax(dim=-1)  # [R, K]
-        drawn = exponential_race(probs, candidates, logits.shape[1], random.generators, self.generator)
-        if random.rows is None:
-            return drawn
-        sampled = logits.argmax(dim=-1)
-        sampled[random.rows] = drawn
-        return sampled
+        assert batch.random is not None
+        if path is SamplingPath.FUSED:
+            return self._fused_sample(logits, batch.random)
+        return staged_sample(logits, batch.random, self.generator)
+
+    def _fused_sample(self, logits: torch.Tensor, random: RandomSampling) -> torch.Tensor:
+        """[N] int64 from the Gumbel-max kernel: random rows at their temperature, greedy rows at 0."""
+        temperature = random.temperature  # [N] when every row draws at random
+        if random.rows is not None:  # greedy rows too: temperature 0 for them
+            temperature = torch.zeros(logits.shape[0], dtype=torch.float32, device=logits.device)
+            temperature.index_copy_(0, random.rows, random.temperature)
+        # The seed is drawn on the device, from the shared generator: no host sync, and reproducible
+        # from the runner's seed as the staged path's noise is.
+        seed = torch.randint(SEED_BOUND, (1,), generator=self.generator, device=logits.device)
+        return gumbel_sample(logits.contiguous(), temperature, seed)
+
+
+def staged_sample(logits: torch.Tensor, random: RandomSampling, shared: torch.Generator) -> torch.Tensor:
+    """[N] int64 by the staged path: argmax for greedy rows, a draw for the others (only they pay for
+    it); logits [N, V] float32; `shared` draws the noise of rows without their own generator."""
+    chosen = logits if random.rows is None else logits[random.rows]  # [R, V]
+    scaled = chosen / random.temperature.unsqueeze(1)  # a new tensor: edits below stay local
+    if random.min_p is not None:
+        apply_min_p(scaled, random.min_p)
+    candidates = None
+    if random.top_k is not None or random.top_p is not None:
+        scaled, candidates = top_k_top_p_candidates(scaled, random.top_k, random.top_p, random.max_top_k)
+    probs = scaled.softmax(dim=-1)  # [R, K]
+    drawn = exponential_race(probs, candidates, logits.shape[1], random.generators, shared)
+    if random.rows is None:
+        return drawn
+    sampled = logits.argmax(dim=-1)
+    sampled[random.rows] = drawn
+    return sampled
 
 
 def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
@@ -95,7 +161,8 @@ def raw_logprobs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor | N
     """[N, V] log_softmax of the model's logits, if some row asked for logprobs (take it before `sample`)."""
     if batch.max_num_logprobs is None:
         return None
-    return torch.log_softmax(logits, dim=-1)  # [N, V], a new tensor: later in-place edits don't touch it
+    # [N, V] float32 whatever the logits' dtype; a new tensor: later in-place edits don't touch it
+    return torch.log_softmax(logits, dim=-1, dtype=torch.float32)
 
 
 def apply_penalties(logits: torch.Tensor, penalties: PenaltyInputs) -> None:

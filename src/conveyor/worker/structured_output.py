@@ -60,10 +60,22 @@ def make_tokenizer(vocab: GrammarVocab) -> LLTokenizer:
     another's tokenizer) llguidance refuses them, and the tokenizer's own EOS ends it instead."""
     text = vocab.tokenizer_json()
     try:
-        return LLTokenizer(text, n_vocab=vocab.vocab_size, eos_token=list(vocab.eos_token_ids) or None)
+        return _with_eos(text, vocab)
     except ValueError as error:
         logger.warning("structured outputs: %s; grammars end on the tokenizer's own EOS", error)
         return LLTokenizer(text, n_vocab=vocab.vocab_size)
+
+
+def _with_eos(text: str, vocab: GrammarVocab) -> LLTokenizer:
+    """llguidance >= 1.7 takes a list of EOS ids; earlier releases (pyproject allows >= 1.0, and the GPU
+    machine's image had 1.6.1) take one id and raise TypeError on a list: they get the first id."""
+    ids = list(vocab.eos_token_ids)
+    if not ids:
+        return LLTokenizer(text, n_vocab=vocab.vocab_size)
+    try:
+        return LLTokenizer(text, n_vocab=vocab.vocab_size, eos_token=ids)
+    except TypeError:
+        return LLTokenizer(text, n_vocab=vocab.vocab_size, eos_token=ids[0])
 
 
 class StructuredOutputs:

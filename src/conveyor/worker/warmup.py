@@ -6,7 +6,8 @@ it `do_not_specialize`). CUDA graph capture launches, and so compiles, everythin
 mixed buckets use. What remains are the eager paths: steps larger than the largest mixed bucket
 (every step under `--enforce-eager`), decode batches above the largest decode bucket, the split-KV
 reduction at each padded split count, and the sampler's optional stages (top-k/top-p, min-p,
-penalties, logprobs, seeded draws), whose CUDA modules load lazily on first use. Each of them runs
+penalties, logprobs, seeded draws), whose CUDA modules load lazily on first use, and its fused
+Gumbel-max kernel, compiled once per logits dtype. Each of them runs
 here once, on dummy requests, so that neither a server's first requests nor a benchmark's timed
 window wait for a compiler. The dummy steps write garbage into KV block 0, which no request holds
 yet at start-up; they never touch the scheduler.
@@ -105,13 +106,16 @@ def sampler_variants() -> list[SamplingParams]:
 
 @torch.inference_mode()
 def warm_up_sampler(runner: ModelRunner) -> None:
-    """Sample a dummy logits batch with every variant mixed in one batch, then each on its own."""
+    """Sample a dummy logits batch with every variant mixed in one batch, then each on its own, with
+    logits in float32 and in the model's dtype (the LM head's, which the fused kernel reads as it is:
+    one compiled variant per dtype)."""
     variants = sampler_variants()
     groups: list[list[SamplingParams]] = [variants, *([params] for params in variants)]
-    for group in groups:
-        requests = [SamplingRequest(params, [0, 1], 1, _generator_for(runner, params)) for params in group]
-        logits = torch.zeros(len(requests), runner.vocab_size, device=runner.device)  # [N, V] float32
-        runner.sampler(logits, build_sampling_batch(requests, runner.vocab, runner.device))
+    for dtype in dict.fromkeys((torch.float32, runner.dtype)):
+        for group in groups:
+            requests = [SamplingRequest(params, [0, 1], 1, _generator_for(runner, params)) for params in group]
+            logits = torch.zeros(len(requests), runner.vocab_size, dtype=dtype, device=runner.device)  # [N, V]
+            runner.sampler(logits, build_sampling_batch(requests, runner.vocab, runner.device))
 
 
 def _generator_for(runner: ModelRunner, params: SamplingParams) -> torch.Generator | None:
@@ -159,7 +163,8 @@ def warm_up(runner: ModelRunner) -> None:
     torch.cuda.synchronize()
 
 
-KERNEL_MODULES = ("rms_norm", "rotary", "silu_and_mul", "split_kv_attention", "store_kv", "unified_attention")
+KERNEL_MODULES = ("gumbel_sample", "rms_norm", "rotary", "silu_and_mul", "split_kv_attention", "store_kv",
+                  "unified_attention")
 """The modules of conveyor.kernels that define Triton kernels."""
 
 

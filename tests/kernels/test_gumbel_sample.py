@@ -1,0 +1,181 @@
+"""Gumbel-max sampling: the reference draws from softmax(logits / T) (CPU); the kernel computes the
+reference on its own uniforms, is exact argmax at temperature 0 and follows the distribution (GPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+import torch
+
+from conveyor.kernels.gumbel_sample import (
+    gumbel_sample,
+    gumbel_sample_ref,
+    gumbel_sample_supported,
+    gumbel_uniforms,
+)
+from conveyor.kernels.triton_compat import HAS_TRITON
+
+gpu = pytest.mark.skipif(not (torch.cuda.is_available() and HAS_TRITON), reason="needs CUDA and Triton")
+
+CHI_SQUARE_999 = {3: 16.27, 7: 24.32}
+"""The chi-square distribution's 99.9th percentile by degrees of freedom: a correct sampler fails a
+fixed-seed test at most 1 time in 1000 seeds, a wrong distribution (any bias over ~1%) nearly always."""
+PROBS = torch.tensor([0.30, 0.22, 0.16, 0.12, 0.09, 0.06, 0.04, 0.01])
+"""A softmax(logits) over a vocabulary of 8, with no token rare enough to starve its bin."""
+
+
+def chi_square(tokens: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson's statistic of the drawn tokens against the expected probabilities (all > 0)."""
+    counts = torch.bincount(tokens.cpu(), minlength=probs.numel()).double()
+    expected = probs.double() * tokens.numel()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def tempered(probs: torch.Tensor, temperature: float) -> torch.Tensor:
+    """softmax(log(probs) / T): what a draw at temperature T follows."""
+    return torch.softmax(probs.log() / temperature, dim=-1)
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+def test_reference_draws_from_the_tempered_softmax(temperature: float) -> None:
+    num_rows = 20000
+    logits = (PROBS.log() + 3.0).expand(num_rows, 8)  # a shift changes nothing
+    uniform = torch.rand(num_rows, 8, generator=torch.Generator().manual_seed(int(temperature * 10)))
+    tokens = gumbel_sample_ref(logits, torch.full((num_rows,), temperature), uniform)
+    assert chi_square(tokens, tempered(PROBS, temperature)) < CHI_SQUARE_999[7]
+
+
+def test_reference_with_masked_tokens_draws_from_the_rest() -> None:
+    num_rows = 20000
+    logits = PROBS.log().expand(num_rows, 8).clone()
+    logits[:, 1::2] = float("-inf")
+    uniform = torch.rand(num_rows, 8, generator=torch.Generator().manual_seed(5))
+    tokens = gumbel_sample_ref(logits, torch.ones(num_rows), uniform)
+    assert (tokens % 2 == 0).all()
+    kept = PROBS[0::2] / PROBS[0::2].sum()
+    assert chi_square(tokens // 2, kept) < CHI_SQUARE_999[3]
+
+
+def test_reference_greedy_rows_are_exact_argmax_with_lowest_index_ties() -> None:
+    logits = torch.randn(64, 1000).round(decimals=1)  # many ties at the maximum
+    logits[3, :] = 2.0  # all tied: column 0
+    uniform = torch.rand(64, 1000, generator=torch.Generator().manual_seed(0))
+    tokens = gumbel_sample_ref(logits, torch.zeros(64), uniform)
+    assert torch.equal(tokens, logits.argmax(dim=-1)) and tokens[3] == 0
+    first_max = [int((row == row.max()).nonzero()[0]) for row in logits]
+    assert tokens.tolist() == first_max
+
+
+def test_reference_never_picks_minus_inf_even_at_extreme_uniforms() -> None:
+    logits = torch.full((4, 16), float("-inf"))
+    logits[:, 5] = -50.0  # the only finite token, and a low one
+    uniform = torch.rand(4, 16, generator=torch.Generator().manual_seed(1))
+    uniform[0] = 0.0  # exactly 0 and exactly 1: clamped, so the noise stays finite
+    uniform[1] = 1.0
+    uniform[2, 5], uniform[3, 5] = 0.0, 1.0
+    tokens = gumbel_sample_ref(logits, torch.tensor([1.0, 1e-2, 1.0, 100.0]), uniform)
+    assert tokens.tolist() == [5, 5, 5, 5]
+    all_masked = torch.full((2, 16), float("-inf"))
+    assert gumbel_sample_ref(all_masked, torch.tensor([0.0, 1.0]), uniform[:2]).tolist() == [0, 0]
+
+
+def test_reference_reads_bf16_logits_as_their_float32_values() -> None:
+    logits = torch.randn(32, 500).bfloat16()
+    uniform = torch.rand(32, 500, generator=torch.Generator().manual_seed(2))
+    temperature = torch.rand(32) + 0.1
+    assert torch.equal(gumbel_sample_ref(logits, temperature, uniform),
+                       gumbel_sample_ref(logits.float(), temperature, uniform))
+
+
+def test_kernel_is_cuda_only() -> None:
+    assert not gumbel_sample_supported(torch.device("cpu"))
+    if not HAS_TRITON:
+        with pytest.raises(RuntimeError, match="needs Triton"):
+            gumbel_sample(torch.zeros(1, 8), torch.ones(1), torch.zeros(1, dtype=torch.int64))
+
+
+def test_sampler_bench_dry_run_checks_shapes_and_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    path = pathlib.Path(__file__).parents[2] / "benchmarks" / "gpu" / "sampler_bench.py"
+    spec = importlib.util.spec_from_file_location("sampler_bench", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--dry-run", "--num-rows", "1", "5", "--vocab-sizes", "8", "5000", "--temperature", "0.7"])
+    rows = [json.loads(line.removeprefix("RESULT ")) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["num_rows"], r["vocab_size"]) for r in rows] == [(1, 8), (5, 8), (1, 5000), (5, 5000)]
+    for bad in (["--dry-run", "--temperature", "0"], ["--dry-run", "--num-rows", "0"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            bench.parse_args([])  # a timed run needs the GPU
+
+
+def device_seed(seed: int) -> torch.Tensor:
+    return torch.tensor([seed], dtype=torch.int64, device="cuda")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("vocab_size", [49152, 128256, 151936])
+@pytest.mark.parametrize("num_rows", [1, 7, 256])
+def test_kernel_greedy_is_torch_argmax(num_rows: int, vocab_size: int, dtype: torch.dtype) -> None:
+    logits = (torch.randn(num_rows, vocab_size, device="cuda") * 4).to(dtype)  # bf16: ties at the max
+    logits[-1, [10, 5000, vocab_size - 1]] = 100.0  # a tie across tiles: the lowest column
+    tokens = gumbel_sample(logits, torch.zeros(num_rows, device="cuda"), device_seed(0))
+    assert tokens.dtype == torch.int64 and tokens.is_cuda
+    assert torch.equal(tokens, logits.argmax(dim=-1)) and tokens[-1] == 10
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_kernel_computes_the_reference_on_its_uniforms(dtype: torch.dtype) -> None:
+    num_rows, vocab_size = 256, 128256
+    logits = (torch.randn(num_rows, vocab_size, device="cuda") * 2).to(dtype)
+    temperature = torch.rand(num_rows, device="cuda") * 2 + 0.05
+    temperature[::5] = 0.0  # greedy rows in the same launch
+    seed = device_seed(1234)
+    tokens = gumbel_sample(logits, temperature, seed)
+    ref = gumbel_sample_ref(logits, temperature, gumbel_uniforms(num_rows, vocab_size, seed))
+    # the kernel scores in base 2 with a reciprocal: a near-tie may round the other way, rarely
+    assert int((tokens != ref).sum()) <= 1
+    assert torch.equal(tokens[::5], logits[::5].argmax(dim=-1))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+def test_kernel_draws_from_the_tempered_softmax(temperature: float) -> None:
+    num_rows = 50000  # one launch: the row is part of every Philox counter
+    logits = PROBS.log().to("cuda").expand(num_rows, 8).contiguous().bfloat16()
+    probs = torch.softmax(logits.float()[0].cpu(), dim=-1)  # bf16 rounding moved the logits a little
+    tokens = gumbel_sample(logits, torch.full((num_rows,), temperature, device="cuda"), device_seed(7))
+    assert chi_square(tokens, tempered(probs, temperature)) < CHI_SQUARE_999[7]
+
+
+@pytest.mark.gpu
+@gpu
+def test_kernel_never_picks_masked_tokens() -> None:
+    num_rows, vocab_size = 512, 151936
+    logits = torch.randn(num_rows, vocab_size, device="cuda").bfloat16()
+    logits[:, 1::2] = float("-inf")
+    logits[0, :] = float("-inf")  # a fully masked row: column 0, as torch.argmax
+    tokens = gumbel_sample(logits, torch.full((num_rows,), 5.0, device="cuda"), device_seed(3))
+    assert tokens[0] == 0 and (tokens[1:] % 2 == 0).all()
+
+
+@pytest.mark.gpu
+@gpu
+def test_kernel_same_seed_same_tokens_other_seed_other_tokens() -> None:
+    num_rows, vocab_size = 256, 128256
+    logits = torch.randn(num_rows, vocab_size, device="cuda").bfloat16()
+    temperature = torch.ones(num_rows, device="cuda")
+    first = gumbel_sample(logits, temperature, device_seed(11))
+    assert torch.equal(first, gumbel_sample(logits, temperature, device_seed(11)))
+    other = gumbel_sample(logits, temperature, device_seed(12))
+    assert (first != other).float().mean() > 0.9  # near-flat rows over 128k tokens: almost never equal
