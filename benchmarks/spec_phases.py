@@ -102,12 +102,16 @@ def instrument_runner(runner: ModelRunner, clock: PhaseClock) -> None:
     runner.collect = clock.wrap("collect", runner.collect)  # type: ignore[method-assign]
     runner._forward = clock.wrap("forward", runner._forward)  # type: ignore[method-assign]
     runner.sampler.sample = clock.wrap("sample", runner.sampler.sample)  # type: ignore[method-assign]
-    logits = clock.wrap("compute_logits", runner.model.compute_logits)
-    runner.model.compute_logits = logits
+    # The LM head: compute_logits, and lm_head_logits where the runner hands the sampler bf16 logits
+    # (compute_logits then calls it; exclusive times keep the two apart, both under one phase).
+    heads = [name for name in ("compute_logits", "lm_head_logits") if hasattr(runner.model, name)]
+    for name in heads:
+        setattr(runner.model, name, clock.wrap("compute_logits", getattr(runner.model, name)))
     decoder = runner.spec_decoder
     if decoder is None:
         return
-    decoder.target = dataclasses.replace(decoder.target, compute_logits=logits)
+    field = "lm_head_logits" if hasattr(decoder.target, "lm_head_logits") else "compute_logits"
+    decoder.target = dataclasses.replace(decoder.target, **{field: getattr(runner.model, field)})
     decoder.propose = clock.wrap("propose", decoder.propose)  # type: ignore[method-assign]
     proposer = decoder.proposer
     for name, phase in (("rows", "ngram_sync"), ("index", "ngram_sync")):

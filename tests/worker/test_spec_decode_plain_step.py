@@ -3,15 +3,18 @@ speculation off, and gives exactly what the full verification path gives for it.
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
 import pytest
+import torch
 from runner_harness import write_tiny_llama
 from spec_harness import SpecScheduler, make_spec_runner
 
 from conveyor.config import SpeculativeConfig, SpeculativeMethod
 from conveyor.core.outputs import TokenLogprobs
 from conveyor.sampling_params import SamplingParams
+from conveyor.worker.sampling_metadata import SamplingBatch
 from conveyor.worker.spec_decode.spec_decoder import SpecDecoder
 
 # Distinct ids: n-gram lookup (min 2) finds nothing at first, drafts come once the output repeats.
@@ -69,3 +72,26 @@ def test_plain_steps_give_what_verification_and_speculation_off_give(model_dir: 
 
 def _records(logprobs: list[list[TokenLogprobs]]) -> list[tuple[int, float, list[int]]]:
     return [(lp.token_id, round(lp.logprob, 5), lp.top_token_ids) for entry in logprobs for lp in entry]
+
+
+def test_the_sampler_gets_the_lm_heads_logits_as_the_plain_runner_hands_them(model_dir: pathlib.Path) -> None:
+    """Plain and verification steps pass the LM head's logits in its own dtype (bf16 on a GPU, where
+    the fused sampler reads them without a float32 copy), as the runner without speculation does."""
+    runner, scheduler = make_spec_runner(model_dir, NGRAM), SpecScheduler()
+    decoder = runner.spec_decoder
+    assert decoder is not None
+    head = decoder.target.lm_head_logits
+    decoder.target = dataclasses.replace(decoder.target, lm_head_logits=lambda rows: head(rows).bfloat16())
+    seen: list[torch.dtype] = []
+    sample = runner.sampler.sample
+
+    def recording(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        seen.append(logits.dtype)
+        return sample(logits, batch)
+
+    runner.sampler.sample = recording  # type: ignore[method-assign]
+    for request_id, prompt in PROMPTS.items():
+        scheduler.add(request_id, prompt, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+    while not all(request.done for request in scheduler.requests.values()):
+        scheduler.step(runner)
+    assert scheduler.stats.num_drafts > 0 and seen and set(seen) == {torch.bfloat16}

@@ -103,7 +103,7 @@ class ModelRunner:
             attention_backend=self.attention_backend,
         )
         target = TargetModel(forward=lambda host: self._forward(host, _no_placeholders),
-                             compute_logits=self.model.compute_logits, sampler=self.sampler, vocab=self.vocab,
+                             lm_head_logits=self.model.lm_head_logits, sampler=self.sampler, vocab=self.vocab,
                              device=self.device, block_size=self.block_size)
         return SpecDecoder(make_proposer(self.speculative_config, setup), target, self._new_generator)
 

@@ -79,8 +79,9 @@ class TargetModel:
 
     forward: Callable[[HostBatch], torch.Tensor]
     """host -> hidden rows [N, H] of host.logits_indices (a CUDA graph or an eager forward)."""
-    compute_logits: Callable[[torch.Tensor], torch.Tensor]
-    """hidden [N, H] -> logits [N, V]."""
+    lm_head_logits: Callable[[torch.Tensor], torch.Tensor]
+    """hidden [N, H] -> logits [N, V] in the LM head's dtype (bf16 on a GPU), as the plain runner hands
+    them to the sampler, which makes a float32 copy only where it needs one."""
     sampler: Sampler
     vocab: VocabInfo
     device: torch.device
@@ -124,7 +125,7 @@ class SpecDecoder:
         rows = self.target.forward(host)
         if plan is None:
             return Verified([], None)
-        return self.verify(self.target.compute_logits(rows).float(), plan)  # logits [R, V]
+        return self.verify(self.target.lm_head_logits(rows), plan)  # logits [R, V]
 
     def plain_step(self, host: HostBatch, sampling: list[RequestState]) -> Verified:
         """A step with no draft: the runner's plain sampling (one row per request, its own generator),
@@ -135,7 +136,7 @@ class SpecDecoder:
         rows = self.target.forward(host)  # launched after the sampler inputs' host-to-device copies
         if sampling_batch is None:
             return Verified([], None)
-        result = self.target.sampler(self.target.compute_logits(rows).float(), sampling_batch)  # logits [S, V]
+        result = self.target.sampler(self.target.lm_head_logits(rows), sampling_batch)  # logits [S, V]
         token_ids = [[token_id] for token_id in result.sampled_token_ids]
         if sampling_batch.max_num_logprobs is None:
             return Verified(token_ids, None)
@@ -166,7 +167,8 @@ class SpecDecoder:
         return list(state.draft_generators[:num_drafts])
 
     def verify(self, logits: torch.Tensor, plan: VerifyPlan) -> Verified:
-        """logits [R, V] of every verified position (modified in place) -> what each request keeps."""
+        """logits [R, V] of every verified position, in the LM head's dtype (the sampler reads or copies
+        them as for plain decoding; modified in place where float32) -> what each request keeps."""
         raw = raw_logprobs(logits, plan.sampling_batch)
         targets = self.target.sampler.sample(logits, plan.sampling_batch)  # [R] on the device
         kept = verify_drafts(targets, plan.layout).to_lists()
