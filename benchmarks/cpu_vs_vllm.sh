@@ -58,7 +58,7 @@ start_server() {  # $1 = server name, $2 = port, $3 = log file; sets SERVER
   esac
   SERVER=$!
 }
-SERVER=0; trap '[ "$SERVER" -gt 0 ] && kill "$SERVER" 2>/dev/null; true' EXIT  # never `kill 0`: that is the process group
+SERVER=0; trap '[ "$SERVER" -gt 0 ] && kill "$SERVER" 2>/dev/null || true' EXIT  # never `kill 0`: that is the process group; || true: under set -e a failed kill of a server already gone made the script exit 1
 for run in $(seq "$RUNS"); do
   for name in $SERVERS; do
     PORT=$(free_port)
