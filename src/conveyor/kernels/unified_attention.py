@@ -43,6 +43,30 @@ def _find_sequence(query_start_loc_ptr, num_seqs, q_block_id, BLOCK_Q: tl.conste
     return lo - 1
 
 
+@triton.jit
+def _program_block(query_start_loc_ptr, num_seqs, BLOCK_Q: tl.constexpr, ROWS: tl.constexpr):
+    """(sequence, query block within it, its first token, its query length, whether this program has
+    work) for program_id(0). DECODE_ROWS (1): program i is sequence i, active only with one token;
+    otherwise programs are query blocks (see the module docstring), and PREFILL_ROWS (2) also leaves
+    one-token sequences to the decode launch."""
+    if ROWS == 1:
+        seq = tl.program_id(0)
+        q_block = seq * 0  # a tensor like the other branch's
+    else:
+        q_block_id = tl.program_id(0)
+        seq = _find_sequence(query_start_loc_ptr, num_seqs, q_block_id, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    if ROWS == 1:
+        active = q_len == 1
+    else:
+        q_block = q_block_id - (q_start // BLOCK_Q + seq)
+        active = q_block * BLOCK_Q < q_len
+        if ROWS == 2:
+            active = active & (q_len != 1)
+    return seq, q_block, q_start, q_len, active
+
+
 # Triton specializes integer arguments on "== 1" and "divisible by 16". `num_seqs` and the block-table
 # row stride (the widest request's block count in an eager step) change every step, so specializing
 # on them would compile new variants mid-serving; they are kept generic so start-up warm-up covers all.
@@ -57,24 +81,9 @@ def _unified_attention_kernel(
     ROWS: tl.constexpr,
 ):
     kv_head = tl.program_id(1)
-    if ROWS == 1:  # DECODE_ROWS: one program per sequence; only the one-token ones
-        seq = tl.program_id(0)
-        q_block = 0
-    else:
-        q_block_id = tl.program_id(0)
-        seq = _find_sequence(query_start_loc_ptr, num_seqs, q_block_id, BLOCK_Q)
-    q_start = tl.load(query_start_loc_ptr + seq)
-    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
-    if ROWS == 1:
-        if q_len != 1:
-            return
-    else:
-        q_block = q_block_id - (q_start // BLOCK_Q + seq)
-        if q_block * BLOCK_Q >= q_len:
-            return
-        if ROWS == 2:  # PREFILL_ROWS
-            if q_len == 1:
-                return
+    seq, q_block, q_start, q_len, active = _program_block(query_start_loc_ptr, num_seqs, BLOCK_Q, ROWS)
+    if active == 0:
+        return
     seq_len = tl.load(seq_lens_ptr + seq)
     context_len = seq_len - q_len
 
