@@ -126,7 +126,7 @@ def sweep_prefill(rows: list[dict], inputs: tuple, cost: tuple, heads: tuple[int
     query, caches, batch = inputs
     group_pad = triton.next_power_of_2(heads[0] // heads[1])
     for block_m, tile_n, warps, stages in [(64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 4, 2), (64, 32, 4, 2),
-                                           (128, 32, 4, 3), (128, 64, 8, 3)]:
+                                           (128, 32, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 2)]:
         tile = UnifiedTile(block_m // group_pad, block_m, tile_n, warps, stages)
         ms = time_ms(lambda: unified_attention_with_tile(query, (caches[0], caches[1]), batch, 0.088, tile))
         rows.append(report(f"  sweep prefill M={block_m} N={tile_n} w={warps} s={stages}", ms, cost))

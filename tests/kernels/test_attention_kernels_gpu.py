@@ -34,6 +34,8 @@ def _shapes() -> list[Shape]:
     shapes.append(Shape(32, 8, 128, 16, query_lens=(1,) * 64, context_lens=tuple(range(0, 4096, 64))))
     shapes.append(Shape(16, 8, 128, 16, query_lens=(1, 2048, 1), context_lens=(3000, 0, 70)))
     shapes.append(Shape(32, 8, 128, 32, query_lens=(512, 1), context_lens=(1500, 8000)))
+    # head_dim below its power of two (the padded lanes are masked in the unmasked loop too)
+    shapes.append(Shape(8, 2, 80, 16, query_lens=(1, 37, 1, 200), context_lens=(40, 0, 130, 77)))
     return shapes
 
 
@@ -76,6 +78,25 @@ def test_padding_sequences_write_zeros_and_no_kv() -> None:
         assert torch.all(out[2] == 0)
         ref = paged_attention_ref(case.query, case.key_cache, case.value_cache, batch, 0.1)
         assert relative_error(out[:2], ref[:2]) <= TOLERANCE
+
+
+
+def test_graph_padding_sequence_reads_no_block_table() -> None:
+    """A mixed CUDA graph's padding sequence: seq_len 0, hundreds of query tokens (so context_len is
+    very negative) and a stale block-table row. Its outputs are zeros and no program reads that row --
+    here the row holds block ids far outside the cache, so a read would be an illegal address."""
+    case = make_case(Shape(32, 8, 128, 16, query_lens=(1, 200, 300), context_lens=(50, 70, 0)), torch.bfloat16,
+                     "cuda")
+    seq_lens = case.batch.seq_lens.clone()
+    seq_lens[2] = 0
+    tables = case.batch.block_tables.clone()
+    tables[2] = 2**30
+    batch = PagedBatch(tables, seq_lens, case.batch.query_start_loc, 300, 270)
+    out = unified_attention(case.query, case.key_cache, case.value_cache, batch, 0.1)
+    torch.cuda.synchronize()
+    assert torch.all(out[201:] == 0)
+    ref = paged_attention_ref(case.query, case.key_cache, case.value_cache, batch, 0.1)
+    assert relative_error(out[:201], ref[:201]) <= TOLERANCE
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

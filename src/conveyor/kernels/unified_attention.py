@@ -5,7 +5,9 @@ sequence -- BLOCK_Q consecutive query tokens -- times all `group` query heads th
 (GQA packing: BLOCK_M = BLOCK_Q * GROUP_PAD rows), so each K/V tile fetched from the cache serves
 every head of the group. It walks the sequence's block table tile by tile (TILE_N keys gathered from
 any number of cache blocks) up to the last key its block can see, with an online softmax in float32
-(exp2, scale folded with log2 e). The grid is (num_tokens // BLOCK_Q + num_seqs, num_kv_heads): it
+(exp2, scale folded with log2 e), in two loops: the tiles wholly before the block's first query
+position, which every row sees, without masks; then the one or two tiles that reach the block's
+diagonal, with the causal and bounds masks. The grid is (num_tokens // BLOCK_Q + num_seqs, num_kv_heads): it
 depends only on token and sequence counts, never on the values of query lengths, so the launch is
 CUDA-graph capturable. Sequence i's query blocks start at program `query_start_loc[i] // BLOCK_Q + i`
 (this never overlaps the next sequence's); a program finds its sequence by binary search over
@@ -67,6 +69,47 @@ def _program_block(query_start_loc_ptr, num_seqs, BLOCK_Q: tl.constexpr, ROWS: t
     return seq, q_block, q_start, q_len, active
 
 
+@triton.jit
+def _attend_tiles(acc, m_i, l_i, q, query_pos, start, end, kv_end, table_row, k_base, v_base, scale_log2,
+                  stride_k_b, stride_k_s, stride_v_b, stride_v_s, dims, dim_valid,
+                  TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, PAD_DIMS: tl.constexpr,
+                  MASKED: tl.constexpr):
+    """Online softmax over the keys [start, end) in TILE_N tiles gathered through the block table;
+    MASKED applies the causal and bounds masks (only the tiles that reach the block's diagonal)."""
+    cols = tl.arange(0, TILE_N)
+    for tile_start in range(start, end, TILE_N):
+        key_pos = tile_start + cols  # [TILE_N]
+        if MASKED:
+            key_valid = key_pos < kv_end
+            block_ids = tl.load(table_row + key_pos // BLOCK_SIZE, mask=key_valid, other=0).to(tl.int64)
+        else:
+            block_ids = tl.load(table_row + key_pos // BLOCK_SIZE).to(tl.int64)
+        in_block = key_pos % BLOCK_SIZE
+        k_offsets = block_ids[:, None] * stride_k_b + in_block[:, None] * stride_k_s + dims[None, :]
+        v_offsets = block_ids[:, None] * stride_v_b + in_block[:, None] * stride_v_s + dims[None, :]
+        if MASKED:
+            kv_mask = key_valid[:, None] & dim_valid[None, :]
+            k = tl.load(k_base + k_offsets, mask=kv_mask, other=0.0)  # [N, D]
+            v = tl.load(v_base + v_offsets, mask=kv_mask, other=0.0)
+        elif PAD_DIMS:  # head_dim below its power of two: never read the next head's values
+            k = tl.load(k_base + k_offsets, mask=dim_valid[None, :], other=0.0)
+            v = tl.load(v_base + v_offsets, mask=dim_valid[None, :], other=0.0)
+        else:
+            k = tl.load(k_base + k_offsets)
+            v = tl.load(v_base + v_offsets)
+        scores = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_M, TILE_N], log2 units
+        if MASKED:
+            visible = (key_pos[None, :] <= query_pos[:, None]) & key_valid[None, :]
+            scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    return acc, m_i, l_i
+
+
 # Triton specializes integer arguments on "== 1" and "divisible by 16". `num_seqs` and the block-table
 # row stride (the widest request's block count in an eager step) change every step, so specializing
 # on them would compile new variants mid-serving; they are kept generic so start-up warm-up covers all.
@@ -101,27 +144,20 @@ def _unified_attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
     kv_end = tl.minimum(context_len + (q_block + 1) * BLOCK_Q, seq_len)  # keys this block may see
-    cols = tl.arange(0, TILE_N)
+    # Keys before the block's first query position are visible to every row: those whole tiles need no
+    # causal or bounds mask (most tiles of a long prefill, all but the last of a decode).
+    # A CUDA graph's padding sequence has seq_len 0 and owns many query tokens (context_len < 0): the
+    # clamp keeps its programs out of both loops, so they never read its (stale) block-table row.
+    full_end = tl.maximum(tl.minimum((context_len + q_block * BLOCK_Q) // TILE_N * TILE_N, kv_end), 0)
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_s
-    for tile_start in range(0, kv_end, TILE_N):
-        key_pos = tile_start + cols  # [TILE_N]
-        key_valid = key_pos < kv_end
-        block_ids = tl.load(table_row + key_pos // BLOCK_SIZE, mask=key_valid, other=0).to(tl.int64)
-        in_block = key_pos % BLOCK_SIZE
-        kv_mask = key_valid[:, None] & dim_valid[None, :]
-        k_offsets = block_ids[:, None] * stride_k_b + in_block[:, None] * stride_k_s + dims[None, :]
-        k = tl.load(k_cache_ptr + kv_head * stride_k_h + k_offsets, mask=kv_mask, other=0.0)  # [N, D]
-        v_offsets = block_ids[:, None] * stride_v_b + in_block[:, None] * stride_v_s + dims[None, :]
-        v = tl.load(v_cache_ptr + kv_head * stride_v_h + v_offsets, mask=kv_mask, other=0.0)
-        scores = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_M, TILE_N], log2 units
-        visible = (key_pos[None, :] <= query_pos[:, None]) & key_valid[None, :]
-        scores = tl.where(visible, scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_new
+    k_base = k_cache_ptr + kv_head * stride_k_h
+    v_base = v_cache_ptr + kv_head * stride_v_h
+    acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, query_pos, 0, full_end, kv_end, table_row, k_base, v_base,
+                                  scale_log2, stride_k_b, stride_k_s, stride_v_b, stride_v_s, dims,
+                                  dim_valid, TILE_N, BLOCK_SIZE, HEAD_DIM != HEAD_DIM_PAD, False)
+    acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, query_pos, full_end, kv_end, kv_end, table_row, k_base,
+                                  v_base, scale_log2, stride_k_b, stride_k_s, stride_v_b, stride_v_s, dims,
+                                  dim_valid, TILE_N, BLOCK_SIZE, HEAD_DIM != HEAD_DIM_PAD, True)
     acc = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # padding sequences (seq_len 0) write zeros
     o_offsets = (q_start + token)[:, None] * stride_o_t + head[:, None] * stride_o_h + dims[None, :]
     tl.store(out_ptr + o_offsets, acc.to(out_ptr.dtype.element_ty),
