@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conveyor.kernels.cpu_build import cpu_kernels_available
+from conveyor.kernels.cpu_gemm import prefill_linear
 from conveyor.kernels.elementwise_cpu import rms_norm_cpu, rotary_cpu_, silu_and_mul_cpu
 from conveyor.kernels.rms_norm import rms_norm
 from conveyor.kernels.rotary import rotary_
@@ -151,9 +152,9 @@ class Linear(nn.Linear):
 
     MKL's `x @ W^T` path for a handful of rows re-packs the whole weight on every call; the
     transposed orientation streams it once. SmolLM2 shapes, 2 threads: a layer's four projections
-    1.97 -> 1.59 ms at 8 rows, 2.43 -> 1.09 ms at 4; no gain for prefill-sized inputs, which keep
-    F.linear. Rows are zero-padded to `padded_rows` (MKL's small-M kernels are up to 2x slower
-    off multiples of 4 / 16 on this CPU: gate_up + down at 11 rows 2.31 ms, at 16 rows 1.60 ms).
+    1.97 -> 1.59 ms at 8 rows, 2.43 -> 1.09 ms at 4; no gain for prefill-sized inputs, which go to
+    oneDNN (`prefill_linear`). Rows are zero-padded to `padded_rows` (MKL's small-M kernels are up
+    to 2x slower off multiples of 4 / 16 on this CPU: gate_up + down at 11 rows 2.31 ms, at 16 1.60).
     The result is made contiguous again (callers view it per head). CUDA: F.linear.
     """
 
@@ -162,9 +163,12 @@ class Linear(nn.Linear):
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, except on CPU for x [T <= CPU_FEW_ROWS, in]: the padded (W @ x^T)^T of `Linear`."""
-    if x.device.type != "cpu" or x.dim() != 2 or x.shape[0] > CPU_FEW_ROWS:
+    """F.linear, except on CPU: for x [T <= CPU_FEW_ROWS, in] the padded (W @ x^T)^T of `Linear`, for
+    more rows oneDNN's GEMM (kernels/cpu_gemm.py)."""
+    if x.device.type != "cpu" or x.dim() != 2:
         return F.linear(x, weight, bias)
+    if x.shape[0] > CPU_FEW_ROWS:
+        return prefill_linear(x, weight, bias)  # oneDNN: 2-2.6x MKL's sgemm on AMD EPYC
     num_rows = x.shape[0]
     x = F.pad(x, (0, 0, 0, padded_rows(num_rows) - num_rows))  # [T', in], zero rows appended
     out = (weight @ x.T).T[:num_rows]  # [T, out] as a transposed view

@@ -7,7 +7,7 @@ minimums widened to float32 (exact). Q4_0 (w = d (q - 8)) becomes the Q4 layout 
 Rows are independent, so the loader may permute rows (llama.cpp's Q/K order) and stack the q/k/v or
 gate/up shards into one fused weight without touching a block. `QuantizedLinear` multiplies few-row
 inputs (decode) with the block kernel and dequantizes once per call for prefill-sized inputs, where
-BLAS on float32 is faster than unpacking per row; either way the result is the float32 matmul of the
+a float32 GEMM (oneDNN, kernels/cpu_gemm.py) is faster than unpacking per row; either way the result is the float32 matmul of the
 dequantized weight up to the order of float32 additions. `QuantizedEmbedding` gathers and
 dequantizes only the looked-up rows, and serves as the tied LM head.
 """
@@ -19,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from conveyor.kernels.cpu_gemm import prefill_linear
 from conveyor.kernels.gguf_matmul import (
     BLOCK,
     q4_dequantize,
@@ -128,7 +128,7 @@ class QuantizedLinear(nn.Module):
         """x [T, in] float32 -> [T, out] float32."""
         if x.shape[0] > MAX_KERNEL_ROWS:
             weight = self.weight_parts().dequantize(self.scratch.weight(self.out_features, self.in_features))
-            return F.linear(x, weight, self.bias)
+            return prefill_linear(x, weight, self.bias)
         x = x.contiguous()
         if self.block_format == BlockFormat.Q4:
             out = q4_matmul(x, self.qweight, self.scales, self.mins)
