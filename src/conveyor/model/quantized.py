@@ -30,11 +30,13 @@ from conveyor.kernels.gguf_matmul import (
     q8_0_matmul,
 )
 
-MAX_KERNEL_ROWS = 32
+MAX_KERNEL_ROWS = 16
 """Inputs with at most this many rows use the block kernel; more rows dequantize the weight into a
-reused buffer and use BLAS. The kernel is compute-bound (~3.5 ms per row over SmolLM2's 30 layers'
-projections, 1 thread) while dequantize + BLAS costs ~35 ms plus ~2.7 ms per row: 56 vs 67 ms at
-16 rows, level at 32-64, BLAS ahead from ~96 (docs/performance.md)."""
+reused buffer and use oneDNN's GEMM. The kernel is compute-bound (its cost grows with every row) while
+dequantize + GEMM costs one pass over the weight plus a little per row. SmolLM2's four projection
+shapes together, one thread, Zen 5 (kernel vs dequantize + oneDNN): 8 rows 0.57 vs 0.84 ms, 12 rows
+0.84 vs 0.93, 16 rows 1.12 vs 1.06, 32 rows 2.40 vs 1.58; the Q8_0 LM head (49,152 x 576): 16 rows
+11.7 vs 14.9 ms, 24 rows 22.4 vs 16.6 (with MKL's sgemm the crossover was 32-64, docs/performance.md)."""
 
 
 class BlockFormat(enum.Enum):
