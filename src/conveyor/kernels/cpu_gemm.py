@@ -3,7 +3,7 @@
 torch's CPU `F.linear` calls MKL's sgemm. On the AMD EPYC (Zen 5) this project's machines now run on,
 MKL reached 132-177 GFLOP/s on 2 threads for SmolLM2's projection shapes at 2,048 rows, while oneDNN --
 shipped inside torch as MKL-DNN, and the library vLLM's CPU backend computes its linears with -- reached
-321-374 (`benchmarks/cpu_gemm.py`; docs/performance.md, CPU decode section). The op is torch's own
+321-374 (`benchmarks/cpu_gemm.py`; docs/performance.md, CPU head to head, session 6). The op is torch's own
 `mkldnn._linear_pointwise` (what inductor's CPU fusions call) on the plain float32 weight: no packing,
 so the Q4 path's per-call dequantized buffer works as well as a resident float32 weight. Where torch was
 built without MKL-DNN, or for other dtypes, `F.linear` runs. Results differ from MKL's only in the order

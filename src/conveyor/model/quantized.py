@@ -7,8 +7,8 @@ minimums widened to float32 (exact). Q4_0 (w = d (q - 8)) becomes the Q4 layout 
 Rows are independent, so the loader may permute rows (llama.cpp's Q/K order) and stack the q/k/v or
 gate/up shards into one fused weight without touching a block. `QuantizedLinear` multiplies few-row
 inputs (decode) with the block kernel and dequantizes once per call for prefill-sized inputs, where
-a float32 GEMM (oneDNN, kernels/cpu_gemm.py) is faster than unpacking per row; either way the result is the float32 matmul of the
-dequantized weight up to the order of float32 additions. `QuantizedEmbedding` gathers and
+a float32 GEMM (oneDNN, kernels/cpu_gemm.py) is faster than unpacking per row; either way the result
+is the float32 matmul of the dequantized weight up to the order of float32 additions. `QuantizedEmbedding` gathers and
 dequantizes only the looked-up rows, and serves as the tied LM head.
 """
 
@@ -36,7 +36,8 @@ reused buffer and use oneDNN's GEMM. The kernel is compute-bound (its cost grows
 dequantize + GEMM costs one pass over the weight plus a little per row. SmolLM2's four projection
 shapes together, one thread, Zen 5 (kernel vs dequantize + oneDNN): 8 rows 0.57 vs 0.84 ms, 12 rows
 0.84 vs 0.93, 16 rows 1.12 vs 1.06, 32 rows 2.40 vs 1.58; the Q8_0 LM head (49,152 x 576): 16 rows
-11.7 vs 14.9 ms, 24 rows 22.4 vs 16.6 (with MKL's sgemm the crossover was 32-64, docs/performance.md)."""
+11.7 vs 14.9 ms, 24 rows 22.4 vs 16.6. 16 rows stay on the kernel: a tie on the projections, a 27% win
+on the LM head (with MKL's sgemm the crossover was 32-64, docs/performance.md)."""
 
 
 class BlockFormat(enum.Enum):
