@@ -5,8 +5,9 @@ every configuration.
 Traffic classes: `agent` (`conveyor trace make`'s agent class with every turn a copy task -- quote a
 passage, edit code, fill JSON -- shrunk to fit a CPU), `chat` (its chat class) and `copy` (written
 here: "repeat this exactly" over natural passages and code, COPY_TEXTS, stopping at EOS). The agent
-class's bodies are word soup from a word list, which SmolLM2-135M does not copy; `copy` is what the
-model really copies, so it bounds what n-gram lookup can buy here. Configurations (`--configs`): off,
+class's documents and programs are natural text (bench/agent_corpus.py), but SmolLM2-135M follows a
+quote or edit instruction over a few hundred tokens of context only part of the time; `copy` is what
+the model really copies, so it bounds what n-gram lookup can buy here. Configurations (`--configs`): off,
 ngram and draft-q4 (the same GGUF on its Q4 blocks drafting for the float32 target). Per repeat, every
 configuration in turn gets a fresh server (embedded SmolLM2, float32: `--serve-args`) that serves
 every trace through the chat endpoint (`--endpoint`) at `--temperature` (default 0, greedy), closed
@@ -74,7 +75,7 @@ COPY_TEXTS = [
     "Mix two cups of flour with one spoon of sugar and a pinch of salt. Add one cup of warm milk and two eggs, "
     "stir until smooth, and let the batter rest for half an hour before you cook it in a hot pan.",
 ]
-"""Natural passages and code the instruct model really copies (the agent class's word-soup bodies it does not)."""
+"""Natural passages and code the instruct model copies when asked to repeat them."""
 METRICS = (("output tok/s", "output_throughput", 1.0), ("TPOT ms", "median_tpot_ms", 1.0),
            ("ITL ms", "median_itl_ms", 1.0), ("TTFT ms", "median_ttft_ms", 1.0),
            ("accept %", "server.spec_decode_acceptance_rate", 100.0),

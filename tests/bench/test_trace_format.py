@@ -7,7 +7,10 @@ import pathlib
 
 import pytest
 
+from conveyor.bench.agent_corpus import CODE, INSTRUCTIONS, PROSE
+from conveyor.bench.agent_tasks import SEPARATOR
 from conveyor.bench.arrivals import ArrivalConfig
+from conveyor.bench.tokenizer_file import TokenCounter, load_tokenizer
 from conveyor.bench.trace_gen import AgentParams, TraceMakeConfig, make_mixed_trace
 from conveyor.bench.traces import TraceError, TraceRequest, dispatch_units, make_trace, read_trace, write_trace
 
@@ -64,8 +67,9 @@ def test_bad_inputs_name_the_problem(tmp_path: pathlib.Path) -> None:
 def test_lengths_are_word_counts_and_classes_differ() -> None:
     trace = make_mixed_trace(_cfg(num_requests=200, seed=0))
     by_class: dict[str, list[TraceRequest]] = {}
-    for r in trace.requests:
-        assert r.prompt is not None and len(r.prompt.split()) == r.prompt_len
+    for r in trace.requests:  # word-list text: n words are n tokens (the agent class's prose: below)
+        assert r.prompt is not None
+        assert r.request_class == "agent" or len(r.prompt.split()) == r.prompt_len
         by_class.setdefault(r.request_class, []).append(r)
     assert set(by_class) == {"chat", "long", "agent"}
     assert 0.45 < len(by_class["chat"]) / 200 < 0.75  # mix 0.6
@@ -79,25 +83,55 @@ def test_agent_sessions_share_the_system_prompt_copy_from_the_prompt_and_some_ca
     sessions = dispatch_units(trace.requests)
     assert len(sessions) < 80 and any(len(s) >= 3 for s in sessions)  # multi-turn, 1 + Poisson(2) turns
     firsts = [s[0] for s in sessions]
-    system = str(firsts[0].prompt).split()[: params.system_prompt_len]
+    system = str(firsts[0].prompt).split(SEPARATOR)[0]
+    assert system.startswith(INSTRUCTIONS[0].text)  # the instructions, in order
+    documents = set()
     for first in firsts:  # one system prompt for all agent traffic, then the session's own documents
         assert first.turn == 0 and first.prefix_group == "agent-system"
-        assert first.shared_prefix_len == params.system_prompt_len and str(first.prompt).split()[:256] == system
-    docs = {tuple(str(f.prompt).split()[256:256 + params.documents_len]) for f in firsts}
-    assert len(docs) == len(firsts)
+        assert first.shared_prefix_len == 256 and str(first.prompt).startswith(system + SEPARATOR)
+        documents.add(str(first.prompt)[len(system):].rsplit(SEPARATOR, 1)[0])
+    assert len(documents) == len(firsts)  # passages in each session's own order
     later = [r for s in sessions for r in s[1:]]
     assert all(r.think_time_s is not None and r.prompt_len < 200 for r in later)  # only the new input
     quotes = [r for r in trace.requests if "Quote exactly" in str(r.prompt)]
     edits = [r for r in trace.requests if "Rewrite this code" in str(r.prompt)]
     fills = [r for r in trace.requests if "Fill in every value" in str(r.prompt)]
     assert quotes and edits and fills and len(quotes) + len(edits) + len(fills) < 80
-    for r in quotes:  # the passage to quote is in the session's context, found by its first words
-        cue = str(r.prompt).split('begin with "')[1].rstrip('"')
-        session = next(s for s in sessions if r in s)
-        assert cue in str(session[0].prompt) and r.output_len == int(str(r.prompt).split("word for word, the ")[1].split()[0])
+    for r in quotes:  # the passage to quote is one of the session's documents, found by its first words
+        cue = str(r.prompt).split('begins with "')[1].split('"')[0]
+        context = str(next(s for s in sessions if r in s)[0].prompt)
+        passage = next(p for p in PROSE if p.text.startswith(cue))
+        assert cue in context and (r.output_len == passage.num_tokens) == (passage.text in context)  # or cut
+    for r in edits:  # the whole program is in the request, and the answer is as long as the program
+        assert any(c.text in str(r.prompt) and r.output_len == c.num_tokens for c in CODE)
     by_s = [r for r in trace.requests if r.cancel_after_s is not None]
     by_tokens = [r for r in trace.requests if r.cancel_after_tokens is not None]
     assert by_s and by_tokens and len(by_s) + len(by_tokens) < 80
+
+
+def test_agent_prompt_lengths_are_smollm2_token_counts() -> None:
+    """The corpus's stored counts are SmolLM2's; a whole agent prompt is within 2 tokens (the joins)."""
+    counter = _smollm2_tokenizer()
+
+    def count(text: str) -> int:
+        return len(counter.encode(text))
+
+    for passage in (*PROSE, *INSTRUCTIONS, *CODE):
+        assert count(passage.text) == passage.num_tokens, passage.text[:40]
+    trace = make_mixed_trace(_cfg(mix={"agent": 1.0}, num_requests=120, seed=9))
+    errors = [count(str(r.prompt)) - r.prompt_len for r in trace.requests]
+    assert max(abs(e) for e in errors) <= 3 and abs(sum(errors)) / len(errors) < 1.0, errors
+
+
+def _smollm2_tokenizer() -> TokenCounter:
+    pytest.importorskip("tokenizers")
+    from conveyor.model.loader import ModelNotFoundError, embedded_gguf_path
+
+    try:
+        path = embedded_gguf_path()
+    except ModelNotFoundError as exc:  # the embedded model's package is optional outside CI
+        pytest.skip(str(exc))
+    return load_tokenizer(str(path))
 
 
 def test_stamped_arrivals_rate_duration_and_sessions() -> None:

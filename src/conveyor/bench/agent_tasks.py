@@ -3,11 +3,12 @@
 Agent and RAG traffic is full of them (quote the passage that says X, apply this edit to the code, fill
 in this JSON) and they are where n-gram speculative decoding (prompt lookup) pays: the answer's next
 tokens are a continuation of something in the context, so drafts copied from the prompt are accepted.
-Chat traffic has nothing to copy and pays the drafts' cost. Each task here returns the turn's input
-words and the length of the copy it asks for, which becomes the turn's output_len, so a model that does
-the task well spends its whole answer copying. The instruction words are plain English (mostly one
-token each); the code and JSON bodies are built from the word list with spaced punctuation, so the
-word count stays close to the token count (docs/trace-format.md says by how much).
+Chat traffic has nothing to copy and pays the drafts' cost. Each task returns the turn's input text,
+its token count and the length of the copy it asks for, which becomes the turn's output_len, so a model
+that does the task well spends its whole answer copying. The passages, programs and keys are natural
+text from agent_corpus.py (a model copies prose and code; it paraphrases word-list soup), each with its
+token count in SmolLM2's tokenizer, so the counts here are that tokenizer's up to a token or two at
+the joins (tests/bench checks the sum against the tokenizer).
 """
 
 from __future__ import annotations
@@ -17,7 +18,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from conveyor.bench.wordlist import WORDS
+from conveyor.bench.agent_corpus import CODE, FIELDS, Passage
+
+SEPARATOR = "\n\n"
+"""Between the system prompt, the documents, each document and a task's instruction and body."""
+SEPARATOR_TOKENS = 2
+"""Tokens of SEPARATOR between two words in SmolLM2's tokenizer."""
+QUOTE_CUE_WORDS = 5
+"""The quote task names its passage by this many first words."""
+QUOTE = 'Quote exactly, word for word, the passage that begins with "{cue}".'
+QUOTE_TOKENS = 15
+"""Tokens of QUOTE around its cue."""
+EDIT = "Rewrite this code with every + changed to - and nothing else changed:"
+EDIT_TOKENS = 16
+FILL = "Fill in every value of this JSON object from the documents and keep every key:"
+FILL_TOKENS = 17
+FILL_BRACES_TOKENS = 0
+"""`{` and `}` around the entries, less the last entry's missing comma (they cancel)."""
 
 
 class CopyTask(str, enum.Enum):
@@ -28,50 +45,47 @@ class CopyTask(str, enum.Enum):
 
 @dataclass(frozen=True)
 class TaskText:
-    """One copy task: the words of the turn's input, and how many tokens the ideal answer copies."""
+    """One copy task: the turn's input, its length, and how many tokens the ideal answer copies."""
 
-    words: list[str]
-    """The turn's input, whitespace-split (instruction + any body to copy)."""
+    text: str
+    """The turn's input (instruction, then any body to copy)."""
+    num_tokens: int
+    """Tokens of text (SmolLM2's count, up to a token or two)."""
     copy_len: int
     """Tokens of the answer that repeat the prompt (the turn's output_len)."""
 
 
-def _words(rng: np.random.Generator, n: int) -> list[str]:
-    return [WORDS[int(i)] for i in rng.integers(0, len(WORDS), size=n)]
+def quote_task(documents: list[Passage], rng: np.random.Generator) -> TaskText:
+    """Quote one of the session's documents, found by its first words: the answer is that passage."""
+    passage = documents[int(rng.integers(0, len(documents)))]
+    words = passage.text.split()
+    cue = " ".join(words[:QUOTE_CUE_WORDS])
+    cue_tokens = round(passage.num_tokens * min(QUOTE_CUE_WORDS, len(words)) / len(words))
+    return TaskText(text=QUOTE.format(cue=cue), num_tokens=QUOTE_TOKENS + cue_tokens, copy_len=passage.num_tokens)
 
 
-def quote_task(context: list[str], copy_len: int, rng: np.random.Generator) -> TaskText:
-    """Quote a passage of the documents already in the context, found by its first words."""
-    copy_len = max(4, min(copy_len, len(context)))
-    start = int(rng.integers(0, len(context) - copy_len + 1))
-    cue = " ".join(context[start:start + 4])
-    words = f'Quote exactly, word for word, the {copy_len} words of the documents that begin with "{cue}"'.split()
-    return TaskText(words=words, copy_len=copy_len)
-
-
-def edit_task(num_lines: int, rng: np.random.Generator) -> TaskText:
+def edit_task(rng: np.random.Generator) -> TaskText:
     """Rewrite a short program with one mechanical change (every `+` becomes `-`)."""
-    lines = []
-    for _ in range(num_lines):
-        a, b, c = _words(rng, 3)
-        lines.append(f"{a} = {b} + {c}")
-    body = " ".join(lines).split()
-    words = "Rewrite this code with every + changed to - and nothing else changed :".split() + body
-    return TaskText(words=words, copy_len=len(body))
+    program = CODE[int(rng.integers(0, len(CODE)))]
+    return TaskText(text=EDIT + SEPARATOR + program.text, num_tokens=EDIT_TOKENS + SEPARATOR_TOKENS + program.num_tokens,
+                    copy_len=program.num_tokens)
 
 
 def fill_task(num_keys: int, rng: np.random.Generator) -> TaskText:
     """Fill in a JSON object whose keys are given: the answer repeats every key and the punctuation."""
-    keys = _words(rng, num_keys)
-    body = ["{"] + [piece for k in keys for piece in (f'"{k}"', ":", '""', ",")][:-1] + ["}"]
-    words = "Fill in every value of this JSON object and keep every key :".split() + body
-    return TaskText(words=words, copy_len=len(body) + num_keys)
+    picked = rng.choice(len(FIELDS), size=min(num_keys, len(FIELDS)), replace=False)
+    keys = [FIELDS[int(i)] for i in picked]
+    body = "{" + ", ".join(f'"{key.text}": ""' for key in keys) + "}"
+    body_tokens = FILL_BRACES_TOKENS + sum(key.num_tokens for key in keys)
+    return TaskText(text=FILL + SEPARATOR + body, num_tokens=FILL_TOKENS + SEPARATOR_TOKENS + body_tokens,
+                    copy_len=body_tokens + len(keys))
 
 
-def copy_task(kind: CopyTask, context: list[str], copy_len: int, rng: np.random.Generator) -> TaskText:
-    """The task of the given kind, sized to copy about copy_len tokens."""
+def copy_task(kind: CopyTask, documents: list[Passage], copy_len: int, rng: np.random.Generator) -> TaskText:
+    """The task of the given kind; a fill task is sized to copy about copy_len tokens (the others copy
+    one whole passage or program)."""
     if kind is CopyTask.QUOTE:
-        return quote_task(context, copy_len, rng)
+        return quote_task(documents, rng)
     if kind is CopyTask.EDIT:
-        return edit_task(max(1, copy_len // 5), rng)
+        return edit_task(rng)
     return fill_task(max(1, copy_len // 5), rng)

@@ -1,12 +1,12 @@
 """Synthetic trace generators: `chat`, `long` and `agent`, mixed and stamped with arrival times.
 
 Each class has its own parameter dataclass and its own numpy Generator (seeded from the trace seed and
-the class name), so changing the share of one class does not reshuffle the others' requests. Text is
-drawn from wordlist.WORDS, whose words are one token each after a space, so a prompt of n words is
-≈ n tokens (exactly n for SmolLM2's tokenizer, ±1 for the first word; docs/trace-format.md).
+the class name), so changing the share of one class does not reshuffle the others' requests. Chat and
+long text is drawn from wordlist.WORDS, whose words are one token each after a space, so a prompt of n
+words is ≈ n tokens (exactly n for SmolLM2's tokenizer, ±1 for the first word; docs/trace-format.md).
 `agent` models agent/RAG traffic as sessions (traces.py): every session starts with one system prompt
 shared by all agent traffic (prefix_group / shared_prefix_len) and its own retrieved documents and
-task; each later turn (a tool result or follow-up) is sent after the previous answer plus a think time,
+task, natural text from agent_corpus.py whose token counts it carries; each later turn (a tool result or follow-up) is sent after the previous answer plus a think time,
 with the whole history before it, so the prefix a turn shares with its session grows. A share of turns
 are copy tasks (agent_tasks.py: quote a passage, edit code, fill JSON) whose answers repeat the prompt:
 n-gram speculation's best case. Outputs vary widely and a share of turns is cancelled (after a delay or
@@ -15,13 +15,16 @@ after N tokens). When the trace is stamped with arrival times only a session's f
 
 from __future__ import annotations
 
+import itertools
 import math
 import zlib
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from conveyor.bench.agent_tasks import CopyTask, copy_task
+from conveyor.bench.agent_corpus import INSTRUCTIONS, PROSE, Passage
+from conveyor.bench.agent_tasks import SEPARATOR, SEPARATOR_TOKENS, CopyTask, copy_task
 from conveyor.bench.arrivals import ArrivalConfig, send_offsets_s
 from conveyor.bench.traces import Trace, TraceRequest, make_trace
 from conveyor.bench.wordlist import WORDS
@@ -62,9 +65,11 @@ class AgentParams:
     """Multi-turn sessions over a shared system prompt and retrieved documents; many turns copy from the prompt."""
 
     system_prompt_len: int = 256
-    """Tokens of the system prompt every agent session starts with (shared by all agent traffic)."""
+    """Tokens of the system prompt every agent session starts with (shared by all agent traffic): the
+    assistant's instructions (agent_corpus.INSTRUCTIONS), cut to this length."""
     documents_len: int = 1024
-    """Tokens of retrieved documents in a session's first turn (its own)."""
+    """Tokens of retrieved documents in a session's first turn (its own): natural passages
+    (agent_corpus.PROSE) in a random order, the last one cut to this length."""
     question_len_min: int = 16
     """Shortest question / tool-result input of a turn that is not a copy task, tokens."""
     question_len_max: int = 96
@@ -76,7 +81,8 @@ class AgentParams:
     copy_fraction: float = 0.5
     """Share of turns that are copy tasks (quote a passage, edit code, fill JSON; equally likely)."""
     copy_len_median: int = 64
-    """Median tokens a copy task copies (lognormal, sigma 0.5, clipped to [8, output_len_max])."""
+    """Median tokens a JSON fill task copies (lognormal, sigma 0.5, clipped to [8, output_len_max]); a
+    quote copies one passage (44-55 tokens), an edit one program (38-48)."""
     output_len_median: int = 96
     """Median output tokens of the other turns (lognormal, sigma 1: highly variable)."""
     output_len_max: int = 512
@@ -149,30 +155,60 @@ def gen_long(p: LongParams, n: int, rng: np.random.Generator) -> list[TraceReque
 
 def gen_agent(p: AgentParams, n: int, rng: np.random.Generator) -> list[TraceRequest]:
     """n agent turns, as sessions of 1 + Poisson(turns_mean - 1) turns (the last one cut to fit n)."""
-    system = words(rng, p.system_prompt_len)
+    system = _join(_take(itertools.cycle(INSTRUCTIONS), p.system_prompt_len))
     out: list[TraceRequest] = []
     session = 0
     while len(out) < n:
         num_turns = min(n - len(out), 1 + int(rng.poisson(max(p.turns_mean - 1.0, 0.0))))
-        docs = words(rng, p.documents_len)
+        documents = _take(_shuffled_forever(PROSE, rng), p.documents_len)
         for k in range(num_turns):
-            prefix = system + docs if k == 0 else []
-            out.append(_agent_turn(p, rng, (len(out), session, k), prefix, system + docs))
+            prefix = [system, _join(documents)] if k == 0 else []
+            out.append(_agent_turn(p, rng, (len(out), session, k), prefix, documents, system.num_tokens))
         session += 1
     return out
 
 
-def _agent_turn(p: AgentParams, rng: np.random.Generator, ids: tuple[int, int, int], prefix: list[str],
-                context: list[str]) -> TraceRequest:
+def _shuffled_forever(pool: tuple[Passage, ...], rng: np.random.Generator) -> Iterator[Passage]:
+    while True:
+        yield from (pool[int(i)] for i in rng.permutation(len(pool)))
+
+
+def _take(passages: Iterator[Passage], num_tokens: int) -> list[Passage]:
+    """Passages in order until they hold num_tokens; the last one is cut by words to end close to it."""
+    taken: list[Passage] = []
+    total = 0
+    while total < num_tokens:
+        passage = next(passages)
+        room = num_tokens - total - (SEPARATOR_TOKENS if taken else 0)
+        if room <= 0:
+            break
+        if passage.num_tokens > room:
+            words = passage.text.split()
+            keep = max(1, round(room * len(words) / passage.num_tokens))
+            passage = Passage(" ".join(words[:keep]), max(1, round(passage.num_tokens * keep / len(words))))
+        taken.append(passage)
+        total += passage.num_tokens + (SEPARATOR_TOKENS if len(taken) > 1 else 0)
+    return taken
+
+
+def _join(passages: list[Passage]) -> Passage:
+    """The passages as one text, SEPARATOR between them, and its token count."""
+    return Passage(SEPARATOR.join(p.text for p in passages),
+                   sum(p.num_tokens for p in passages) + SEPARATOR_TOKENS * max(len(passages) - 1, 0))
+
+
+def _agent_turn(p: AgentParams, rng: np.random.Generator, ids: tuple[int, int, int], prefix: list[Passage],
+                documents: list[Passage], system_tokens: int) -> TraceRequest:
     """Turn k of a session: its own input after `prefix` (the system prompt and documents on turn 0)."""
     i, session, k = ids
     if rng.random() < p.copy_fraction:
         kind = list(CopyTask)[int(rng.integers(0, len(CopyTask)))]
         copy_len = int(np.clip(round(p.copy_len_median * math.exp(0.5 * rng.standard_normal())), 8, p.output_len_max))
-        task = copy_task(kind, context, copy_len, rng)
-        own, output_len = task.words, task.copy_len
+        task = copy_task(kind, documents, copy_len, rng)
+        own, output_len = Passage(task.text, task.num_tokens), min(task.copy_len, p.output_len_max)
     else:
-        own = words(rng, int(rng.integers(p.question_len_min, p.question_len_max + 1)))
+        num_words = int(rng.integers(p.question_len_min, p.question_len_max + 1))
+        own = Passage(" ".join(words(rng, num_words)), num_words)
         output_len = _lognormal_len(rng, p.output_len_median, 1.0, p.output_len_max)
     cancel_s, cancel_tokens = None, None
     if rng.random() < p.cancel_fraction:
@@ -180,11 +216,11 @@ def _agent_turn(p: AgentParams, rng: np.random.Generator, ids: tuple[int, int, i
             cancel_s = round(float(rng.uniform(0.2, p.cancel_after_s_max)), 3)
         else:
             cancel_tokens = int(rng.integers(2, p.cancel_after_tokens_max + 1))
-    prompt = prefix + own
+    prompt = _join([*prefix, own])
     return TraceRequest(
-        request_id=f"agent-{i}", request_class="agent", prompt=" ".join(prompt), prompt_len=len(prompt),
+        request_id=f"agent-{i}", request_class="agent", prompt=prompt.text, prompt_len=prompt.num_tokens,
         output_len=output_len, prefix_group="agent-system" if k == 0 else None,
-        shared_prefix_len=p.system_prompt_len if k == 0 else 0, cancel_after_s=cancel_s,
+        shared_prefix_len=system_tokens if k == 0 else 0, cancel_after_s=cancel_s,
         cancel_after_tokens=cancel_tokens, session_id=f"agent-s{session}", turn=k,
         think_time_s=round(float(rng.exponential(p.think_time_s_mean)), 3) if k else None)
 
