@@ -128,3 +128,24 @@ def test_rotary_in_place_matches_rotate_half(num_tokens: int, head_dim: int) -> 
 def test_silu_and_mul_matches_torch(num_rows: int, inner: int) -> None:
     gate_up = torch.randn(num_rows, 2 * inner) * 6
     torch.testing.assert_close(silu_and_mul_cpu(gate_up), silu_and_mul_ref(gate_up), atol=1e-6, rtol=1e-5)
+
+
+X86 = """processor\t: 0
+model name\t: AMD EPYC
+flags\t\t: fpu sse2 avx2 avx512f
+processor\t: 1
+model name\t: AMD EPYC
+flags\t\t: fpu sse2 avx2 avx512f
+"""
+
+
+def test_the_build_is_keyed_by_the_cpu_not_the_hostname(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library built with -march=native for one CPU must not be loaded on a CPU without its
+    instructions; the same CPU under another hostname reuses it."""
+    same = cpu_build.cpu_identity(X86.replace("avx512f", "avx512f ").replace("fpu sse2", "sse2 fpu"))
+    assert cpu_build.cpu_identity(X86) == same == "model name=AMD EPYC;flags=avx2 avx512f fpu sse2"
+    assert cpu_build.cpu_identity(X86.replace(" avx512f", "")) != cpu_build.cpu_identity(X86)
+    arm = "processor : 0\nFeatures : fp asimd sve\nCPU implementer : 0x41\nCPU part : 0xd40\n"
+    assert cpu_build.cpu_identity(arm) == "Features=asimd fp sve;CPU implementer=0x41;CPU part=0xd40"
+    monkeypatch.setattr(cpu_build.platform, "node", lambda: "another-host")
+    assert cpu_build.cpu_kernels.__wrapped__()._name == cpu_build.cpu_kernels()._name  # same file, no rebuild

@@ -1,10 +1,10 @@
-"""The C kernels of kernels/cpu/: compiled once per machine by the system C compiler, loaded with ctypes.
+"""The C kernels of kernels/cpu/: compiled once per CPU by the system C compiler, loaded with ctypes.
 
 The model: every `*.c` file under kernels/cpu/ goes into one shared library, built with
 `-O3 -march=native -fopenmp` on first use (about two seconds) into a cache directory keyed by the
-sources' hash, the compiler and the machine, and reused by every later process. Plain C rather than a
-torch C++ extension because torch's headers alone take minutes to compile on two cores. The library
-links `libgomp.so.1`, which the dynamic loader resolves to the copy torch has already loaded (same
+sources' hash, the compiler and the CPU (its model and instruction-set flags), and reused by every
+later process on that CPU. Plain C rather than a torch C++ extension because torch's headers alone
+take minutes to compile on two cores. The library links `libgomp.so.1`, which the dynamic loader resolves to the copy torch has already loaded (same
 soname), so the kernels and torch share one OpenMP runtime and its threads; each call passes
 `torch.get_num_threads()`. ctypes releases the GIL for the duration of a call.
 Nothing happens at import: `cpu_kernels()` builds or loads on the first call and raises
@@ -65,7 +65,7 @@ def cpu_kernels() -> ctypes.CDLL:
     if compiler is None:
         raise CPUKernelsUnavailable("no C compiler (cc, gcc or clang) on PATH to build the CPU kernels")
     sources = sorted(SOURCE_DIR.glob("*.c"))
-    digest = hashlib.sha256(compiler.encode() + platform.machine().encode() + platform.node().encode())
+    digest = hashlib.sha256(compiler.encode() + platform.machine().encode() + cpu_identity().encode())
     for source in sorted([*sources, *SOURCE_DIR.glob("*.h")]):
         digest.update(source.read_bytes())
     library = _cache_dir() / f"conveyor_cpu_{digest.hexdigest()[:16]}.so"
@@ -76,6 +76,30 @@ def cpu_kernels() -> ctypes.CDLL:
         function = getattr(lib, name)
         function.argtypes, function.restype = argtypes, _RETURNS.get(name)
     return lib
+
+
+def cpu_identity(cpuinfo: str | None = None) -> str:
+    """What `-march=native` compiles for: the CPU's model name and instruction-set flags.
+
+    A library built for one CPU may use instructions (AVX-512, say) that another lacks, and a cache
+    directory can be shared by machines with different CPUs (a home directory on NFS, a container
+    image); keyed by this, each CPU gets its own build, while the same CPU under another hostname (a
+    fresh VM, a CI runner) reuses it. Linux reads /proc/cpuinfo (or `cpuinfo`, its text); elsewhere
+    platform.processor().
+    """
+    if cpuinfo is None:
+        try:
+            cpuinfo = pathlib.Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            return platform.processor()
+    wanted = ("model name", "flags", "Features", "CPU implementer", "CPU part")  # x86, then ARM's names
+    first: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key in wanted and key not in first:
+            first[key] = " ".join(sorted(value.split())) if key in ("flags", "Features") else value.strip()
+    return ";".join(f"{key}={first[key]}" for key in wanted if key in first) or platform.processor()
 
 
 def _cache_dir() -> pathlib.Path:
