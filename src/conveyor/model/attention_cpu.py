@@ -3,8 +3,9 @@
 A decode is one query token against its whole context: memory-bound, and on the torch backend its
 K/V were first gathered into a padded copy (a full extra pass over K/V per layer) and then read
 again by SDPA. Here every decode of the step goes to `paged_decode_attention` in one call, which
-walks each sequence's blocks with an online softmax, reading each K/V byte once. Prefill chunks
-(several query tokens) are compute-bound and keep the torch path (gather + fused SDPA). The step's
+walks each sequence's blocks with an online softmax, reading each K/V byte once. Queries of a few
+tokens (speculative verification, a prefill's tail) go there too, as one decode per token; longer
+prefill chunks are compute-bound and keep the torch path (gather + fused SDPA). The step's
 index tensors are planned once, by the first layer, and reused by the other layers. Geometries the
 kernel does not take (head_dim not a multiple of 16 or over 256, over 16 query heads per KV head)
 run the torch backend.
@@ -33,39 +34,55 @@ class CPUAttentionPlan:
     """What the cpu backend derives from one step's metadata, once, for every layer."""
 
     decode_token_rows: torch.Tensor
-    """[S] int64: the decode tokens' rows in query / out."""
+    """[S] int64: the rows in query / out of the tokens the C kernel takes (decodes, short queries)."""
     decode_seq_rows: torch.Tensor
-    """[S] int64: their sequences' rows in block_tables / seq_lens."""
+    """[S] int64: their rows in block_tables / seq_lens."""
     block_tables: torch.Tensor
-    """[num_seqs, max_blocks] int32, contiguous (what the kernel indexes)."""
+    """[num_seqs + short-query tokens, max_blocks] int32, contiguous (what the kernel indexes)."""
     seq_lens: torch.Tensor
-    """[num_seqs] int32, contiguous."""
+    """[num_seqs + short-query tokens] int32, contiguous: a short query's token j sees seq_len - q + 1 + j keys."""
     prefill_chunks: list[PrefillChunk]
-    """Multi-token queries, one by one (torch path)."""
+    """Queries of more than MAX_PAGED_QUERY tokens, one by one (torch path)."""
     gather_buffer: torch.Tensor | None
     """[2, max blocks of one chunk, block_size, kvh, d] K/V scratch of the prefill chunks (None: no chunk)."""
+
+
+MAX_PAGED_QUERY = 8
+"""Queries of up to this many tokens (a speculative verify step's 1 + K, a prefill's last few tokens)
+run as that many decodes in the C kernel, token j of the query seeing the context and query tokens
+0..j: per layer, gathering the sequence's K/V and a masked SDPA cost more than reading the K/V in
+place a few times (it stays in cache after the first)."""
 
 
 def plan_cpu_attention(metadata: AttentionMetadata, kv_cache: torch.Tensor, dtype: torch.dtype) -> CPUAttentionPlan:
     starts = [0]
     for length in metadata.query_lens_cpu:
         starts.append(starts[-1] + length)
-    decodes = [i for i, q in enumerate(metadata.query_lens_cpu) if q == 1]
-    chunks = [
-        plan_prefill_chunk(metadata, i, slice(starts[i], starts[i + 1]), dtype)
-        for i, q in enumerate(metadata.query_lens_cpu) if q > 1
-    ]
+    lens = metadata.query_lens_cpu
+    decodes = [i for i, q in enumerate(lens) if q == 1]
+    short = [i for i, q in enumerate(lens) if 1 < q <= MAX_PAGED_QUERY]
+    chunks = [plan_prefill_chunk(metadata, i, slice(starts[i], starts[i + 1]), dtype)
+              for i, q in enumerate(lens) if q > MAX_PAGED_QUERY]
     buffer = None
     if chunks:
         max_blocks = max(chunk.block_ids.numel() for chunk in chunks)
         buffer = torch.empty((2, max_blocks, *kv_cache.shape[2:]), dtype=kv_cache.dtype)
+    block_tables = metadata.block_tables.to(torch.int32).contiguous()
+    seq_lens = metadata.seq_lens.to(torch.int32).contiguous()
+    token_rows, seq_rows = [starts[i] for i in decodes], list(decodes)
+    if short:
+        # Token j of a q-token query is a decode of length seq_len - q + 1 + j: one extra row of
+        # block_tables / seq_lens per such token, after the sequences' own rows.
+        owners = [i for i in short for _ in range(lens[i])]
+        extra_lens = [metadata.seq_lens_cpu[i] - lens[i] + 1 + j for i in short for j in range(lens[i])]
+        token_rows += [starts[i] + j for i in short for j in range(lens[i])]
+        seq_rows += range(len(lens), len(lens) + len(owners))
+        block_tables = torch.cat([block_tables, block_tables[torch.tensor(owners)]])
+        seq_lens = torch.cat([seq_lens, torch.tensor(extra_lens, dtype=torch.int32)])
     return CPUAttentionPlan(
-        decode_token_rows=torch.tensor([starts[i] for i in decodes], dtype=torch.int64),
-        decode_seq_rows=torch.tensor(decodes, dtype=torch.int64),
-        block_tables=metadata.block_tables.to(torch.int32).contiguous(),
-        seq_lens=metadata.seq_lens.to(torch.int32).contiguous(),
-        prefill_chunks=chunks,
-        gather_buffer=buffer,
+        decode_token_rows=torch.tensor(token_rows, dtype=torch.int64),
+        decode_seq_rows=torch.tensor(seq_rows, dtype=torch.int64),
+        block_tables=block_tables, seq_lens=seq_lens, prefill_chunks=chunks, gather_buffer=buffer,
     )
 
 
