@@ -6,11 +6,12 @@ long text is drawn from wordlist.WORDS, whose words are one token each after a s
 words is ≈ n tokens (exactly n for SmolLM2's tokenizer, ±1 for the first word; docs/trace-format.md).
 `agent` models agent/RAG traffic as sessions (traces.py): every session starts with one system prompt
 shared by all agent traffic (prefix_group / shared_prefix_len) and its own retrieved documents and
-task, natural text from agent_corpus.py whose token counts it carries; each later turn (a tool result or follow-up) is sent after the previous answer plus a think time,
-with the whole history before it, so the prefix a turn shares with its session grows. A share of turns
-are copy tasks (agent_tasks.py: quote a passage, edit code, fill JSON) whose answers repeat the prompt:
-n-gram speculation's best case. Outputs vary widely and a share of turns is cancelled (after a delay or
-after N tokens). When the trace is stamped with arrival times only a session's first turn gets one.
+task, natural text from agent_corpus.py whose token counts it carries; each later turn (a tool result
+or follow-up) is sent after the previous answer plus a think time, with the whole history before it,
+so the prefix a turn shares with its session grows. A share of turns are copy tasks (agent_tasks.py:
+quote a passage, edit code, fill JSON) whose answers repeat the prompt: n-gram speculation's best case.
+Outputs vary widely and a share of turns is cancelled (after a delay or after N tokens). When the
+trace is stamped with arrival times only a session's first turn gets one.
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ def gen_agent(p: AgentParams, n: int, rng: np.random.Generator) -> list[TraceReq
         documents = _take(_shuffled_forever(PROSE, rng), p.documents_len)
         for k in range(num_turns):
             prefix = [system, _join(documents)] if k == 0 else []
-            out.append(_agent_turn(p, rng, (len(out), session, k), prefix, documents, system.num_tokens))
+            out.append(_agent_turn(p, rng, (len(out), session, k), prefix, documents))
         session += 1
     return out
 
@@ -198,7 +199,7 @@ def _join(passages: list[Passage]) -> Passage:
 
 
 def _agent_turn(p: AgentParams, rng: np.random.Generator, ids: tuple[int, int, int], prefix: list[Passage],
-                documents: list[Passage], system_tokens: int) -> TraceRequest:
+                documents: list[Passage]) -> TraceRequest:
     """Turn k of a session: its own input after `prefix` (the system prompt and documents on turn 0)."""
     i, session, k = ids
     if rng.random() < p.copy_fraction:
@@ -220,7 +221,7 @@ def _agent_turn(p: AgentParams, rng: np.random.Generator, ids: tuple[int, int, i
     return TraceRequest(
         request_id=f"agent-{i}", request_class="agent", prompt=prompt.text, prompt_len=prompt.num_tokens,
         output_len=output_len, prefix_group="agent-system" if k == 0 else None,
-        shared_prefix_len=system_tokens if k == 0 else 0, cancel_after_s=cancel_s,
+        shared_prefix_len=prefix[0].num_tokens if prefix else 0, cancel_after_s=cancel_s,
         cancel_after_tokens=cancel_tokens, session_id=f"agent-s{session}", turn=k,
         think_time_s=round(float(rng.exponential(p.think_time_s_mean)), 3) if k else None)
 

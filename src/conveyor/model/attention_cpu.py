@@ -55,32 +55,31 @@ place a few times (it stays in cache after the first)."""
 
 
 def plan_cpu_attention(metadata: AttentionMetadata, kv_cache: torch.Tensor, dtype: torch.dtype) -> CPUAttentionPlan:
-    starts = [0]
-    for length in metadata.query_lens_cpu:
-        starts.append(starts[-1] + length)
     lens = metadata.query_lens_cpu
-    decodes = [i for i, q in enumerate(lens) if q == 1]
-    short = [i for i, q in enumerate(lens) if 1 < q <= MAX_PAGED_QUERY]
+    starts = [0]
+    for length in lens:
+        starts.append(starts[-1] + length)
+    paged = [i for i, q in enumerate(lens) if 0 < q <= MAX_PAGED_QUERY]
     chunks = [plan_prefill_chunk(metadata, i, slice(starts[i], starts[i + 1]), dtype)
               for i, q in enumerate(lens) if q > MAX_PAGED_QUERY]
     buffer = None
     if chunks:
         max_blocks = max(chunk.block_ids.numel() for chunk in chunks)
         buffer = torch.empty((2, max_blocks, *kv_cache.shape[2:]), dtype=kv_cache.dtype)
+    # Token j of a q-token query is a decode of length seq_len - q + 1 + j. Its last token (a plain
+    # decode's only one) is the sequence's own row of block_tables / seq_lens; each earlier token gets
+    # an extra row after the sequences' rows.
+    earlier = [(i, j) for i in paged for j in range(lens[i] - 1)]
+    extra_row = iter(range(len(lens), len(lens) + len(earlier)))
+    seq_rows = [next(extra_row) if j < lens[i] - 1 else i for i in paged for j in range(lens[i])]
     block_tables = metadata.block_tables.to(torch.int32).contiguous()
     seq_lens = metadata.seq_lens.to(torch.int32).contiguous()
-    token_rows, seq_rows = [starts[i] for i in decodes], list(decodes)
-    if short:
-        # Token j of a q-token query is a decode of length seq_len - q + 1 + j: one extra row of
-        # block_tables / seq_lens per such token, after the sequences' own rows.
-        owners = [i for i in short for _ in range(lens[i])]
-        extra_lens = [metadata.seq_lens_cpu[i] - lens[i] + 1 + j for i in short for j in range(lens[i])]
-        token_rows += [starts[i] + j for i in short for j in range(lens[i])]
-        seq_rows += range(len(lens), len(lens) + len(owners))
-        block_tables = torch.cat([block_tables, block_tables[torch.tensor(owners)]])
+    if earlier:
+        block_tables = torch.cat([block_tables, block_tables[torch.tensor([i for i, _ in earlier])]])
+        extra_lens = [metadata.seq_lens_cpu[i] - lens[i] + 1 + j for i, j in earlier]
         seq_lens = torch.cat([seq_lens, torch.tensor(extra_lens, dtype=torch.int32)])
     return CPUAttentionPlan(
-        decode_token_rows=torch.tensor(token_rows, dtype=torch.int64),
+        decode_token_rows=torch.tensor([starts[i] + j for i in paged for j in range(lens[i])], dtype=torch.int64),
         decode_seq_rows=torch.tensor(seq_rows, dtype=torch.int64),
         block_tables=block_tables, seq_lens=seq_lens, prefill_chunks=chunks, gather_buffer=buffer,
     )
