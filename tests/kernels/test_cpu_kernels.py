@@ -72,8 +72,11 @@ def test_q4_wrapper_checks_shapes() -> None:
 
 
 @pytest.mark.parametrize(("block_size", "num_heads", "num_kv_heads", "head_dim"),
-                         [(16, 9, 3, 64), (4, 8, 2, 32), (32, 4, 4, 128), (256, 6, 1, 16)])
-def test_paged_decode_attention_matches_the_reference(block_size, num_heads, num_kv_heads, head_dim) -> None:
+                         [(16, 9, 3, 64), (4, 8, 2, 32), (32, 4, 4, 128), (256, 6, 1, 16), (16, 12, 12, 16)])
+@pytest.mark.parametrize("num_threads", [1, 4])  # 5 sequences: one item each; with 4 threads, one per KV head
+def test_paged_decode_attention_matches_the_reference(block_size, num_heads, num_kv_heads, head_dim, num_threads,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch, "get_num_threads", lambda: num_threads)
     gen = torch.Generator().manual_seed(block_size)
     seq_lens = [1, 7, block_size, block_size + 1, 290]
     blocks_each = -(-max(seq_lens) // block_size)

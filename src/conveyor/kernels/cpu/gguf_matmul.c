@@ -26,8 +26,6 @@ typedef uint8_t v16u8 __attribute__((vector_size(16)));
 /* Two steps: a direct u8 -> float conversion is scalarized by GCC 12. */
 #define TO_FLOAT(v) __builtin_convertvector(__builtin_convertvector((v), v16i), v16f)
 
-INLINE float hsum(v16f v) { float s = 0.0f; for (int i = 0; i < 16; i++) s += v[i]; return s; }
-
 /* The weights of block b of row n as two vectors: elements [0, 16) and [16, 32). */
 INLINE void q4_block(const uint8_t* qs, const float* d, const float* m, int64_t K, int64_t n, int64_t b,
                      v16f* lo, v16f* hi) {
@@ -69,7 +67,7 @@ INLINE void tile(const float* x, int64_t K, const void* qs, const float* d, cons
     }
   }
   for (int j = 0; j < cols; j++)
-    for (int r = 0; r < rows; r++) out[r * N + n0 + j] = hsum(acc[j][r]);
+    for (int r = 0; r < rows; r++) out[r * N + n0 + j] = hsum16(acc[j][r]);
 }
 
 #define ROW_CASE(COLS, R) case R: if (R <= TILE_M) tile(xr, K, qs, d, m, n0, N, outr, COLS, R <= TILE_M ? R : 1); break;
