@@ -43,13 +43,19 @@ def _check_x(x: torch.Tensor, k: int) -> None:
     assert x.dtype == torch.float32 and x.is_contiguous() and x.device.type == "cpu", "x: contiguous CPU float32"
 
 
+def _check_status(status: int, x: torch.Tensor) -> None:
+    if status != 0:  # the kernel's packed copy of x: [M, K] float32
+        raise MemoryError(f"the GGUF block matmul could not allocate {x.numel() * 4} bytes for its packed input")
+
+
 def q4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
     """x [M, K] float32 -> [M, N] float32 = x @ W^T for a Q4 weight W [N, K]."""
     n, k = _check_q4(qweight, scales, mins)
     _check_x(x, k)
     out = torch.empty((x.shape[0], n), dtype=torch.float32)
-    cpu_kernels().q4_matmul(x.data_ptr(), x.shape[0], k, qweight.data_ptr(), scales.data_ptr(),
-                            mins.data_ptr(), n, out.data_ptr(), torch.get_num_threads())
+    status = cpu_kernels().q4_matmul(x.data_ptr(), x.shape[0], k, qweight.data_ptr(), scales.data_ptr(),
+                                     mins.data_ptr(), n, out.data_ptr(), torch.get_num_threads())
+    _check_status(status, x)
     return out
 
 
@@ -58,8 +64,9 @@ def q8_0_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) ->
     n, k = _check_q8(qweight, scales)
     _check_x(x, k)
     out = torch.empty((x.shape[0], n), dtype=torch.float32)
-    cpu_kernels().q8_0_matmul(x.data_ptr(), x.shape[0], k, qweight.data_ptr(), scales.data_ptr(),
-                              n, out.data_ptr(), torch.get_num_threads())
+    status = cpu_kernels().q8_0_matmul(x.data_ptr(), x.shape[0], k, qweight.data_ptr(), scales.data_ptr(),
+                                       n, out.data_ptr(), torch.get_num_threads())
+    _check_status(status, x)
     return out
 
 

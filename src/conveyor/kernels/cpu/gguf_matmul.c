@@ -4,15 +4,19 @@
  * w = d * q + m (Q4_1; Q4_0 is the same with m = -8 d) or w = d * q (Q8_0) and multiplied into
  * float32 accumulators, so the result is the float32 matmul of the dequantized weight up to the
  * order of the float32 additions. Decode reads the weight once per step, so what matters is bytes
- * (0.75 per Q4 weight here, 4 in float32) and the unpack work per weight, which a tile of 4 output
- * rows x up to 4 input rows shares: each weight is unpacked once per 4 input rows, each input vector
- * loaded once per 4 output rows. Layout (prepared by conveyor.model.quantized):
+ * (0.75 per Q4 weight here, 4 in float32) and the unpack work per weight, which a tile of TILE_N (2)
+ * output rows x up to TILE_M (8) input rows shares: each weight is unpacked once per 8 input rows, each
+ * input vector loaded once per 2 output rows; each of the 16 accumulators is reduced once at the end of
+ * K (a log-step sum: the scalar one cost 12% at 8 rows, as K = 576 is only 18 blocks). Layout
+ * (prepared by conveyor.model.quantized):
  *   Q4: qs [N, K/2] uint8, block b of row n at bytes [16 b, 16 b + 16): byte j holds element j in its
  *       low nibble and element j + 16 in its high nibble (GGUF's order); d, m [N, K/32] float32.
  *   Q8: qs [N, K] int8; d [N, K/32] float32.
  * Written with GCC vector extensions (AVX-512 with -march=native on x86, NEON on ARM); OpenMP splits
  * the output rows over `num_threads` threads.
  */
+#include <stdlib.h>
+
 #include "vec.h"
 
 typedef uint8_t v16u8 __attribute__((vector_size(16)));
@@ -62,7 +66,8 @@ INLINE void tile(const float* x, int64_t K, const void* qs, const float* d, cons
       else q8_block((const int8_t*)qs, d, K, n0 + j, b, &lo[j], &hi[j]);
     }
     for (int r = 0; r < rows; r++) {
-      const v16f x0 = load16(x + r * K + b * QK), x1 = load16(x + r * K + b * QK + 16);
+      const float* xb = x + (b * rows + r) * QK;  /* packed: [K/32][rows][32] */
+      const v16f x0 = load16(xb), x1 = load16(xb + 16);
       for (int j = 0; j < cols; j++) acc[j][r] += lo[j] * x0 + hi[j] * x1;
     }
   }
@@ -77,18 +82,34 @@ INLINE void tile(const float* x, int64_t K, const void* qs, const float* d, cons
     ROW_CASE(COLS, 5) ROW_CASE(COLS, 6) ROW_CASE(COLS, 7) ROW_CASE(COLS, 8)                       \
   }
 
-/* m == NULL selects Q8_0 blocks, else Q4 blocks (one specialized copy each after inlining). */
-static void block_matmul(const float* x, int64_t M, int64_t K, const void* qs, const float* d,
-                         const float* m, int64_t N, float* out, int num_threads) {
-  const int64_t num_tiles = (N + TILE_N - 1) / TILE_N;
+/* x [M, K] -> packed [M/TILE_M tiles][K/32][rows][32]: a tile's rows of one block lie side by side,
+ * so its inner loop reads one stream from one pointer (8 row pointers cost registers and 7% at 8 rows). */
+static void pack_rows(const float* x, int64_t M, int64_t K, float* packed) {
+  for (int64_t r0 = 0; r0 < M; r0 += TILE_M) {
+    const int64_t rows = M - r0 < TILE_M ? M - r0 : TILE_M;
+    for (int64_t b = 0; b < K / QK; b++)
+      for (int64_t r = 0; r < rows; r++)
+        memcpy(packed + r0 * K + (b * rows + r) * QK, x + (r0 + r) * K + b * QK, QK * sizeof(float));
+  }
+}
+
+/* m == NULL selects Q8_0 blocks, else Q4 blocks (one specialized copy each after inlining). One input
+ * row (a batch-1 decode) takes tiles of one output row: measured faster than two there. */
+static int block_matmul(const float* x_rows, int64_t M, int64_t K, const void* qs, const float* d,
+                        const float* m, int64_t N, float* out, int num_threads) {
+  float* packed = M > 1 ? malloc(M * K * sizeof(float)) : NULL;
+  if (M > 1 && !packed) return 1;
+  if (packed) pack_rows(x_rows, M, K, packed);
+  const float* x = packed ? packed : x_rows;  /* one row is its own packing */
+  const int64_t tile_n = M > 1 ? TILE_N : 1, num_tiles = (N + tile_n - 1) / tile_n;
   #pragma omp parallel for schedule(static) num_threads(num_threads)
   for (int64_t t = 0; t < num_tiles; t++) {
-    const int64_t n_begin = t * TILE_N, n_end = n_begin + TILE_N < N ? n_begin + TILE_N : N;
+    const int64_t n_begin = t * tile_n, n_end = n_begin + tile_n < N ? n_begin + tile_n : N;
     for (int64_t r0 = 0; r0 < M; r0 += TILE_M) {
       const int64_t rows = M - r0 < TILE_M ? M - r0 : TILE_M;
       const float* xr = x + r0 * K;
       float* outr = out + r0 * N;
-      if (n_end - n_begin == TILE_N) {
+      if (tile_n == TILE_N && n_end - n_begin == TILE_N) {
         const int64_t n0 = n_begin;
         ROWS_CASES(TILE_N)
       } else {
@@ -96,16 +117,19 @@ static void block_matmul(const float* x, int64_t M, int64_t K, const void* qs, c
       }
     }
   }
+  free(packed);
+  return 0;
 }
 
-void q4_matmul(const float* x, int64_t M, int64_t K, const uint8_t* qs, const float* d, const float* m,
-               int64_t N, float* out, int num_threads) {
-  block_matmul(x, M, K, qs, d, m, N, out, num_threads);
+/* Both return 0, or 1 where the packed copy of x could not be allocated. */
+int q4_matmul(const float* x, int64_t M, int64_t K, const uint8_t* qs, const float* d, const float* m,
+              int64_t N, float* out, int num_threads) {
+  return block_matmul(x, M, K, qs, d, m, N, out, num_threads);
 }
 
-void q8_0_matmul(const float* x, int64_t M, int64_t K, const int8_t* qs, const float* d,
-                 int64_t N, float* out, int num_threads) {
-  block_matmul(x, M, K, qs, d, NULL, N, out, num_threads);
+int q8_0_matmul(const float* x, int64_t M, int64_t K, const int8_t* qs, const float* d,
+                int64_t N, float* out, int num_threads) {
+  return block_matmul(x, M, K, qs, d, NULL, N, out, num_threads);
 }
 
 /* out [N, K] float32 = the dequantized weight (prefill-sized inputs multiply it with BLAS). */

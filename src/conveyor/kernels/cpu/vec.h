@@ -12,7 +12,7 @@ typedef int32_t v16i __attribute__((vector_size(64)));
 INLINE v16f load16(const float* p) { v16f v; memcpy(&v, p, sizeof v); return v; }
 INLINE v16f splat(float x) { return (v16f){0} + x; }
 
-INLINE v16f select(v16i mask, v16f a, v16f b) {  /* lane-wise mask ? a : b (C has no vector ?:) */
+INLINE v16f vselect(v16i mask, v16f a, v16f b) {  /* lane-wise mask ? a : b (C has no vector ?:) */
   v16i ai, bi, r;
   memcpy(&ai, &a, sizeof a), memcpy(&bi, &b, sizeof b);
   r = (ai & mask) | (bi & ~mask);
@@ -24,8 +24,8 @@ INLINE v16f select(v16i mask, v16f a, v16f b) {  /* lane-wise mask ? a : b (C ha
 /* e^x for 16 lanes (Cephes' expf polynomial, ~1 ulp): x = n ln2 + r, e^x = 2^n e^r. */
 INLINE v16f exp16(v16f x) {
   const v16f hi = splat(88.3762626647949f), lo = splat(-88.3762626647949f);
-  x = select(x < hi, x, hi);
-  x = select(x > lo, x, lo);
+  x = vselect(x < hi, x, hi);
+  x = vselect(x > lo, x, lo);
   const v16f t = x * 1.44269504088896341f + 0.5f;
   v16f n = __builtin_convertvector(__builtin_convertvector(t, v16i), v16f);
   n += __builtin_convertvector(n > t, v16f);  /* truncated up (t < 0): the mask is -1, giving floor(t) */
@@ -43,7 +43,7 @@ INLINE v16f exp16(v16f x) {
   return y * scale;
 }
 
-INLINE v16f vmax(v16f a, v16f b) { return select(a > b, a, b); }
+INLINE v16f vmax(v16f a, v16f b) { return vselect(a > b, a, b); }
 /* Horizontal max and sum in log steps (4 shuffles and 4 ops): a scalar loop over the lanes is a
  * 16-long dependency chain. */
 INLINE float hmax(v16f v) {
