@@ -24,7 +24,12 @@ from conveyor.kernels.gguf_matmul import (
     q8_0_matmul,
     q8_0_matmul_ref,
 )
-from conveyor.kernels.paged_attention_cpu import paged_decode_attention, paged_decode_attention_ref
+from conveyor.kernels.paged_attention_cpu import (
+    paged_decode_attention,
+    paged_decode_attention_ref,
+    paged_prefill_attention,
+    paged_prefill_attention_ref,
+)
 
 pytestmark = pytest.mark.skipif(not cpu_build.cpu_kernels_available(), reason="no C compiler for the CPU kernels")
 
@@ -152,3 +157,31 @@ def test_the_build_is_keyed_by_the_cpu_not_the_hostname(monkeypatch: pytest.Monk
     assert cpu_build.cpu_identity(arm) == "Features=asimd fp sve;CPU implementer=0x41;CPU part=0xd40"
     monkeypatch.setattr(cpu_build.platform, "node", lambda: "another-host")
     assert cpu_build.cpu_kernels.__wrapped__()._name == cpu_build.cpu_kernels()._name  # same file, no rebuild
+
+
+@pytest.mark.parametrize(("block_size", "num_heads", "num_kv_heads", "head_dim"),
+                         [(16, 9, 3, 64), (4, 8, 2, 32), (32, 4, 4, 128), (16, 12, 1, 16), (8, 16, 2, 48)])
+@pytest.mark.parametrize("num_threads", [1, 2])
+def test_paged_prefill_attention_matches_the_causal_reference(block_size, num_heads, num_kv_heads, head_dim,
+                                                              num_threads, monkeypatch: pytest.MonkeyPatch) -> None:
+    # chunks: a whole prompt, one after a cached context (not block-aligned), one of a single token,
+    # one shorter than a tile, one over several tiles and blocks after a context
+    monkeypatch.setattr(torch, "get_num_threads", lambda: num_threads)
+    gen = torch.Generator().manual_seed(block_size + head_dim)
+    seq_lens, chunk_lens = [37, 100, 9, 5, 130], [37, 23, 1, 5, 71]
+    blocks_each = -(-max(seq_lens) // block_size)
+    num_blocks = blocks_each * len(seq_lens) + 2
+    kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
+    tables = torch.randperm(num_blocks, generator=gen)[: blocks_each * len(seq_lens)].view(len(seq_lens), -1)
+    order = [3, 0, 4, 2, 1]  # chunks in the query in another order than the sequences
+    starts, row = {}, 2  # two unrelated rows first
+    for i in order:
+        starts[i], row = row, row + chunk_lens[i]
+    query = torch.randn(row + 1, num_heads, head_dim, generator=gen)
+    args = (query, kv_cache, torch.tensor([starts[i] for i in order]), torch.tensor([chunk_lens[i] for i in order]),
+            torch.tensor(order), tables.int().contiguous(), torch.tensor(seq_lens, dtype=torch.int32), head_dim**-0.5)
+    out, expected = torch.zeros_like(query), torch.zeros_like(query)
+    paged_prefill_attention(*args, out)
+    paged_prefill_attention_ref(*args, expected)
+    torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
+    assert out[:2].abs().sum() == 0 and out[-1].abs().sum() == 0  # rows of no chunk are left alone
