@@ -78,24 +78,40 @@ def test_q4_wrapper_checks_shapes() -> None:
 
 @pytest.mark.parametrize(("block_size", "num_heads", "num_kv_heads", "head_dim"),
                          [(16, 9, 3, 64), (4, 8, 2, 32), (32, 4, 4, 128), (256, 6, 1, 16), (16, 12, 12, 16)])
-@pytest.mark.parametrize("num_threads", [1, 4])  # 5 sequences: one item each; with 4 threads, one per KV head
+@pytest.mark.parametrize("num_threads", [1, 4])  # 6 queries: one item each; with 4 threads, one per KV head
 def test_paged_decode_attention_matches_the_reference(block_size, num_heads, num_kv_heads, head_dim, num_threads,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # queries of 1 token (decodes) and of several (a verify step's 1 + K, the 8-token maximum), in
+    # another order than the sequences, their rows not adjacent
     monkeypatch.setattr(torch, "get_num_threads", lambda: num_threads)
     gen = torch.Generator().manual_seed(block_size)
-    seq_lens = [1, 7, block_size, block_size + 1, 290]
+    seq_lens, query_lens = [1, 7, block_size, block_size + 1, 290, 40], [1, 4, 1, 2, 8, 1]
     blocks_each = -(-max(seq_lens) // block_size)
     num_blocks = blocks_each * len(seq_lens) + 2
     kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
     tables = torch.randperm(num_blocks, generator=gen)[: blocks_each * len(seq_lens)].view(len(seq_lens), -1)
-    query = torch.randn(len(seq_lens) + 2, num_heads, head_dim, generator=gen)
-    token_rows, seq_rows = torch.tensor([0, 2, 3, 4, 6]), torch.tensor([4, 0, 2, 1, 3])  # any order
-    args = (query, kv_cache, token_rows, seq_rows, tables.int().contiguous(), torch.tensor(seq_lens, dtype=torch.int32),
-            head_dim**-0.5)
+    order, starts, row = [4, 0, 2, 1, 5, 3], {}, 1
+    for i in order:
+        starts[i], row = row, row + query_lens[i] + 1  # a row of no query between queries
+    query = torch.randn(row, num_heads, head_dim, generator=gen)
+    args = (query, kv_cache, torch.tensor([starts[i] for i in order]), torch.tensor([query_lens[i] for i in order]),
+            torch.tensor(order), tables.int().contiguous(), torch.tensor(seq_lens, dtype=torch.int32), head_dim**-0.5)
     out, expected = torch.zeros_like(query), torch.zeros_like(query)
     paged_decode_attention(*args, out)
     paged_decode_attention_ref(*args, expected)
     torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
+    untouched = torch.ones(row, dtype=torch.bool)
+    for i in order:
+        untouched[starts[i]:starts[i] + query_lens[i]] = False
+    assert out[untouched].abs().sum() == 0
+
+
+def test_paged_decode_attention_rejects_a_query_over_8_tokens() -> None:
+    kv_cache = torch.zeros(2, 2, 16, 1, 16)
+    with pytest.raises(AssertionError, match="query's length"):
+        paged_decode_attention(torch.zeros(9, 1, 16), kv_cache, torch.tensor([0]), torch.tensor([9]), torch.tensor([0]),
+                               torch.zeros(1, 1, dtype=torch.int32), torch.tensor([9], dtype=torch.int32), 0.25,
+                               torch.zeros(9, 1, 16))
 
 
 def test_build_without_a_compiler_says_so(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -62,7 +62,7 @@ def run_mixed_batch(specs: list[tuple[int, int]], num_heads: int, num_kv_heads: 
         ([(16, 64), (1, 17), (2, 2)], 6, 1, 8, 16),  # MQA, chunk with a cached prefix
         ([(1, 300), (4, 40), (1, 1), (1, 77)], 4, 2, 32, 32),  # long decode across many blocks
         # speculative verify steps (1 + K tokens after a context) beside decodes; 8 and 9 tokens: either
-        # side of the cpu backend's MAX_PAGED_QUERY (its decode kernel vs its prefill kernel)
+        # side of the cpu backend's MAX_QUERY_TOKENS (its decode kernel vs its prefill kernel)
         ([(4, 400), (4, 37), (1, 50), (8, 8), (9, 30), (2, 17)], 9, 3, 64, 16),
         # prefill chunks over several query tiles and blocks, one after 150 cached tokens
         ([(100, 250), (1, 60), (40, 40), (33, 33)], 9, 3, 64, 16),

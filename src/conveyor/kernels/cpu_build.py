@@ -35,7 +35,7 @@ _SIGNATURES: dict[str, list[type]] = {
     "q8_0_matmul": [_P, _I64, _I64, _P, _P, _I64, _P, _I32],
     "q4_dequantize": [_P, _P, _P, _I64, _I64, _P, _I32],
     "q8_0_dequantize": [_P, _P, _I64, _I64, _P, _I32],
-    "paged_decode_attention": [_P, _P, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _P, _I32],
+    "paged_decode_attention": [_P, _P, _P, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _P, _I32],
     "paged_prefill_attention": [_P, _P, _P, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64, _I64, _I64, _F32, _P, _I32],
     "rms_norm": [_P, _I64, _I64, _I64, _P, _F32, _P, _I32],
     "rotary_": [_P, _I64, _I64, _I64, _I64, _P, _P, _I32],

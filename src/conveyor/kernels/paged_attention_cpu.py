@@ -38,25 +38,36 @@ def _check_paged_args(query: torch.Tensor, kv_cache: torch.Tensor, block_tables:
     assert all(t.device.type == "cpu" for t in (query, kv_cache, block_tables, seq_lens, out))
 
 
-def paged_decode_attention(
-    query: torch.Tensor, kv_cache: torch.Tensor, token_rows: torch.Tensor, seq_rows: torch.Tensor,
-    block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, out: torch.Tensor,
-) -> None:
-    """Write out[token_rows] = attention of query[token_rows] [S, H, D] over the paged KV.
+MAX_QUERY_TOKENS = 8
+"""Most tokens of one query `paged_decode_attention` takes (a verify step's 1 + K, a prefill's tail)."""
 
-    kv_cache [2, num_blocks, block_size, KVH, D] float32; token_rows, seq_rows [S] int64 (rows of
-    query/out, rows of block_tables [num_seqs, max_blocks] int32 and seq_lens [num_seqs] int32).
+
+def paged_decode_attention(
+    query: torch.Tensor, kv_cache: torch.Tensor, token_starts: torch.Tensor, num_tokens: torch.Tensor,
+    seq_rows: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, out: torch.Tensor,
+) -> None:
+    """Write out[rows of query c] = attention of query rows [token_starts[c], + num_tokens[c]) -- the
+    last num_tokens[c] (1 to MAX_QUERY_TOKENS) positions of sequence seq_rows[c], token t seeing
+    seq_len - num_tokens + 1 + t keys -- over the paged KV, its K/V read once per query.
+
+    kv_cache [2, num_blocks, block_size, KVH, D] float32; token_starts, num_tokens, seq_rows [C] int64;
+    block_tables [num_seqs, max_blocks] int32 and seq_lens [num_seqs] int32.
     """
     _check_paged_args(query, kv_cache, block_tables, seq_lens, out)
-    assert token_rows.dtype == seq_rows.dtype == torch.int64 and token_rows.shape == seq_rows.shape
-    num_heads = query.shape[1]
+    _check_queries(token_starts, num_tokens, seq_rows)
     _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
     status = cpu_kernels().paged_decode_attention(
-        query.data_ptr(), kv_cache.data_ptr(), token_rows.data_ptr(), seq_rows.data_ptr(),
-        block_tables.data_ptr(), block_tables.shape[1], seq_lens.data_ptr(), token_rows.numel(),
-        num_heads, num_kv_heads, head_dim, block_size, num_blocks, scale, out.data_ptr(), torch.get_num_threads(),
+        query.data_ptr(), kv_cache.data_ptr(), token_starts.data_ptr(), num_tokens.data_ptr(), seq_rows.data_ptr(),
+        block_tables.data_ptr(), block_tables.shape[1], seq_lens.data_ptr(), token_starts.numel(),
+        query.shape[1], num_kv_heads, head_dim, block_size, num_blocks, scale, out.data_ptr(), torch.get_num_threads(),
     )
-    assert status == 0, "paged_decode_attention rejected its geometry"
+    assert status == 0, "paged_decode_attention rejected its geometry or a query's length"
+
+
+def _check_queries(token_starts: torch.Tensor, num_tokens: torch.Tensor, seq_rows: torch.Tensor) -> None:
+    assert token_starts.dtype == num_tokens.dtype == seq_rows.dtype == torch.int64
+    assert token_starts.shape == num_tokens.shape == seq_rows.shape
+    assert token_starts.is_contiguous() and num_tokens.is_contiguous() and seq_rows.is_contiguous()
 
 
 def paged_prefill_attention(
@@ -69,9 +80,7 @@ def paged_prefill_attention(
     token_starts, num_tokens, seq_rows [C] int64; the other tensors as in `paged_decode_attention`.
     """
     _check_paged_args(query, kv_cache, block_tables, seq_lens, out)
-    assert token_starts.dtype == num_tokens.dtype == seq_rows.dtype == torch.int64
-    assert token_starts.shape == num_tokens.shape == seq_rows.shape and token_starts.is_contiguous()
-    assert num_tokens.is_contiguous() and seq_rows.is_contiguous()
+    _check_queries(token_starts, num_tokens, seq_rows)
     _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
     status = cpu_kernels().paged_prefill_attention(
         query.data_ptr(), kv_cache.data_ptr(), token_starts.data_ptr(), num_tokens.data_ptr(), seq_rows.data_ptr(),
@@ -100,14 +109,9 @@ def paged_prefill_attention_ref(
 
 
 def paged_decode_attention_ref(
-    query: torch.Tensor, kv_cache: torch.Tensor, token_rows: torch.Tensor, seq_rows: torch.Tensor,
-    block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, out: torch.Tensor,
+    query: torch.Tensor, kv_cache: torch.Tensor, token_starts: torch.Tensor, num_tokens: torch.Tensor,
+    seq_rows: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, out: torch.Tensor,
 ) -> None:
-    """Torch reference of `paged_decode_attention`: per sequence, gather its keys and run SDPA."""
-    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
-    for token, seq in zip(token_rows.tolist(), seq_rows.tolist()):
-        seq_len = int(seq_lens[seq])
-        blocks = block_tables[seq, : -(-seq_len // block_size)].long()
-        k, v = (kv_cache[i][blocks].flatten(0, 1)[:seq_len].transpose(0, 1) for i in (0, 1))  # [KVH, L, D]
-        q = query[token].view(num_kv_heads, -1, query.shape[-1])  # [KVH, G, D]
-        out[token] = F.scaled_dot_product_attention(q, k, v, scale=scale).reshape(query.shape[1:])
+    """Torch reference of `paged_decode_attention`: the same causal attention as a prefill's."""
+    paged_prefill_attention_ref(query, kv_cache, token_starts, num_tokens, seq_rows, block_tables, seq_lens,
+                                scale, out)

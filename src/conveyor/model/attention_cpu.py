@@ -3,8 +3,10 @@
 A decode is one query token against its whole context: memory-bound, and on the torch backend its
 K/V were first gathered into a padded copy (a full extra pass over K/V per layer) and then read
 again by SDPA. Here every decode of the step goes to `paged_decode_attention` in one call, which
-walks each sequence's blocks with an online softmax, reading each K/V byte once. Queries of a few
-tokens (speculative verification, a prefill's tail) go there too, as one decode per token. Longer
+walks each sequence's blocks with an online softmax, reading each K/V byte once. Queries of up to
+MAX_QUERY_TOKENS (8) tokens -- a speculative verify step's 1 + K, a prefill's tail -- go there too,
+their tokens sharing each read of the K/V (as 4 separate decodes, a 4-token verify over a 1,000-token
+context took 12 ms of attention per step on 30 layers; one read: see docs/performance.md). Longer
 prefill chunks go to `paged_prefill_attention`, also in one call: causal, tiles of query tokens
 sharing each key row, no gathered copy and no [q, L] mask -- torch's fused SDPA needed both after a
 cached context and computed the masked half there (a 900-token chunk after 500 cached tokens: 97 ->
@@ -19,36 +21,34 @@ from dataclasses import dataclass
 
 import torch
 
-from conveyor.kernels.paged_attention_cpu import kernel_supports, paged_decode_attention, paged_prefill_attention
+from conveyor.kernels.paged_attention_cpu import (
+    MAX_QUERY_TOKENS,
+    kernel_supports,
+    paged_decode_attention,
+    paged_prefill_attention,
+)
 from conveyor.model.attention import TorchAttentionBackend, paged_attention_torch
 from conveyor.model.attention_metadata import AttentionMetadata
 
 
 @dataclass(frozen=True)
 class CPUAttentionPlan:
-    """What the cpu backend derives from one step's metadata, once, for every layer."""
+    """What the cpu backend derives from one step's metadata, once, for every layer. A query is one
+    sequence's tokens of the step: [C] int64 tensors per kind (its first row in query / out, its
+    length, its row in block_tables / seq_lens)."""
 
-    decode_token_rows: torch.Tensor
-    """[S] int64: the rows in query / out of the tokens the C kernel takes (decodes, short queries)."""
-    decode_seq_rows: torch.Tensor
-    """[S] int64: their rows in block_tables / seq_lens."""
-    block_tables: torch.Tensor
-    """[num_seqs + short-query tokens, max_blocks] int32, contiguous (what the kernel indexes)."""
-    seq_lens: torch.Tensor
-    """[num_seqs + short-query tokens] int32, contiguous: a short query's token j sees seq_len - q + 1 + j keys."""
+    short_token_starts: torch.Tensor
+    """Queries of up to MAX_QUERY_TOKENS tokens (decodes, verify steps, prefill tails): the decode kernel."""
+    short_num_tokens: torch.Tensor
+    short_seq_rows: torch.Tensor
     prefill_token_starts: torch.Tensor
-    """[C] int64: the first row in query / out of each query of more than MAX_PAGED_QUERY tokens."""
+    """Longer queries (prefill chunks): the prefill kernel."""
     prefill_num_tokens: torch.Tensor
-    """[C] int64: their lengths (each is its sequence's last positions)."""
     prefill_seq_rows: torch.Tensor
-    """[C] int64: their sequences' rows in block_tables / seq_lens."""
-
-
-MAX_PAGED_QUERY = 8
-"""Queries of up to this many tokens (a speculative verify step's 1 + K, a prefill's last few tokens)
-run as that many decodes in the C kernel, token j of the query seeing the context and query tokens
-0..j: per layer, gathering the sequence's K/V and a masked SDPA cost more than reading the K/V in
-place a few times (it stays in cache after the first)."""
+    block_tables: torch.Tensor
+    """[num_seqs, max_blocks] int32, contiguous (what the kernels index)."""
+    seq_lens: torch.Tensor
+    """[num_seqs] int32, contiguous."""
 
 
 def plan_cpu_attention(metadata: AttentionMetadata) -> CPUAttentionPlan:
@@ -56,27 +56,18 @@ def plan_cpu_attention(metadata: AttentionMetadata) -> CPUAttentionPlan:
     starts = [0]
     for length in lens:
         starts.append(starts[-1] + length)
-    paged = [i for i, q in enumerate(lens) if 0 < q <= MAX_PAGED_QUERY]
-    prefills = [i for i, q in enumerate(lens) if q > MAX_PAGED_QUERY]
-    # Token j of a q-token query is a decode of length seq_len - q + 1 + j. Its last token (a plain
-    # decode's only one) is the sequence's own row of block_tables / seq_lens; each earlier token gets
-    # an extra row after the sequences' rows.
-    earlier = [(i, j) for i in paged for j in range(lens[i] - 1)]
-    extra_row = iter(range(len(lens), len(lens) + len(earlier)))
-    seq_rows = [next(extra_row) if j < lens[i] - 1 else i for i in paged for j in range(lens[i])]
-    block_tables = metadata.block_tables.to(torch.int32).contiguous()
-    seq_lens = metadata.seq_lens.to(torch.int32).contiguous()
-    if earlier:
-        block_tables = torch.cat([block_tables, block_tables[torch.tensor([i for i, _ in earlier])]])
-        extra_lens = [metadata.seq_lens_cpu[i] - lens[i] + 1 + j for i, j in earlier]
-        seq_lens = torch.cat([seq_lens, torch.tensor(extra_lens, dtype=torch.int32)])
+    short = [i for i, q in enumerate(lens) if 0 < q <= MAX_QUERY_TOKENS]
+    prefills = [i for i, q in enumerate(lens) if q > MAX_QUERY_TOKENS]
+
+    def as_tensor(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64)
+
     return CPUAttentionPlan(
-        decode_token_rows=torch.tensor([starts[i] + j for i in paged for j in range(lens[i])], dtype=torch.int64),
-        decode_seq_rows=torch.tensor(seq_rows, dtype=torch.int64),
-        block_tables=block_tables, seq_lens=seq_lens,
-        prefill_token_starts=torch.tensor([starts[i] for i in prefills], dtype=torch.int64),
-        prefill_num_tokens=torch.tensor([lens[i] for i in prefills], dtype=torch.int64),
-        prefill_seq_rows=torch.tensor(prefills, dtype=torch.int64),
+        short_token_starts=as_tensor([starts[i] for i in short]), short_num_tokens=as_tensor([lens[i] for i in short]),
+        short_seq_rows=as_tensor(short), prefill_token_starts=as_tensor([starts[i] for i in prefills]),
+        prefill_num_tokens=as_tensor([lens[i] for i in prefills]), prefill_seq_rows=as_tensor(prefills),
+        block_tables=metadata.block_tables.to(torch.int32).contiguous(),
+        seq_lens=metadata.seq_lens.to(torch.int32).contiguous(),
     )
 
 
@@ -99,9 +90,9 @@ class CPUAttentionBackend(TorchAttentionBackend):
             plan = metadata.backend_plan = plan_cpu_attention(metadata)
         query = query.contiguous()
         out = torch.empty_like(query)
-        if plan.decode_token_rows.numel():
-            paged_decode_attention(query, kv_cache, plan.decode_token_rows, plan.decode_seq_rows,
-                                   plan.block_tables, plan.seq_lens, scale, out)
+        if plan.short_seq_rows.numel():
+            paged_decode_attention(query, kv_cache, plan.short_token_starts, plan.short_num_tokens,
+                                   plan.short_seq_rows, plan.block_tables, plan.seq_lens, scale, out)
         if plan.prefill_seq_rows.numel():
             paged_prefill_attention(query, kv_cache, plan.prefill_token_starts, plan.prefill_num_tokens,
                                     plan.prefill_seq_rows, plan.block_tables, plan.seq_lens, scale, out)
