@@ -55,6 +55,33 @@ INLINE void prefetch_block(const float* k, const float* v, int64_t row_floats, i
   }
 }
 
+/* One slot's G query heads over the n keys at k / v: score, online-softmax update, accumulate. The
+ * accumulators are copied into locals so GCC keeps them in registers for the chunk. */
+INLINE void attend_chunk(const int G, const int V, const v16f qv[][V], v16f acc[][V], float* running_max,
+                         float* running_sum, const float* k, const float* v, int64_t stride, int64_t n) {
+  float probs[G][CHUNK] __attribute__((aligned(64)));
+  v16f a[G][MAX_VECS];
+  for (int h = 0; h < G; h++)
+    for (int c = 0; c < V; c++) a[h][c] = acc[h][c];
+  for (int h = 0; h < G; h++) {
+    const v16f scores = score_chunk(qv[h], k, stride, n, V);
+    const float chunk_max = hmax(scores), old_max = running_max[h];
+    float new_max = old_max;
+    if (chunk_max > old_max) {  /* rescale what was summed so far; rarer as the sequence goes on */
+      new_max = chunk_max;
+      const float correction = exp16(splat(old_max - new_max))[0];  /* 0 on the first chunk */
+      running_max[h] = new_max, running_sum[h] *= correction;
+      for (int c = 0; c < V; c++) a[h][c] *= correction;
+    }
+    const v16f p = exp16(scores - new_max);  /* lanes >= n: e^-inf = 0 */
+    running_sum[h] += hsum16(p);
+    memcpy(probs[h], &p, sizeof p);
+  }
+  accumulate_values(a, probs, v, stride, n, G, V);
+  for (int h = 0; h < G; h++)
+    for (int c = 0; c < V; c++) acc[h][c] = a[h][c];
+}
+
 /* KV heads [kvh0, kvh0 + nkvh) of one query's nq tokens (the sequence's last nq positions: token t
  * sees seq_len - nq + 1 + t keys), each KV head with its G query heads; q / out point at token 0's
  * first query head of KV head kvh0 (token stride `row`). Block by block, and within a block KV head
@@ -67,7 +94,6 @@ INLINE void attend(const float* q, float* out, int64_t row, int64_t nq, const fl
   const int64_t stride = g.num_kv_heads * g.head_dim, bs = g.block_size;
   v16f acc[MAX_SLOTS][G][V], qv[MAX_SLOTS][G][V];
   float running_max[MAX_SLOTS][G], running_sum[MAX_SLOTS][G];
-  float probs[G][CHUNK] __attribute__((aligned(64)));
   for (int64_t j = 0; j < nkvh; j++)
     for (int64_t t = 0; t < nq; t++)
       for (int h = 0; h < G; h++) {
@@ -96,26 +122,7 @@ INLINE void attend(const float* q, float* out, int64_t row, int64_t nq, const fl
           const int64_t slot = j * nq + t, keys = seq_len - nq + 1 + t;  /* token t's causal limit */
           if (start >= keys) continue;
           const int64_t n = keys - start < chunk ? keys - start : chunk;
-          v16f a[G][MAX_VECS];
-          for (int h = 0; h < G; h++)
-            for (int c = 0; c < V; c++) a[h][c] = acc[slot][h][c];
-          for (int h = 0; h < G; h++) {
-            const v16f scores = score_chunk(qv[slot][h], k, stride, n, V);
-            const float chunk_max = hmax(scores), old_max = running_max[slot][h];
-            float new_max = old_max;
-            if (chunk_max > old_max) {  /* rescale what was summed so far; rarer as the sequence goes on */
-              new_max = chunk_max;
-              const float correction = exp16(splat(old_max - new_max))[0];  /* 0 on the first chunk */
-              running_max[slot][h] = new_max, running_sum[slot][h] *= correction;
-              for (int c = 0; c < V; c++) a[h][c] *= correction;
-            }
-            const v16f p = exp16(scores - new_max);  /* lanes >= n: e^-inf = 0 */
-            running_sum[slot][h] += hsum16(p);
-            memcpy(probs[h], &p, sizeof p);
-          }
-          accumulate_values(a, probs, v, stride, n, G, V);
-          for (int h = 0; h < G; h++)
-            for (int c = 0; c < V; c++) acc[slot][h][c] = a[h][c];
+          attend_chunk(G, V, qv[slot], acc[slot], running_max[slot], running_sum[slot], k, v, stride, n);
         }
       }
     }
