@@ -53,14 +53,7 @@ def paged_decode_attention(
     kv_cache [2, num_blocks, block_size, KVH, D] float32; token_starts, num_tokens, seq_rows [C] int64;
     block_tables [num_seqs, max_blocks] int32 and seq_lens [num_seqs] int32.
     """
-    _check_paged_args(query, kv_cache, block_tables, seq_lens, out)
-    _check_queries(token_starts, num_tokens, seq_rows)
-    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
-    status = cpu_kernels().paged_decode_attention(
-        query.data_ptr(), kv_cache.data_ptr(), token_starts.data_ptr(), num_tokens.data_ptr(), seq_rows.data_ptr(),
-        block_tables.data_ptr(), block_tables.shape[1], seq_lens.data_ptr(), token_starts.numel(),
-        query.shape[1], num_kv_heads, head_dim, block_size, num_blocks, scale, out.data_ptr(), torch.get_num_threads(),
-    )
+    status = _launch("paged_decode_attention", query, kv_cache, token_starts, num_tokens, seq_rows, block_tables, seq_lens, scale, out)
     assert status == 0, "paged_decode_attention rejected its geometry or a query's length"
 
 
@@ -68,6 +61,22 @@ def _check_queries(token_starts: torch.Tensor, num_tokens: torch.Tensor, seq_row
     assert token_starts.dtype == num_tokens.dtype == seq_rows.dtype == torch.int64
     assert token_starts.shape == num_tokens.shape == seq_rows.shape
     assert token_starts.is_contiguous() and num_tokens.is_contiguous() and seq_rows.is_contiguous()
+
+
+def _launch(
+    kernel: str, query: torch.Tensor, kv_cache: torch.Tensor, token_starts: torch.Tensor, num_tokens: torch.Tensor,
+    seq_rows: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, out: torch.Tensor,
+) -> int:
+    """Check the arguments both kernels share (one signature: queries over the paged KV) and call `kernel`."""
+    _check_paged_args(query, kv_cache, block_tables, seq_lens, out)
+    _check_queries(token_starts, num_tokens, seq_rows)
+    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+    status: int = getattr(cpu_kernels(), kernel)(
+        query.data_ptr(), kv_cache.data_ptr(), token_starts.data_ptr(), num_tokens.data_ptr(), seq_rows.data_ptr(),
+        block_tables.data_ptr(), block_tables.shape[1], seq_lens.data_ptr(), token_starts.numel(),
+        query.shape[1], num_kv_heads, head_dim, block_size, num_blocks, scale, out.data_ptr(), torch.get_num_threads(),
+    )
+    return status
 
 
 def paged_prefill_attention(
@@ -79,14 +88,7 @@ def paged_prefill_attention(
 
     token_starts, num_tokens, seq_rows [C] int64; the other tensors as in `paged_decode_attention`.
     """
-    _check_paged_args(query, kv_cache, block_tables, seq_lens, out)
-    _check_queries(token_starts, num_tokens, seq_rows)
-    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
-    status = cpu_kernels().paged_prefill_attention(
-        query.data_ptr(), kv_cache.data_ptr(), token_starts.data_ptr(), num_tokens.data_ptr(), seq_rows.data_ptr(),
-        block_tables.data_ptr(), block_tables.shape[1], seq_lens.data_ptr(), token_starts.numel(),
-        query.shape[1], num_kv_heads, head_dim, block_size, num_blocks, scale, out.data_ptr(), torch.get_num_threads(),
-    )
+    status = _launch("paged_prefill_attention", query, kv_cache, token_starts, num_tokens, seq_rows, block_tables, seq_lens, scale, out)
     if status == 2:
         raise MemoryError("paged_prefill_attention could not allocate its tile list")
     assert status == 0, "paged_prefill_attention rejected its geometry"
