@@ -40,8 +40,8 @@ def q4_weight(num_rows: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Ten
     return codes, torch.rand(num_rows, k // 32, generator=gen) * 0.1, -torch.rand(num_rows, k // 32, generator=gen)
 
 
-@pytest.mark.parametrize("num_rows", [1, 2, 3, 4, 5, 8, 13, 16])
-@pytest.mark.parametrize(("n", "k"), [(40, 64), (7, 96), (96, 576)])
+@pytest.mark.parametrize("num_rows", [1, 2, 3, 4, 5, 8, 13, 16])  # tiles of 1-8 rows; 4+ with 2 columns sum by transpose
+@pytest.mark.parametrize(("n", "k"), [(40, 64), (7, 96), (96, 576)])  # odd n: one-column tiles
 def test_q4_matmul_matches_the_dequantized_float32_matmul(num_rows: int, n: int, k: int) -> None:
     qweight, scales, mins = q4_weight(n, k, seed=num_rows + n)
     x = torch.randn(num_rows, k, generator=torch.Generator().manual_seed(1))
@@ -49,7 +49,7 @@ def test_q4_matmul_matches_the_dequantized_float32_matmul(num_rows: int, n: int,
                                atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("num_rows", [1, 3, 6])
+@pytest.mark.parametrize("num_rows", [1, 3, 4, 6, 8, 13])  # 4+: the accumulators' transpose-and-sum
 def test_q8_0_matmul_matches_the_dequantized_float32_matmul(num_rows: int) -> None:
     gen = torch.Generator().manual_seed(num_rows)
     qweight = torch.randint(-128, 128, (21, 128), dtype=torch.int8, generator=gen)

@@ -4,10 +4,13 @@
  * w = d * q + m (Q4_1; Q4_0 is the same with m = -8 d) or w = d * q (Q8_0) and multiplied into
  * float32 accumulators, so the result is the float32 matmul of the dequantized weight up to the
  * order of the float32 additions. Decode reads the weight once per step, so what matters is bytes
- * (0.75 per Q4 weight here, 4 in float32) and the unpack work per weight, which a tile of TILE_N (2)
+ * (0.75 per Q4 weight here, 4 in float32) and the instructions per weight, which a tile of TILE_N (2)
  * output rows x up to TILE_M (8) input rows shares: each weight is unpacked once per 8 input rows, each
- * input vector loaded once per 2 output rows; each of the 16 accumulators is reduced once at the end of
- * K (a log-step sum: the scalar one cost 12% at 8 rows, as K = 576 is only 18 blocks). Layout
+ * input vector loaded once per tile (into a register: folded into the FMAs, GCC loaded it once per
+ * output row), and each weight vector meets an input vector in one FMA (written as one sum, w_lo x_lo
+ * + w_hi x_hi costs a multiply, an FMA and an add). The 16 accumulators are reduced together at the
+ * end of K by one transpose-and-sum (K = 576 is only 18 blocks: 16 separate log-step sums cost ~5% at
+ * 8 rows, a scalar sum 12%). Layout
  * (prepared by conveyor.model.quantized):
  *   Q4: qs [N, K/2] uint8, block b of row n at bytes [16 b, 16 b + 16): byte j holds element j in its
  *       low nibble and element j + 16 in its high nibble (GGUF's order); d, m [N, K/32] float32.
@@ -53,6 +56,19 @@ INLINE void q8_block(const int8_t* qs, const float* d, int64_t K, int64_t n, int
   *hi = TO_FLOAT(q1 ^ 0x80) * scale + offset;
 }
 
+/* out[r * N + j] = the lane sum of acc[j][r]: one transpose-and-sum for 8 or more accumulators. */
+INLINE void store_sums(v16f acc[][TILE_M > 8 ? 8 : TILE_M], const int cols, const int rows, float* out, int64_t N) {
+  if (cols * rows < 8) {
+    for (int j = 0; j < cols; j++)
+      for (int r = 0; r < rows; r++) out[r * N + j] = hsum16(acc[j][r]);
+    return;
+  }
+  v16f p[16];  /* p[j rows + r] = acc[j][r], zero past cols x rows */
+  for (int i = 0; i < 16; i++) p[i] = i < cols * rows ? acc[i / rows][i % rows] : (v16f){0};
+  const v16f sums = transpose_sum(p);
+  for (int i = 0; i < cols * rows; i++) out[(i % rows) * N + i / rows] = sums[i];
+}
+
 /* out rows [0, rows) x columns [n0, n0 + cols) of one tile; cols, rows compile-time after inlining. */
 INLINE void tile(const float* x, int64_t K, const void* qs, const float* d, const float* m,
                  int64_t n0, int64_t N, float* out, const int cols, const int rows) {
@@ -67,12 +83,15 @@ INLINE void tile(const float* x, int64_t K, const void* qs, const float* d, cons
     }
     for (int r = 0; r < rows; r++) {
       const float* xb = x + (b * rows + r) * QK;  /* packed: [K/32][rows][32] */
-      const v16f x0 = load16(xb), x1 = load16(xb + 16);
-      for (int j = 0; j < cols; j++) acc[j][r] += lo[j] * x0 + hi[j] * x1;
+      v16f x0 = load16(xb), x1 = load16(xb + 16);
+      if (cols > 1) __asm__("" : "+v"(x0), "+v"(x1));  /* keep them in registers: one load, not one per column */
+      for (int j = 0; j < cols; j++) {
+        if (cols * rows == 1) acc[j][r] += lo[j] * x0 + hi[j] * x1;  /* one accumulator: keep its chain short */
+        else acc[j][r] += lo[j] * x0, acc[j][r] += hi[j] * x1;
+      }
     }
   }
-  for (int j = 0; j < cols; j++)
-    for (int r = 0; r < rows; r++) out[r * N + n0 + j] = hsum16(acc[j][r]);
+  store_sums(acc, cols, rows, out + n0, N);
 }
 
 #define ROW_CASE(COLS, R) case R: if (R <= TILE_M) tile(xr, K, qs, d, m, n0, N, outr, COLS, R <= TILE_M ? R : 1); break;
