@@ -8,7 +8,7 @@ import time
 import pytest
 from engine_fakes import ByteTokenizer, FakeScheduler, make_fake_core
 
-from conveyor.config import Batching, EngineConfig, SchedulerConfig
+from conveyor.config import Batching, ConfigError, EngineConfig, SchedulerConfig, SpeculativeConfig
 from conveyor.engine.llm import LLM, engine_config_from_kwargs
 from conveyor.engine.types import RequestRejectedError
 from conveyor.request import FinishReason
@@ -93,3 +93,13 @@ def test_kwargs_map_onto_config_fields() -> None:
     assert engine_config_from_kwargs(EngineConfig()) == EngineConfig()
     with pytest.raises(TypeError, match="bogus"):
         engine_config_from_kwargs(None, bogus=1)
+
+
+def test_speculative_config_is_taken_as_vllm_spells_it() -> None:
+    config = engine_config_from_kwargs(None, speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                                                 "prompt_lookup_max": 4})
+    assert config.speculative_config == SpeculativeConfig.from_dict(
+        {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4})
+    assert engine_config_from_kwargs(config, speculative_config=None).speculative_config is None
+    with pytest.raises(ConfigError, match="num_speculative_tokens"):
+        engine_config_from_kwargs(None, speculative_config={"method": "ngram"})

@@ -163,8 +163,9 @@ def test_stops_and_length_end_requests_where_sequential_decoding_does(
 
 
 def test_llm_builds_speculation_from_its_engine_config(prompts: list[list[int]], reference: list[list[int]]) -> None:
-    """The start-up path (model_setup) hands the config to the runner and the scheduler."""
-    llm = LLM(engine_config=dataclasses.replace(BASE, speculative_config=NGRAM))
+    """The start-up path (model_setup) hands the config to the runner and the scheduler; the config
+    comes as vLLM's LLM takes it, a dict with the --speculative-config keys."""
+    llm = LLM(engine_config=BASE, speculative_config=NGRAM.to_dict())
     assert token_ids(llm.generate(prompts, GREEDY)) == reference
     spec = llm.last_run.spec_decoding
     assert spec is not None and spec.num_accepted_tokens > 0

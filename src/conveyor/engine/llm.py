@@ -3,7 +3,8 @@
 All prompts are submitted at once and the step loop runs until every request has finished, so the
 batch policy (continuous, or static with `batching="static"`) decides the interleaving, exactly as
 in the server. Keyword arguments name config fields (`max_num_seqs=8`, `enable_prefix_caching=False`,
-`batching="static"`, `kv_cache_memory_bytes=...`) or pass a whole `engine_config=`.
+`batching="static"`, `kv_cache_memory_bytes=...`, and as vLLM `speculative_config={"method": "ngram",
+"num_speculative_tokens": 3}`) or pass a whole `engine_config=`.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import sys
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from conveyor.config import CacheConfig, DeviceConfig, EngineConfig, ModelConfig, SchedulerConfig
+from conveyor.config import CacheConfig, DeviceConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from conveyor.core.lifecycle import KVPoolSize
 from conveyor.core.stats import SchedulerStats, SpecDecodingStats
 from conveyor.engine.admission import AdmissionControl, QueueLimits, RequestLimits, check_request
@@ -95,6 +96,9 @@ def engine_config_from_kwargs(base: EngineConfig | None = None, **kwargs: object
     for name, value in kwargs.items():
         if name == "check_invariants":
             top[name] = bool(value)
+            continue
+        if name == "speculative_config":  # vLLM's LLM(speculative_config={...}): the CLI flag's JSON keys
+            top[name] = SpeculativeConfig.from_dict(value) if isinstance(value, Mapping) else value
             continue
         section = next((s for s, cls in _SECTIONS.items() if name in {f.name for f in dataclasses.fields(cls)}), None)
         if section is None:
