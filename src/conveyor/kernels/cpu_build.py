@@ -40,9 +40,11 @@ _SIGNATURES: dict[str, list[type]] = {
     "rms_norm": [_P, _I64, _I64, _I64, _P, _F32, _P, _I32],
     "rotary_": [_P, _I64, _I64, _I64, _I64, _P, _P, _I32],
     "silu_and_mul": [_P, _I64, _I64, _P, _I32],
+    "decoder_stack": [_P, _I64, _P, _P, _I32],
 }
 _RETURNS: dict[str, type | None] = {
     "paged_decode_attention": _I32, "paged_prefill_attention": _I32, "q4_matmul": _I32, "q8_0_matmul": _I32,
+    "decoder_stack": _I32,
 }
 """Functions that return a status (0: done); the others return nothing."""
 """Exported C functions and their argument types (pointers are tensors' data_ptr())."""

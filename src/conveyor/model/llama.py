@@ -10,6 +10,7 @@ into the fused projections; every loader (safetensors, GGUF, dummy) feeds it the
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 
@@ -19,6 +20,7 @@ from torch import nn
 from conveyor.model.attention import Attention, AttentionBackend
 from conveyor.model.attention_metadata import AttentionMetadata
 from conveyor.model.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary_qk, linear
+from conveyor.model.llama_cpu_stack import LlamaCPUStack
 from conveyor.model.parallel_layers import ShardedModule, VocabParallelEmbedding
 from conveyor.model.quantized import BlockFormat, QuantizedEmbedding, QuantizedLinear, QuantizedWeight
 from conveyor.model.registry import ModelArchConfig
@@ -77,6 +79,9 @@ class LlamaDecoderLayer(nn.Module):
     """x + attn(norm(x)), then + mlp(norm(x))."""
 
     attention_cls: type[LlamaAttention] = LlamaAttention
+    cpu_stack_compatible = True
+    """The layer computes what kernels/cpu/decoder_stack.c's layer does (a subclass that adds to it,
+    e.g. a q/k norm, says False): decode steps of a GGUF model on the CPU may then run there."""
 
     def __init__(self, config: ModelArchConfig, backend: AttentionBackend) -> None:
         super().__init__()
@@ -155,9 +160,16 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"got {len(kv_caches)} KV caches for {len(self.model.layers)} layers")
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
         rope = self.model.rotary_emb(positions, x.dtype)
+        if self.cpu_stack is not None and self.cpu_stack.takes(x):  # decode steps: one C call, same bits
+            return self.model.norm(self.cpu_stack.run(x, rope, kv_caches, metadata))
         for layer, kv_cache in zip(self.model.layers, kv_caches):
             x = layer(x, rope, kv_cache, metadata)
         return self.model.norm(x)
+
+    @functools.cached_property
+    def cpu_stack(self) -> LlamaCPUStack | None:
+        """The layers as one C call per few-token step on the CPU, where they allow it (decided on first use)."""
+        return LlamaCPUStack.for_layers(self.model.layers)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> logits [N, vocab] (float32 for stable sampling)."""

@@ -29,6 +29,7 @@ class Qwen3Attention(LlamaAttention):
 
 class Qwen3DecoderLayer(LlamaDecoderLayer):
     attention_cls = Qwen3Attention
+    cpu_stack_compatible = False  # the q/k norms are not in kernels/cpu/decoder_stack.c
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
