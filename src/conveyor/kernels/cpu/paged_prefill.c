@@ -101,6 +101,31 @@ INLINE void score_block(const float* qt, const float* const* k, int t0, int64_t 
     }
 }
 
+/* e^x for x <= 0 or -inf (a score minus its row maximum), 16 lanes: exp16's Cephes polynomial (Horner)
+ * with half its instructions, which matters at one exp per (row, key). The 1.5 2^23 + 127 shift
+ * rounds x log2(e) to the nearest n and leaves n + 127, the exponent of 2^n, in the low mantissa
+ * bits; x clamped at -88 makes that 0 (2^n = 0) for e^x < 2^-126, -inf included. */
+INLINE v16f exp_nonpositive16(v16f x) {
+  const float shift = 12582912.0f + 127.0f;
+  x = vmax(x, splat(-88.0f));
+  const v16f shifted = x * 1.44269504088896341f + shift, n = shifted - shift;
+  const v16f r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  v16f y = splat(1.9875691500e-4f);
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r + 1.0f;
+  y = y * r + 1.0f;
+  v16i bits;
+  memcpy(&bits, &shifted, sizeof bits);
+  bits <<= 23;
+  v16f scale;
+  memcpy(&scale, &bits, sizeof scale);
+  return y * scale;
+}
+
 /* The online-softmax step over nk scored keys s (their row maxima m): s becomes the probabilities
  * e^(s - max), the running maxima and sums move on, and rescale is the factor of the accumulators
  * (0 on the first step: old maximum -inf). Lane-wise, so no branch depends on the data. */
@@ -108,11 +133,11 @@ INLINE void softmax_step(float* s, int nk, const v16f* m, v16f* max, v16f* sum, 
   v16f total[RV];
   for (int j = 0; j < RV; j++) {
     const v16f new_max = vmax(max[j], m[j]);
-    rescale[j] = exp16(max[j] - new_max), max[j] = new_max, total[j] = (v16f){0};
+    rescale[j] = exp_nonpositive16(max[j] - new_max), max[j] = new_max, total[j] = (v16f){0};
   }
   for (int t = 0; t < nk; t++)
     for (int j = 0; j < RV; j++) {
-      const v16f p = exp16(load16(s + t * ROWS + 16 * j) - max[j]);  /* masked: e^-inf = 0 */
+      const v16f p = exp_nonpositive16(load16(s + t * ROWS + 16 * j) - max[j]);  /* masked: e^-inf = 0 */
       memcpy(s + t * ROWS + 16 * j, &p, sizeof p), total[j] += p;
     }
   for (int j = 0; j < RV; j++) sum[j] = sum[j] * rescale[j] + total[j];
