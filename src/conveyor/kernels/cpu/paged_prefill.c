@@ -62,15 +62,27 @@ INLINE void transpose16(v16f r[16]) {
     }
 }
 
-/* qt[d][r] = scale q_r[d] for the tile's `rows` query vectors (q: row stride `row`, the KV head's
- * first query head), zero for the padding rows: 16 x 16 blocks transposed in registers. */
-INLINE void load_queries(const float* q, int64_t rows, int64_t G, int64_t row, float scale, float* qt, const int V) {
+/* Row x of a tile is token x / G, head x % G: offset[x] its offset in q / out (row stride `row`,
+ * head_dim D) and pos[x] its position (first_pos + x / G), for the `rows` real rows; padding rows
+ * take the last real row's position, so their scores stay finite. Counted up: no divisions. */
+INLINE void tile_rows(int64_t rows, int64_t G, int64_t row, int64_t D, int64_t first_pos, int64_t* offset,
+                      v16i* pos) {
+  for (int64_t x = 0, token = 0, head = 0; x < ROWS; x++) {
+    if (x < rows) offset[x] = token * row + head * D;
+    pos[x / 16][x % 16] = (int32_t)(first_pos + token);
+    if (x + 1 < rows && ++head == G) head = 0, token++;
+  }
+}
+
+/* qt[d][x] = scale q_x[d] for the tile's `rows` query vectors at q + offset[x], zero for the
+ * padding rows: 16 x 16 blocks transposed in registers. */
+INLINE void load_queries(const float* q, const int64_t* offset, int64_t rows, float scale, float* qt, const int V) {
   for (int j = 0; j < RV; j++)
     for (int c = 0; c < V; c++) {
       v16f r[16];
       for (int i = 0; i < 16; i++) {
-        const int64_t x = 16 * j + i;  /* row x: token x / G, head x % G */
-        r[i] = x < rows ? load16(q + (x / G) * row + (x % G) * 16 * V + 16 * c) * scale : (v16f){0};
+        const int64_t x = 16 * j + i;
+        r[i] = x < rows ? load16(q + offset[x] + 16 * c) * scale : (v16f){0};
       }
       transpose16(r);
       for (int i = 0; i < 16; i++) memcpy(qt + (16 * c + i) * ROWS + 16 * j, &r[i], sizeof r[i]);
@@ -161,8 +173,8 @@ INLINE void accumulate_block(float* ot, const float* p, const float* const* k, i
     for (int j = 0; j < RV; j++) memcpy(ot + (d0 + i) * ROWS + 16 * j, &a[i][j], sizeof a[i][j]);
 }
 
-/* out[r] = ot[.][r] / sum[r] for the tile's `rows` rows (layout as load_queries). */
-INLINE void store_rows(const float* ot, const v16f* sum, int64_t rows, int64_t G, int64_t row, float* out,
+/* out[x] = ot[.][x] / sum[x] for the tile's `rows` rows (layout as load_queries). */
+INLINE void store_rows(const float* ot, const v16f* sum, const int64_t* offset, int64_t rows, float* out,
                        const int V) {
   for (int j = 0; j < RV; j++) {
     const v16f inv = 1.0f / sum[j];
@@ -170,12 +182,22 @@ INLINE void store_rows(const float* ot, const v16f* sum, int64_t rows, int64_t G
       v16f r[16];
       for (int i = 0; i < 16; i++) r[i] = load16(ot + (16 * c + i) * ROWS + 16 * j) * inv;
       transpose16(r);
-      for (int i = 0; i < 16 && 16 * j + i < rows; i++) {
-        const int64_t x = 16 * j + i;
-        memcpy(out + (x / G) * row + (x % G) * 16 * V + 16 * c, &r[i], sizeof r[i]);
-      }
+      for (int i = 0; i < 16 && 16 * j + i < rows; i++) memcpy(out + offset[16 * j + i] + 16 * c, &r[i], sizeof r[i]);
     }
   }
+}
+
+/* k[t] = key start + t's row in k_cache for t < n (blocks: the sequence's block table, block size bs,
+ * `stride` floats a token, this KV head's `head` offset), k[n - 1] for t in [n, nk) (masked keys
+ * still read a valid row). Walks the blocks: no division per key. */
+INLINE void key_rows(const float** k, const float* k_cache, const int32_t* blocks, int64_t bs, int64_t stride,
+                     int64_t head, int64_t start, int n, int nk) {
+  int64_t block = start / bs, in_block = start % bs;
+  for (int t = 0; t < n; t++) {
+    k[t] = k_cache + ((int64_t)blocks[block] * bs + in_block) * stride + head;
+    if (++in_block == bs) block++, in_block = 0;
+  }
+  for (int t = n; t < nk; t++) k[t] = k[n - 1];
 }
 
 /* One tile: nq tokens at absolute positions first_pos.., rows q / out (row stride H * D, this KV
@@ -189,20 +211,16 @@ INLINE void prefill_tile(const float* q, float* out, int64_t nq, int64_t first_p
   float ot[16 * V * ROWS] __attribute__((aligned(64)));
   float s[KC * ROWS] __attribute__((aligned(64)));  /* a step's scores, then its probabilities */
   const float* k[KC];  /* the step's key rows */
-  load_queries(q, rows, G, row, scale, qt, V);
+  int64_t offset[ROWS];
+  v16i row_pos[RV];
+  tile_rows(rows, G, row, g.head_dim, first_pos, offset, row_pos);
+  load_queries(q, offset, rows, scale, qt, V);
   memset(ot, 0, sizeof ot);
   v16f max[RV], sum[RV], rescale[RV];
-  v16i row_pos[RV];  /* padding rows take the last row's position: their scores stay finite */
-  for (int j = 0; j < RV; j++) {
-    max[j] = splat(-INFINITY), sum[j] = (v16f){0};
-    for (int i = 0; i < 16; i++) row_pos[j][i] = (int32_t)(first_pos + (16 * j + i < rows ? 16 * j + i : rows - 1) / G);
-  }
+  for (int j = 0; j < RV; j++) max[j] = splat(-INFINITY), sum[j] = (v16f){0};
   for (int64_t start = 0; start < num_keys; start += KC) {
     const int n = num_keys - start < KC ? (int)(num_keys - start) : KC, nk = (n + KB - 1) / KB * KB;
-    for (int t = 0; t < nk; t++) {  /* keys past the last are masked: point them at a valid row */
-      const int64_t pos = start + (t < n ? t : n - 1);
-      k[t] = k_cache + (((int64_t)blocks[pos / bs] * bs + pos % bs) * g.num_kv_heads + kvh) * g.head_dim;
-    }
+    key_rows(k, k_cache, blocks, bs, g.num_kv_heads * g.head_dim, kvh * g.head_dim, start, n, nk);
     v16f m[RV];
     for (int j = 0; j < RV; j++) m[j] = splat(-INFINITY);
     for (int t0 = 0; t0 < nk; t0 += KB)
@@ -210,7 +228,7 @@ INLINE void prefill_tile(const float* q, float* out, int64_t nq, int64_t first_p
     softmax_step(s, nk, m, max, sum, rescale);
     for (int d0 = 0; d0 < 16 * V; d0 += DB) accumulate_block(ot, s, k, v_offset, n, d0, rescale);
   }
-  store_rows(ot, sum, rows, G, row, out, V);
+  store_rows(ot, sum, offset, rows, out, V);
 }
 
 static void prefill_tile_any(const float* q, float* o, int64_t nq, int64_t pos, const float* k, const float* v,
