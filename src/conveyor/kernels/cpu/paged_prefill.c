@@ -1,15 +1,20 @@
 /* Paged prefill attention on the CPU: causal attention of a prefill chunk's query tokens over their
  * sequence's cached keys (the context before the chunk and the chunk itself), read in place.
  *
- * The model: one work item per (chunk, KV head, tile of QT consecutive query tokens). The tile's
- * QT x G query vectors (G = H / KVH query heads per KV head, GQA) walk the keys up to the tile's last
- * position once, 16 at a time within a block, so each key and value row is loaded once per tile and
- * reused by all its query vectors (from L1). Per chunk of keys, each query vector scores the keys
- * (16 dot products reduced by one transpose-and-add), masks those after its own position (causal),
- * and updates its online softmax (running maximum and sum, the accumulator rescaled when the maximum
- * grows); the values are then accumulated for groups of query vectors whose accumulators fit in
- * registers. No gathered copy of K/V, no [q, L] mask tensor, and the keys after a tile's last token
- * are never read: causal work only, also after a cached context.
+ * The model: one work item per (chunk, KV head, tile of QT = ROWS / G consecutive query tokens). The
+ * tile's ROWS query vectors (row r = token r / G, head r % G of the KV head's G = H / KVH, GQA) sit
+ * in vector lanes, 16 rows a vector, RV vectors: queries transposed once per tile to qt[dim][row],
+ * the output accumulated as ot[dim][row] and transposed back once at the end. The tile walks the keys
+ * up to its last position once, KC at a time (an online-softmax step), each key and value row loaded
+ * once per tile and shared by all its rows. In this layout every step is a lane-wise vector op:
+ * scores s[key][rows] = sum_d k[key][d] (broadcast) * qt[d][rows], KB keys x RV vectors of
+ * accumulators in registers; the row maxima, exponentials and sums across keys need no transpose or
+ * horizontal reduction; values accumulate as ot[d][rows] += v[key][d] (broadcast) * p[key][rows],
+ * DB dimensions x RV vectors in registers, rescaled once per step. So the loops are broadcast FMAs
+ * plus one exp per (row, key), and the causal mask is applied only to the key blocks that reach past
+ * the tile's first position. Keys are addressed through a per-step table of row pointers, so a step
+ * may span KV blocks of any size; keys after a tile's last token are never read, also after a cached
+ * context. No gathered copy of K/V, no [q, L] mask tensor.
  * Layout as paged_attention.c; chunk c's query tokens are rows [token_starts[c], + num_tokens[c]) of
  * query / out, its sequence row seq_rows[c] of block_tables / seq_lens, its tokens the last
  * num_tokens[c] of seq_lens[seq_rows[c]] positions.
@@ -17,29 +22,28 @@
 #include <stdlib.h>
 
 #include "attention_common.h"
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
-#define QT 16  /* query tokens per work item: QT G rows, a multiple of 16 for the softmax groups */
-#define SCORE_ROWS 4  /* query vectors scored together (each key vector loaded once for them) */
+/* Lane-wise maximum: one vmaxps with AVX-512 (vmax's compare and select is three instructions). */
+INLINE v16f max16(v16f a, v16f b) {
+#ifdef __AVX512F__
+  return (v16f)_mm512_max_ps((__m512)a, (__m512)b);
+#else
+  return vmax(a, b);
+#endif
+}
+
+#define ROWS 48  /* query vectors per tile (a multiple of 16, >= MAX_GROUP) */
+#define RV (ROWS / 16)  /* vectors of rows */
+#define KC 32  /* keys per online-softmax step */
+#define KB 8  /* keys scored together: KB x RV score accumulators, KC a multiple */
+#define DB 8  /* value dimensions accumulated together: DB x RV accumulators, 16 a multiple */
 
 typedef struct {
   int64_t chunk, kvh, first;  /* tile tokens [first, first + QT) of the chunk */
 } Tile;
-
-/* acc[r] = acc[r] correction[r] + sum_t probs[r][t] v_t for query vectors [r0, r0 + RG): RG x V
- * accumulators in registers. */
-INLINE void accumulate_group(float* acc, const float probs[][CHUNK], const float* correction, int64_t r0,
-                             const float* v, int64_t stride, int64_t n, const int RG, const int V) {
-  v16f a[RG][V];  /* acc: [rows, V * 16], first rescaled by the softmax step's correction */
-  for (int j = 0; j < RG; j++)
-    for (int c = 0; c < V; c++) a[j][c] = load16(acc + (r0 + j) * V * 16 + 16 * c) * correction[r0 + j];
-  for (int64_t t = 0; t < n; t++)
-    for (int c = 0; c < V; c++) {
-      const v16f vc = load16(v + t * stride + 16 * c);
-      for (int j = 0; j < RG; j++) a[j][c] += probs[r0 + j][t] * vc;
-    }
-  for (int j = 0; j < RG; j++)
-    for (int c = 0; c < V; c++) memcpy(acc + (r0 + j) * V * 16 + 16 * c, &a[j][c], sizeof a[j][c]);
-}
 
 /* r[t][j] -> r[j][t] in place: 4 butterfly rounds, in round w rows i and i + w swapping their w-wide
  * off-diagonal parts (16 two-source shuffles a round). */
@@ -70,102 +74,181 @@ INLINE void transpose16(v16f r[16]) {
     }
 }
 
-/* kt [16 V][16] = the chunk's n keys at k (row stride `stride`) transposed, dimension-major with one
- * lane per key; keys >= n are zero (their scores are masked). */
-INLINE void transpose_keys(const float* k, int64_t stride, int64_t n, float* kt, const int V) {
-  for (int c = 0; c < V; c++) {
-    v16f r[16];
-    for (int t = 0; t < 16; t++) r[t] = t < n ? load16(k + t * stride + 16 * c) : (v16f){0};
-    transpose16(r);
-    for (int j = 0; j < 16; j++) memcpy(kt + (16 * c + j) * 16, &r[j], sizeof r[j]);
+/* Row x of a tile is token x / G, head x % G: offset[x] its offset in q / out (row stride `row`,
+ * head_dim D) and pos[x] its position (first_pos + x / G), for the `rows` real rows; padding rows
+ * take the last real row's position, so their scores stay finite. Counted up: no divisions. */
+INLINE void tile_rows(int64_t rows, int64_t G, int64_t row, int64_t D, int64_t first_pos, int64_t* offset,
+                      v16i* pos) {
+  for (int64_t x = 0, token = 0, head = 0; x < ROWS; x++) {
+    if (x < rows) offset[x] = token * row + head * D;
+    pos[x / 16][x % 16] = (int32_t)(first_pos + token);
+    if (x + 1 < rows && ++head == G) head = 0, token++;
   }
 }
 
-/* scores[j] (lane t = q_(r0+j) . k_t) for NR query vectors of qs [rows, 16 V] against kt: each key
- * vector loaded once for the NR rows, two accumulators per row to halve the FMA chain. */
-INLINE void score_rows(const float* qs, int64_t r0, const float* kt, v16f* scores, const int NR, const int V) {
-  v16f s[NR][2];
-  for (int j = 0; j < NR; j++) s[j][0] = s[j][1] = (v16f){0};
-  for (int d = 0; d < 16 * V; d += 2) {
-    const v16f k0 = load16(kt + d * 16), k1 = load16(kt + (d + 1) * 16);
-    for (int j = 0; j < NR; j++) {
-      const float* q = qs + (r0 + j) * 16 * V + d;
-      s[j][0] += q[0] * k0, s[j][1] += q[1] * k1;
+/* qt[d][x] = scale q_x[d] for the tile's `rows` query vectors at q + offset[x], zero for the
+ * padding rows: 16 x 16 blocks transposed in registers. */
+INLINE void load_queries(const float* q, const int64_t* offset, int64_t rows, float scale, float* qt, const int V) {
+  for (int j = 0; j < RV; j++)
+    for (int c = 0; c < V; c++) {
+      v16f r[16];
+      for (int i = 0; i < 16; i++) {
+        const int64_t x = 16 * j + i;
+        r[i] = x < rows ? load16(q + offset[x] + 16 * c) * scale : (v16f){0};
+      }
+      transpose16(r);
+      for (int i = 0; i < 16; i++) memcpy(qt + (16 * c + i) * ROWS + 16 * j, &r[i], sizeof r[i]);
+    }
+}
+
+/* s[t] = the rows' scores of keys [t0, t0 + KB) (key t at k[t]), -inf where key_pos0 + t is after
+ * the row's position (only when `masked`: the block reaches past the tile's first position), folded
+ * into the step's row maxima m. */
+INLINE void score_block(const float* qt, const float* const* k, int t0, int64_t key_pos0, const v16i* row_pos,
+                        int masked, float* s, v16f* m, const int V) {
+  v16f a[KB][RV];
+  for (int t = 0; t < KB; t++)
+    for (int j = 0; j < RV; j++) a[t][j] = (v16f){0};
+  const float* kt[KB];
+  for (int t = 0; t < KB; t++) kt[t] = k[t0 + t];
+  for (int d = 0; d < 16 * V; d++) {
+    v16f qd[RV];
+    for (int j = 0; j < RV; j++) qd[j] = load16(qt + d * ROWS + 16 * j);
+    for (int t = 0; t < KB; t++)
+      for (int j = 0; j < RV; j++) a[t][j] += kt[t][d] * qd[j];
+  }
+  for (int t = 0; t < KB; t++)
+    for (int j = 0; j < RV; j++) {
+      if (masked) a[t][j] = vselect((v16i){0} + (int32_t)(key_pos0 + t) <= row_pos[j], a[t][j], splat(-INFINITY));
+      m[j] = max16(m[j], a[t][j]);
+      memcpy(s + (t0 + t) * ROWS + 16 * j, &a[t][j], sizeof a[t][j]);
+    }
+}
+
+/* e^x for x <= 0 or -inf (a score minus its row maximum), 16 lanes: exp16's Cephes polynomial (Horner)
+ * with half its instructions, which matters at one exp per (row, key). The 1.5 2^23 + 127 shift
+ * rounds x log2(e) to the nearest n and leaves n + 127, the exponent of 2^n, in the low mantissa
+ * bits; x clamped at -88 makes that 0 (2^n = 0) for e^x < 2^-126, -inf included. */
+INLINE v16f exp_nonpositive16(v16f x) {
+  const float shift = 12582912.0f + 127.0f;
+  x = max16(x, splat(-88.0f));
+  const v16f shifted = x * 1.44269504088896341f + shift, n = shifted - shift;
+  const v16f r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  v16f y = splat(1.9875691500e-4f);
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r + 1.0f;
+  y = y * r + 1.0f;
+  v16i bits;
+  memcpy(&bits, &shifted, sizeof bits);
+  bits <<= 23;
+  v16f scale;
+  memcpy(&scale, &bits, sizeof scale);
+  return y * scale;
+}
+
+/* The online-softmax step over nk scored keys s (their row maxima m): s becomes the probabilities
+ * e^(s - max), the running maxima and sums move on, and rescale is the factor of the accumulators
+ * (0 on the first step: old maximum -inf). Lane-wise, so no branch depends on the data. */
+INLINE void softmax_step(float* s, int nk, const v16f* m, v16f* max, v16f* sum, v16f* rescale) {
+  v16f total[RV];
+  for (int j = 0; j < RV; j++) {
+    const v16f new_max = max16(max[j], m[j]);
+    rescale[j] = exp_nonpositive16(max[j] - new_max), max[j] = new_max, total[j] = (v16f){0};
+  }
+  for (int t = 0; t < nk; t++)
+    for (int j = 0; j < RV; j++) {
+      const v16f p = exp_nonpositive16(load16(s + t * ROWS + 16 * j) - max[j]);  /* masked: e^-inf = 0 */
+      memcpy(s + t * ROWS + 16 * j, &p, sizeof p), total[j] += p;
+    }
+  for (int j = 0; j < RV; j++) sum[j] = sum[j] * rescale[j] + total[j];
+}
+
+/* ot[d][rows] = ot[d][rows] rescale + sum_t v_t[d] p[t][rows] for dimensions [d0, d0 + DB) and the
+ * n keys whose values are at k[t] + v_offset: DB x RV accumulators in registers. */
+INLINE void accumulate_block(float* ot, const float* p, const float* const* k, int64_t v_offset, int n, int d0,
+                             const v16f* rescale) {
+  v16f a[DB][RV];
+  for (int i = 0; i < DB; i++)
+    for (int j = 0; j < RV; j++) a[i][j] = load16(ot + (d0 + i) * ROWS + 16 * j) * rescale[j];
+  for (int t = 0; t < n; t++) {
+    const float* v = k[t] + v_offset + d0;
+    v16f pt[RV];
+    for (int j = 0; j < RV; j++) pt[j] = load16(p + t * ROWS + 16 * j);
+    for (int i = 0; i < DB; i++)
+      for (int j = 0; j < RV; j++) a[i][j] += v[i] * pt[j];
+  }
+  for (int i = 0; i < DB; i++)
+    for (int j = 0; j < RV; j++) memcpy(ot + (d0 + i) * ROWS + 16 * j, &a[i][j], sizeof a[i][j]);
+}
+
+/* out[x] = ot[.][x] / sum[x] for the tile's `rows` rows (layout as load_queries). */
+INLINE void store_rows(const float* ot, const v16f* sum, const int64_t* offset, int64_t rows, float* out,
+                       const int V) {
+  for (int j = 0; j < RV; j++) {
+    const v16f inv = 1.0f / sum[j];
+    for (int c = 0; c < V; c++) {
+      v16f r[16];
+      for (int i = 0; i < 16; i++) r[i] = load16(ot + (16 * c + i) * ROWS + 16 * j) * inv;
+      transpose16(r);
+      for (int i = 0; i < 16 && 16 * j + i < rows; i++) memcpy(out + offset[16 * j + i] + 16 * c, &r[i], sizeof r[i]);
     }
   }
-  for (int j = 0; j < NR; j++) scores[j] = s[j][0] + s[j][1];
 }
 
-/* The online-softmax step of 16 query vectors [r0, r0 + 16) on their masked scores s[16]: the row
- * maxima, the rescale factors and the row sums each come out as one vector (transpose-and-reduce),
- * one exp16 covers the 16 rescale factors, and the rescale of the accumulators is left to
- * accumulate_group (correction[r]), so no branch depends on the data. probs[r] = e^(s - max). */
-INLINE void softmax_rows(v16f s[16], int64_t r0, float* running_max, float* running_sum, float* correction,
-                         float probs[][CHUNK]) {
-  const v16f old_max = load16(running_max + r0), new_max = vmax(old_max, transpose_max(s));
-  const v16f rescale = exp16(old_max - new_max);  /* 0 on the first chunk (old max -inf) */
-  for (int j = 0; j < 16; j++) {
-    s[j] = exp16(s[j] - new_max[j]);  /* masked lanes: e^-inf = 0 */
-    memcpy(probs[r0 + j], &s[j], sizeof s[j]);
+/* k[t] = key start + t's row in k_cache for t < n (blocks: the sequence's block table, block size bs,
+ * `stride` floats a token, this KV head's `head` offset), k[n - 1] for t in [n, nk) (masked keys
+ * still read a valid row). Walks the blocks: no division per key. */
+INLINE void key_rows(const float** k, const float* k_cache, const int32_t* blocks, int64_t bs, int64_t stride,
+                     int64_t head, int64_t start, int n, int nk) {
+  int64_t block = start / bs, in_block = start % bs;
+  for (int t = 0; t < n; t++) {
+    k[t] = k_cache + ((int64_t)blocks[block] * bs + in_block) * stride + head;
+    if (++in_block == bs) block++, in_block = 0;
   }
-  const v16f sums = load16(running_sum + r0) * rescale + transpose_sum(s);
-  memcpy(running_max + r0, &new_max, sizeof new_max), memcpy(running_sum + r0, &sums, sizeof sums);
-  memcpy(correction + r0, &rescale, sizeof rescale);
+  for (int t = n; t < nk; t++) k[t] = k[n - 1];
 }
 
 /* One tile: nq tokens at absolute positions first_pos.., rows q / out (row stride H * D, this KV
  * head's first query head). */
 INLINE void prefill_tile(const float* q, float* out, int64_t nq, int64_t first_pos, const float* k_cache,
                          const float* v_cache, const int32_t* blocks, int64_t kvh, Geometry g, float scale,
-                         const int G, const int V) {
-  const int RG = V <= 4 ? 4 : 2;  /* query vectors per value group (divides 16): RG x V accumulators + V values */
-  const int64_t stride = g.num_kv_heads * g.head_dim, row = g.num_heads * g.head_dim, bs = g.block_size;
-  const int64_t rows = nq * G, num_keys = first_pos + nq, padded = (rows + 15) / 16 * 16;
-  float qs[QT * G][16 * V] __attribute__((aligned(64)));  /* scaled queries; rows past `rows` zero */
-  float acc[QT * G][16 * V] __attribute__((aligned(64)));
-  float probs[QT * G][CHUNK] __attribute__((aligned(64)));
-  float kt[16 * V][CHUNK] __attribute__((aligned(64)));
-  float running_max[QT * G] __attribute__((aligned(64))), running_sum[QT * G] __attribute__((aligned(64)));
-  float correction[QT * G] __attribute__((aligned(64)));
-  memset(qs, 0, sizeof qs), memset(acc, 0, sizeof acc), memset(running_sum, 0, sizeof running_sum);
-  for (int64_t r = 0; r < QT * G; r++) running_max[r] = -INFINITY;
-  for (int64_t r = 0; r < rows; r++)  /* r = token i, head h: r = i G + h */
-    for (int64_t e = 0; e < 16 * V; e++) qs[r][e] = q[(r / G) * row + (r % G) * g.head_dim + e] * scale;
-  v16f lane;
-  for (int t = 0; t < CHUNK; t++) lane[t] = (float)t;
-  for (int64_t start = 0; start < num_keys;) {
-    const int64_t in_block = start % bs, left = num_keys - start;
-    const int64_t n = left < CHUNK && left < bs - in_block ? left : (CHUNK < bs - in_block ? CHUNK : bs - in_block);
-    const float* k = k_cache + (((int64_t)blocks[start / bs] * bs + in_block) * g.num_kv_heads + kvh) * g.head_dim;
-    transpose_keys(k, stride, n, &kt[0][0], V);
-    const v16f key_pos = lane + (float)start, past_end = splat((float)(start + n));
-    for (int64_t r0 = 0; r0 < padded; r0 += 16) {  /* QT G is a multiple of 16; padding rows are zero */
-      v16f scores[16];
-      for (int j = 0; j < 16; j += SCORE_ROWS) score_rows(&qs[0][0], r0 + j, &kt[0][0], scores + j, SCORE_ROWS, V);
-      for (int j = 0; j < 16; j++) {  /* causal: key positions after the row's token are -inf */
-        const float pos = (float)(first_pos + (r0 + j) / G);
-        scores[j] = vselect((key_pos <= pos) & (key_pos < past_end), scores[j], splat(-INFINITY));
-      }
-      softmax_rows(scores, r0, running_max, running_sum, correction, probs);
-    }
-    const float* v = v_cache + (k - k_cache);
-    for (int64_t r0 = 0; r0 < padded; r0 += RG) accumulate_group(&acc[0][0], probs, correction, r0, v, stride, n, RG, V);
-    start += n;
+                         const int V) {
+  const int64_t G = g.num_heads / g.num_kv_heads, row = g.num_heads * g.head_dim, bs = g.block_size;
+  const int64_t rows = nq * G, num_keys = first_pos + nq, v_offset = v_cache - k_cache;
+  float qt[16 * V * ROWS] __attribute__((aligned(64)));
+  float ot[16 * V * ROWS] __attribute__((aligned(64)));
+  float s[KC * ROWS] __attribute__((aligned(64)));  /* a step's scores, then its probabilities */
+  const float* k[KC];  /* the step's key rows */
+  int64_t offset[ROWS];
+  v16i row_pos[RV];
+  tile_rows(rows, G, row, g.head_dim, first_pos, offset, row_pos);
+  load_queries(q, offset, rows, scale, qt, V);
+  memset(ot, 0, sizeof ot);
+  v16f max[RV], sum[RV], rescale[RV];
+  for (int j = 0; j < RV; j++) max[j] = splat(-INFINITY), sum[j] = (v16f){0};
+  for (int64_t start = 0; start < num_keys; start += KC) {
+    const int n = num_keys - start < KC ? (int)(num_keys - start) : KC, nk = (n + KB - 1) / KB * KB;
+    key_rows(k, k_cache, blocks, bs, g.num_kv_heads * g.head_dim, kvh * g.head_dim, start, n, nk);
+    v16f m[RV];
+    for (int j = 0; j < RV; j++) m[j] = splat(-INFINITY);
+    for (int t0 = 0; t0 < nk; t0 += KB)
+      score_block(qt, k, t0, start + t0, row_pos, start + t0 + KB - 1 > first_pos, s, m, V);
+    softmax_step(s, nk, m, max, sum, rescale);
+    for (int d0 = 0; d0 < 16 * V; d0 += DB) accumulate_block(ot, s, k, v_offset, n, d0, rescale);
   }
-  for (int64_t r = 0; r < rows; r++)
-    for (int c = 0; c < V; c++) {
-      const v16f o = load16(&acc[r][16 * c]) / running_sum[r];
-      memcpy(out + (r / G) * row + (r % G) * g.head_dim + 16 * c, &o, sizeof o);
-    }
+  store_rows(ot, sum, offset, rows, out, V);
 }
 
-#define CASE(GG, VV) if (G == GG && V == VV) { prefill_tile(q, o, nq, pos, k, v, blocks, kvh, geo, scale, GG, VV); return; }
 static void prefill_tile_any(const float* q, float* o, int64_t nq, int64_t pos, const float* k, const float* v,
                              const int32_t* blocks, int64_t kvh, Geometry geo, float scale) {
-  const int G = (int)(geo.num_heads / geo.num_kv_heads), V = (int)(geo.head_dim / 16);
-  CASE(1, 4) CASE(2, 4) CASE(3, 4) CASE(4, 4) CASE(6, 4) CASE(8, 4)
-  CASE(1, 8) CASE(2, 8) CASE(3, 8) CASE(4, 8) CASE(6, 8) CASE(8, 8)
-  prefill_tile(q, o, nq, pos, k, v, blocks, kvh, geo, scale, G, V);
+  const int V = (int)(geo.head_dim / 16);
+  if (V == 4) prefill_tile(q, o, nq, pos, k, v, blocks, kvh, geo, scale, 4);
+  else if (V == 8) prefill_tile(q, o, nq, pos, k, v, blocks, kvh, geo, scale, 8);
+  else prefill_tile(q, o, nq, pos, k, v, blocks, kvh, geo, scale, V);
 }
 
 /* Returns 0, 1 for a geometry the kernel does not take, 2 where the tile list could not be allocated. */
@@ -176,6 +259,7 @@ int paged_prefill_attention(const float* query, const float* kv_cache, const int
                             float scale, float* out, int num_threads) {
   if (head_dim % 16 || head_dim > 16 * MAX_VECS || num_heads % num_kv_heads || num_heads / num_kv_heads > MAX_GROUP)
     return 1;
+  const int64_t G = num_heads / num_kv_heads, QT = ROWS / G;
   int64_t num_tiles = 0;
   for (int64_t c = 0; c < num_chunks; c++) num_tiles += (num_tokens[c] + QT - 1) / QT * num_kv_heads;
   Tile* tiles = malloc((num_tiles ? num_tiles : 1) * sizeof(Tile));
@@ -186,7 +270,6 @@ int paged_prefill_attention(const float* query, const float* kv_cache, const int
       for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) tiles[i++] = (Tile){c, kvh, first};
   const Geometry g = {num_heads, num_kv_heads, head_dim, block_size, num_blocks};
   const float* v_cache = kv_cache + num_blocks * block_size * num_kv_heads * head_dim;
-  const int64_t G = num_heads / num_kv_heads;
   #pragma omp parallel for schedule(dynamic) num_threads(num_threads)
   for (int64_t t = 0; t < num_tiles; t++) {
     const Tile tile = tiles[t];
