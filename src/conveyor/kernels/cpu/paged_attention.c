@@ -6,19 +6,17 @@
  * blocks in order, CHUNK = 16 tokens at a time, over all its KV heads; each (KV head, token) slot's
  * G = H / KVH query heads (GQA) score the keys (q . k * scale, the 16 dot products reduced together by
  * one transpose-and-add), update a running maximum and sum (online softmax, as flash attention does)
- * and accumulate the values, rescaled whenever the maximum grows. A chunk goes in three passes --
- * every slot's scores, then every softmax, then every accumulation -- so the slots' independent
- * dependency chains sit side by side for the out-of-order core. Every K/V byte of the sequence is read
+ * and accumulate the values, rescaled whenever the maximum grows. Every K/V byte of the sequence is read
  * once per query, straight from the cache: no gathered copy, no padding to the batch's longest
  * sequence, no mask. Why per query: a block's rows of all KV heads are one contiguous
  * [block_size, KVH, D] run, so an item reads front to back; and the hardware prefetchers do not
  * follow a block table (blocks in random order, no software prefetch: 7 GB/s), so the next block's
  * K and V lines -- after an item's last block, the next item's first -- are asked into L2 one pair
- * at a time between the loads of this one, at the pace of the compute. On a 2-core Zen 4 VM (single-thread linear read ~24 GB/s; a bare read of blocks in
- * random order with that prefetch ~18) at 8 sequences x 500 tokens over 30 layers, K/V from DRAM,
- * this is ~13 ms against 17-20 for one item per (query, block) with the next block asked for in
- * three bursts (benchmarks/paged_decode_kernel_cpu.py). A verify step's tokens score each K row from
- * L1 rather than re-reading the K/V per token.
+ * at a time between the loads of this one, at the pace of the compute. On a 2-core Zen 4 VM (one
+ * thread: a linear read ~24 GB/s, a bare read of blocks in random order with that prefetch ~18) at
+ * 8 sequences x 500 tokens over 30 layers, K/V from DRAM, that is ~12 ms (~15 GB/s) against ~16-20
+ * with the next block asked for in three bursts (benchmarks/paged_decode_kernel_cpu.py). A verify
+ * step's tokens score each K row from L1 rather than re-reading the K/V per token.
  * Layout: kv_cache [2, num_blocks, block_size, KVH, D] float32 (K then V); query / out [T, H, D];
  * query c is rows [token_starts[c], + num_tokens[c]) of query / out, of sequence seq_rows[c] (its row
  * of block_tables [num_seqs, max_blocks] int32 and seq_lens [num_seqs] int32). D must be a multiple
@@ -110,10 +108,19 @@ INLINE void softmax_chunk(const int G, const int V, const v16f* scores, v16f acc
   }
 }
 
-/* One slot's G heads' probabilities times the n values at v, added to acc. The accumulators are
- * copied into locals so GCC keeps them in registers for the chunk. */
-INLINE void accumulate_chunk(const int G, const int V, v16f acc[][V], const float probs[][CHUNK], const float* v,
-                             int64_t stride, int64_t n, Prefetcher* pf) {
+/* One slot's G query heads over the n keys at k / v: score, online-softmax update, accumulate; with
+ * per_score lines of pf asked for before each head's scores and one per value row. The accumulators
+ * are copied into locals so GCC keeps them in registers for the chunk. */
+INLINE void attend_chunk(const int G, const int V, const v16f qv[][V], v16f acc[][V], float* running_max,
+                         float* running_sum, const float* k, const float* v, int64_t stride, int64_t n, Prefetcher* pf,
+                         int64_t per_score) {
+  v16f scores[G];
+  float probs[G][CHUNK] __attribute__((aligned(64)));
+  for (int h = 0; h < G; h++) {
+    for (int64_t i = 0; i < per_score; i++) prefetch_next(pf);
+    scores[h] = score_chunk(qv[h], k, stride, n, V);
+  }
+  softmax_chunk(G, V, scores, acc, running_max, running_sum, probs);
   v16f a[G][MAX_VECS];
   for (int h = 0; h < G; h++)
     for (int c = 0; c < V; c++) a[h][c] = acc[h][c];
@@ -125,16 +132,15 @@ INLINE void accumulate_chunk(const int G, const int V, v16f acc[][V], const floa
 /* KV heads [kvh0, kvh0 + nkvh) of one query's nq tokens (the sequence's last nq positions: token t
  * sees seq_len - nq + 1 + t keys), each KV head with its G query heads; q / out point at token 0's
  * first query head of KV head kvh0 (token stride `row`). Block by block, each block's rows of the
- * item's heads read once for all nq tokens. State: slot = (KV head j, token t). A chunk goes in three
- * passes over its live slots -- score all, softmax all, accumulate all -- instead of one slot's
- * score -> max -> exp -> accumulate chain at a time. Block `ahead`'s lines are asked for one pair per
- * value row accumulated, the rest spread over the scores. */
+ * item's heads read once for all nq tokens. State: slot = (KV head j, token t). Block b +
+ * PREFETCH_AHEAD's lines (or `then`, after the last block) are asked for one pair per value row
+ * accumulated, the rest spread over the scores. */
 INLINE void attend(const float* q, float* out, int64_t row, int64_t nq, const float* k_cache, const float* v_cache,
                    const int32_t* blocks, int64_t seq_len, int64_t kvh0, int64_t nkvh, Prefetcher then, Geometry g,
                    float scale, const int G, const int V) {
   const int64_t stride = g.num_kv_heads * g.head_dim, bs = g.block_size, slots = nkvh * nq;
-  v16f acc[MAX_SLOTS][G][V], qv[MAX_SLOTS][G][V], scores[MAX_SLOTS][G];
-  float running_max[MAX_SLOTS][G], running_sum[MAX_SLOTS][G], probs[MAX_SLOTS][G][CHUNK] __attribute__((aligned(64)));
+  v16f acc[MAX_SLOTS][G][V], qv[MAX_SLOTS][G][V];
+  float running_max[MAX_SLOTS][G], running_sum[MAX_SLOTS][G];
   int64_t keys[MAX_SLOTS];  /* token t's causal limit, for each slot */
   for (int64_t j = 0; j < nkvh; j++)
     for (int64_t t = 0; t < nq; t++) {
@@ -164,15 +170,8 @@ INLINE void attend(const float* q, float* out, int64_t row, int64_t nq, const fl
         n[slot] = keys[slot] - start < 0 ? 0 : keys[slot] - start < chunk ? keys[slot] - start : chunk;
       for (int64_t slot = 0; slot < slots; slot++)
         if (n[slot])
-          for (int h = 0; h < G; h++) {
-            for (int64_t i = 0; i < per_score; i++) prefetch_next(&next);
-            scores[slot][h] = score_chunk(qv[slot][h], k + slot / nq * g.head_dim, stride, n[slot], V);
-          }
-      for (int64_t slot = 0; slot < slots; slot++)
-        if (n[slot]) softmax_chunk(G, V, scores[slot], acc[slot], running_max[slot], running_sum[slot], probs[slot]);
-      for (int64_t slot = 0; slot < slots; slot++)
-        if (n[slot]) accumulate_chunk(G, V, acc[slot], probs[slot], v + slot / nq * g.head_dim, stride, n[slot],
-                                       &next);
+          attend_chunk(G, V, qv[slot], acc[slot], running_max[slot], running_sum[slot], k + slot / nq * g.head_dim,
+                       v + slot / nq * g.head_dim, stride, n[slot], &next, per_score);
     }
   }
   for (int64_t slot = 0; slot < slots; slot++)
