@@ -106,6 +106,28 @@ def test_paged_decode_attention_matches_the_reference(block_size, num_heads, num
     assert out[untouched].abs().sum() == 0
 
 
+@pytest.mark.parametrize(("block_size", "num_kv_heads"), [(16, 3), (4, 2), (32, 3)])
+@pytest.mark.parametrize("num_threads", [1, 2])  # one thread: one item over every KV head; two: one per KV head
+@pytest.mark.parametrize("query_len", [1, 4])
+def test_paged_decode_attention_of_one_long_sequence(block_size, num_kv_heads, num_threads, query_len,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # a lone query over 1001 keys in blocks scattered out of order through a larger cache: the next
+    # block's prefetch follows the table, the last block is partial
+    monkeypatch.setattr(torch, "get_num_threads", lambda: num_threads)
+    gen = torch.Generator().manual_seed(block_size + query_len)
+    seq_len, num_heads, head_dim = 1001, 3 * num_kv_heads, 64
+    num_blocks = 2 * -(-seq_len // block_size)
+    kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
+    table = torch.randperm(num_blocks, generator=gen)[None, : -(-seq_len // block_size)].int().contiguous()
+    query = torch.randn(query_len, num_heads, head_dim, generator=gen)
+    args = (query, kv_cache, torch.tensor([0]), torch.tensor([query_len]), torch.tensor([0]), table,
+            torch.tensor([seq_len], dtype=torch.int32), head_dim**-0.5)
+    out, expected = torch.zeros_like(query), torch.zeros_like(query)
+    paged_decode_attention(*args, out)
+    paged_decode_attention_ref(*args, expected)
+    torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
+
+
 def test_paged_decode_attention_rejects_a_query_over_8_tokens() -> None:
     kv_cache = torch.zeros(2, 2, 16, 1, 16)
     with pytest.raises(AssertionError, match="query's length"):
