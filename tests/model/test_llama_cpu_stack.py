@@ -14,6 +14,7 @@ from conveyor.model.attention import TorchAttentionBackend
 from conveyor.model.attention_metadata import SequenceSpec, build_attention_metadata
 from conveyor.model.llama_cpu_stack import LlamaCPUStack
 from conveyor.model.loader import load_model
+from conveyor.model.quantized import MAX_KERNEL_ROWS
 from paged import allocate_kv_caches
 
 pytestmark = pytest.mark.skipif(not cpu_kernels_available(), reason="needs the C CPU kernels")
@@ -66,13 +67,13 @@ def test_decodes_verify_queries_and_a_short_chunk_match_the_modules(model: torch
     # prompts (prefill-sized: the modules in both), then steps the stack takes: one-token decodes, a
     # 4-token query (the decode kernel), a 9-token chunk after a cached context (the prefill kernel)
     both_paths(model, [[(0, 40), (0, 23), (0, 70)], [(40, 1), (23, 1), (70, 1)], [(41, 1), (24, 4), (71, 9)],
-                       [(42, 8), (28, 8)]])
+                       [(42, 8), (28, 8), (80, 16)]])  # 32 tokens: the most the stack takes
 
 
 def test_the_stack_takes_up_to_the_block_kernels_rows(model: torch.nn.Module) -> None:
-    x = torch.zeros(16, 576)
+    x = torch.zeros(MAX_KERNEL_ROWS, 576)
     assert model.cpu_stack is not None and model.cpu_stack.takes(x)
-    assert not model.cpu_stack.takes(torch.zeros(17, 576))  # the modules: prefill-sized projections
+    assert not model.cpu_stack.takes(torch.zeros(MAX_KERNEL_ROWS + 1, 576))  # the modules: prefill-sized projections
     assert not model.cpu_stack.takes(x.double())
 
 

@@ -30,14 +30,16 @@ from conveyor.kernels.gguf_matmul import (
     q8_0_matmul,
 )
 
-MAX_KERNEL_ROWS = 16
+MAX_KERNEL_ROWS = 32
 """Inputs with at most this many rows use the block kernel; more rows dequantize the weight into a
 reused buffer and use oneDNN's GEMM. The kernel is compute-bound (its cost grows with every row) while
-dequantize + GEMM costs one pass over the weight plus a little per row. SmolLM2's four projection
-shapes together, one thread, Zen 5 (kernel vs dequantize + oneDNN): 8 rows 0.57 vs 0.84 ms, 12 rows
-0.84 vs 0.93, 16 rows 1.12 vs 1.06, 32 rows 2.40 vs 1.58; the Q8_0 LM head (49,152 x 576): 16 rows
-11.7 vs 14.9 ms, 24 rows 22.4 vs 16.6. 16 rows stay on the kernel: a tie on the projections, a 27% win
-on the LM head (with MKL's sgemm the crossover was 32-64, docs/performance.md)."""
+dequantize + GEMM costs one pass over the weight plus a little per row. SmolLM2's 120 projections, one
+thread, Zen 4, after the kernel kept its inputs in registers (kernel vs dequantize + oneDNN): 16 rows
+54 vs 80 ms, 32 rows 83 vs 105, 48 rows 149 vs 162; the Q8_0 LM head (49,152 x 576): 16 rows 12.6 vs
+25.8 ms, 32 rows 25.9 vs 36.9, 48 rows 41.7 vs 46.7. On session 8's Zen 5, before that change, 16 rows
+were a tie and 32 rows favoured the GEMM by a third; 32 keeps a margin on this CPU and is about a tie
+there (docs/performance.md, session 9). CPU decode steps up to this size also run as one C call
+(llama_cpu_stack.py)."""
 
 
 class BlockFormat(enum.Enum):
