@@ -25,7 +25,11 @@ pytestmark = pytest.mark.slow
 MAX_NUM_SEQS = 8
 MAX_NUM_QUEUED = 32
 GRACE_S = 8
-SERVE_ARGS = ["--max-model-len", "512", "--max-num-seqs", str(MAX_NUM_SEQS), "--max-num-queued-reqs",
+# The SIGTERM test's long stream must outlast the grace on any CPU: 4,000 tokens in 8 s would be 500 tok/s at
+# batch 1 (500 tokens no longer did once the CPU decode step went under 16 ms).
+MAX_MODEL_LEN = 4096
+LONG_STREAM_TOKENS = 4000
+SERVE_ARGS = ["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS), "--max-num-queued-reqs",
               str(MAX_NUM_QUEUED), "--shutdown-grace", str(GRACE_S)]
 
 
@@ -165,7 +169,8 @@ def test_sigterm_drains_then_aborts_at_grace_expiry_and_exits_0(server: Server) 
     wait_idle(server)
     short: list[str] = []
     long: list[str] = []
-    threads = [threading.Thread(target=_stream_lines, args=(server.url, n, out)) for n, out in ((6, short), (500, long))]
+    threads = [threading.Thread(target=_stream_lines, args=(server.url, n, out))
+               for n, out in ((6, short), (LONG_STREAM_TOKENS, long))]
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + 60
