@@ -27,11 +27,11 @@ import sys
 import time
 
 import torch
+from worker_step import HEADROOM_TOKENS, DecodeDriver
 
 from conveyor.config import CacheConfig, DeviceConfig, ModelConfig, Quantization, SchedulerConfig
 from conveyor.model.attention import get_attention_backend
 from conveyor.worker.model_runner import ModelRunner
-from worker_step import HEADROOM_TOKENS, DecodeDriver
 
 
 def build_runner(variant: str, args: argparse.Namespace) -> ModelRunner:

@@ -81,8 +81,8 @@ def _wait(url: str) -> None:
 
 
 def measure(url: str, point: tuple[int, float], duration_s: float, tmp: str, bound_ms: float) -> dict[str, Any]:
-    from conveyor.bench.runner import BenchRunConfig, run_benchmark
-    from conveyor.bench.traces import TraceRequest, make_trace, write_trace
+    from conveyor.bench.measure.runner import BenchRunConfig, run_benchmark
+    from conveyor.bench.trace.traces import TraceRequest, make_trace, write_trace
 
     workers, rate = point
     n = int(rate * duration_s)
@@ -110,7 +110,8 @@ MODES = ("stdlib", "orjson", "uvloop", "fast", "fast-1ms-spin")
 
 def _use(mode: str, spin_s: float) -> None:
     """Switch this process's client to one JSON library, event loop and dispatcher spin (for --ab)."""
-    from conveyor.bench import client, loadgen, runner, workers
+    from conveyor.bench.load import client, loadgen, workers
+    from conveyor.bench.measure import runner
 
     loadgen.SPIN_S = 0.001 if mode.endswith("1ms-spin") else spin_s
     if mode in ("orjson", "fast", "fast-1ms-spin"):
@@ -121,7 +122,7 @@ def _use(mode: str, spin_s: float) -> None:
 
 
 def ab(url: str, args: argparse.Namespace, tmp: str) -> None:
-    from conveyor.bench import loadgen
+    from conveyor.bench.load import loadgen
 
     spin_s = loadgen.SPIN_S
     rate = float(args.rates.split(",")[0])

@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from conveyor.kernels.cpu_build import COMPILE_FLAGS, _SIGNATURES
+from conveyor.kernels.cpu_build import _SIGNATURES, COMPILE_FLAGS
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CPU_DIR = "src/conveyor/kernels/cpu"

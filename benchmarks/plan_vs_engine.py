@@ -27,10 +27,17 @@ import time
 
 import torch
 
-from conveyor.bench.gpu_catalog import GPU
-from conveyor.bench.plan import PlanInputs, fit_on, load_shape, model_memory
-from conveyor.config import (CacheConfig, DeviceConfig, EngineConfig, LoadFormat, ModelConfig, ParallelConfig,
-                             SchedulerConfig)
+from conveyor.bench.plan.gpu_catalog import GPU
+from conveyor.bench.plan.memory import PlanInputs, fit_on, load_shape, model_memory
+from conveyor.config import (
+    CacheConfig,
+    DeviceConfig,
+    EngineConfig,
+    LoadFormat,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+)
 from conveyor.engine.model_setup import build_engine_core
 
 

@@ -5,7 +5,7 @@ every configuration.
 Traffic classes: `agent` (`conveyor trace make`'s agent class with every turn a copy task -- quote a
 passage, edit code, fill JSON -- shrunk to fit a CPU), `chat` (its chat class) and `copy` (written
 here: "repeat this exactly" over natural passages and code, COPY_TEXTS, stopping at EOS). The agent
-class's documents and programs are natural text (bench/agent_corpus.py), but SmolLM2-135M follows a
+class's documents and programs are natural text (bench/trace/agent_corpus.py), but SmolLM2-135M follows a
 quote or edit instruction over a few hundred tokens of context only part of the time; `copy` is what
 the model really copies, so it bounds what n-gram lookup can buy here. Configurations (`--configs`): off,
 ngram and draft-q4 (the same GGUF on its Q4 blocks drafting for the float32 target). Per repeat, every
@@ -43,8 +43,8 @@ from typing import Any
 HERE = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE / "src"))
 
-from conveyor.bench.launch import ServerProcess, ServerSpec  # noqa: E402
-from conveyor.bench.traces import TraceRequest, make_trace, write_trace  # noqa: E402
+from conveyor.bench.load.launch import ServerProcess, ServerSpec  # noqa: E402
+from conveyor.bench.trace.traces import TraceRequest, make_trace, write_trace  # noqa: E402
 from conveyor.model.loader import embedded_gguf_path  # noqa: E402
 
 TRACE_PARAMS = {

@@ -38,13 +38,13 @@ import statistics
 import time
 
 import torch
+from spec_phases import PhaseClock, instrument_modules, instrument_runner
 
 from conveyor.config import CacheConfig, DeviceConfig, LoadFormat, ModelConfig, SchedulerConfig, SpeculativeConfig
 from conveyor.core.outputs import NO_NEW_BLOCKS, CachedRequestData, NewRequestData, SchedulerOutput
 from conveyor.engine.args import parse_speculative_config
 from conveyor.sampling_params import SamplingParams
 from conveyor.worker.model_runner import ModelRunner
-from spec_phases import PhaseClock, instrument_modules, instrument_runner
 
 
 def nano_prompts(batch_size: int, max_prompt: int, seed: int = 0) -> list[list[int]]:

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from conveyor.bench.plan import kv_capacity, load_shape
-from conveyor.bench.report_html import SECTION_IDS
+from conveyor.bench.plan.memory import kv_capacity, load_shape
+from conveyor.bench.report.report_html import SECTION_IDS
 
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 SERVER_EXTRAS = ("torch", "fastapi", "uvicorn", "gguf", "tokenizers", "prometheus_client")
@@ -84,7 +84,7 @@ def test_demo_study_and_calibration_arithmetic(tmp_path: pathlib.Path) -> None:
     assert tuned.slo.ttft_p95_ms == 2000 and tuned.slo.e2e_p95_ms == 8000 and tuned.slo.error_rate == 0.1
     assert tuned.rates == (1.0, 6.0) and tuned.sweep.slo == tuned.slo and tuned.main_rate == 1.0
     assert len(trace.read_text().splitlines()) == 1 + full.num_requests  # header + requests
-    from conveyor.bench.traces import read_trace
+    from conveyor.bench.trace.traces import read_trace
     bursts = [read_trace(p) for p in demo.write_burst_traces(trace, tmp_path)]
     assert [len(b.requests) for b in bursts] == [8, 8]  # each carries long prompts, none shared
     assert all(b.header.classes.get("long", 0) >= 1 for b in bursts)

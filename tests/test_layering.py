@@ -15,6 +15,19 @@ import pytest
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "conveyor"
 
+# bench's stages in pipeline order; plan sits beside decide (it needs none of the stages before it).
+BENCH_STAGES = ("trace", "load", "measure", "decide", "report", "cli")
+BENCH_LAYERS = {"bench", "bench.plan", *(f"bench.{s}" for s in BENCH_STAGES)}
+_SHARED = {"bench", "arith", "file_digest"}  # bench's root helpers (table_file, units) and two stdlib-only leaves
+BENCH_ALLOWED: dict[str, set[str]] = {
+    "bench": {"bench", "arith"},
+    "bench.plan": {"bench.plan", *_SHARED},
+    **{f"bench.{s}": {*(f"bench.{e}" for e in BENCH_STAGES[: i + 1]), *_SHARED} for i, s in enumerate(BENCH_STAGES)},
+}
+BENCH_ALLOWED["bench.trace"] |= {"gguf_header", "gguf_tokenizer"}  # trace import --tokenizer only
+BENCH_ALLOWED["bench.report"].add("bench.plan")
+BENCH_ALLOWED["bench.cli"] = set(BENCH_LAYERS)
+
 # layer -> conveyor layers it may import (itself included where it has several modules).
 ALLOWED: dict[str, set[str]] = {
     "arith": set(),
@@ -29,14 +42,15 @@ ALLOWED: dict[str, set[str]] = {
     "worker": {"worker", "model", "kernels", "config", "request", "core.outputs", "arith"},
     "engine": {"engine", "core", "worker", "config", "request", "gguf_header", "gguf_tokenizer", "arith"},
     "server": {"server", "engine", "config", "request", "arith", "file_digest"},
-    "bench": {"bench", "gguf_header", "gguf_tokenizer", "arith", "file_digest"},  # the gguf two for trace import --tokenizer only
-    "demo": {"demo", "bench", "arith"},
+    # bench/: one sub-package per stage; a stage imports only the stages before it (and the root helpers).
+    **BENCH_ALLOWED,
+    "demo": {"demo", "arith", *BENCH_LAYERS},
     "cli": {"*"},
 }
 # layer -> third-party top-level packages it must never import.
 FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
     "server": {"torch", "triton", "numpy"},
-    "bench": {"torch", "triton", "fastapi", "uvicorn", "transformers"},
+    **{layer: {"torch", "triton", "fastapi", "uvicorn", "transformers"} for layer in BENCH_LAYERS},
     "demo": {"torch", "triton"},
     "engine": {"triton"},
 }
@@ -51,6 +65,8 @@ def layer_of(module: str) -> str:
         return "request"
     if parts[0] == "core" and parts[1:2] == ["outputs"]:
         return "core"
+    if parts[0] == "bench" and len(parts) > 1 and f"bench.{parts[1]}" in BENCH_LAYERS:
+        return f"bench.{parts[1]}"
     return parts[0]
 
 
@@ -119,6 +135,20 @@ def test_imports_follow_the_table(path: pathlib.Path) -> None:
 def test_table_covers_every_package() -> None:
     packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and not p.name.startswith("__")}
     assert packages <= set(ALLOWED), f"packages missing from the layering table: {packages - set(ALLOWED)}"
+
+
+def test_bench_stages_are_the_tree() -> None:
+    """Every sub-package of bench/ is a stage in the table, and every stage exists."""
+    found = {f"bench.{p.name}" for p in (PACKAGE / "bench").iterdir() if (p / "__init__.py").is_file()}
+    assert found == BENCH_LAYERS - {"bench"}
+
+
+def test_a_stage_may_not_import_a_later_one() -> None:
+    """The table itself encodes the pipeline: no stage sees one after it."""
+    for i, stage in enumerate(BENCH_STAGES):
+        for later in BENCH_STAGES[i + 1:]:
+            assert not is_allowed(f"bench.{stage}", f"bench.{later}"), (stage, later)
+    assert not is_allowed("bench.measure", "bench.plan") and not is_allowed("bench.plan", "bench.decide")
 
 
 @pytest.mark.parametrize(("module", "walk"), [("conveyor", False), ("conveyor.cli", False),

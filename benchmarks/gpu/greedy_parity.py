@@ -23,7 +23,13 @@ import time
 import torch
 
 from conveyor.config import (
-    CacheConfig, CUDAGraphMode, DeviceConfig, EngineConfig, LoadFormat, ModelConfig, SchedulerConfig,
+    CacheConfig,
+    CUDAGraphMode,
+    DeviceConfig,
+    EngineConfig,
+    LoadFormat,
+    ModelConfig,
+    SchedulerConfig,
 )
 from conveyor.engine.model_setup import build_engine_core
 from conveyor.model.attention import get_attention_backend

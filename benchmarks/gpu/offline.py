@@ -31,8 +31,15 @@ import sys
 import time
 from dataclasses import dataclass
 
-from conveyor.config import (CacheConfig, DeviceConfig, EngineConfig, LoadFormat, ModelConfig, ParallelConfig,
-                             SchedulerConfig)
+from conveyor.config import (
+    CacheConfig,
+    DeviceConfig,
+    EngineConfig,
+    LoadFormat,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+)
 from conveyor.core.stats import SpecDecodingStats
 from conveyor.engine.args import parse_speculative_config
 from conveyor.engine.model_setup import build_engine_core

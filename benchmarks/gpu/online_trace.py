@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import random
 
-from conveyor.bench.traces import TraceRequest, make_trace, write_trace
+from conveyor.bench.trace.traces import TraceRequest, make_trace, write_trace
 
 
 def main() -> None:

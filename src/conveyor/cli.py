@@ -19,10 +19,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("conveyor.server.cli", "Start the OpenAI-compatible server (vLLM flags)"),
     "generate": ("conveyor.engine.cli", "Generate offline from prompts on the command line"),
     "simulate": ("conveyor.core.simulate_cli", "Step-level simulation: continuous vs static batching"),
-    "trace": ("conveyor.bench.cli_trace", "Make, import, anonymize and show request traces"),
-    "bench": ("conveyor.bench.cli_bench", "Drive a server with a trace: run, sweep, study"),
-    "report": ("conveyor.bench.cli_report", "Dashboard tables, plots and recommendation from run directories"),
-    "plan": ("conveyor.bench.cli_plan", "GPU memory plan: weights + KV cache + overhead against a GPU catalog"),
+    "trace": ("conveyor.bench.cli.trace", "Make, import, anonymize and show request traces"),
+    "bench": ("conveyor.bench.cli.bench", "Drive a server with a trace: run, sweep, study"),
+    "report": ("conveyor.bench.cli.report", "Dashboard tables, plots and recommendation from run directories"),
+    "plan": ("conveyor.bench.cli.plan", "GPU memory plan: weights + KV cache + overhead against a GPU catalog"),
 }
 
 

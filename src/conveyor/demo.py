@@ -36,14 +36,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.bench.cli_sweep import counting
-from conveyor.bench.launch import LaunchError, ServerProcess
-from conveyor.bench.progress import ProgressReporter
-from conveyor.bench.report import Analysis, ReportInputs, analyze, format_terminal, write_report
-from conveyor.bench.rundirs import STUDY_FILE, RunDirError, prepare_out_dir
-from conveyor.bench.slo import SLO
-from conveyor.bench.study import StudySpec, Variant, server_spec, study_record
-from conveyor.bench.sweep import PointProgress, RunTemplate, SweepConfig, Sweeper, make_run_fn
+from conveyor.bench.cli.sweep import counting
+from conveyor.bench.decide.slo import SLO
+from conveyor.bench.decide.study import StudySpec, Variant, server_spec, study_record
+from conveyor.bench.decide.sweep import PointProgress, RunTemplate, SweepConfig, Sweeper, make_run_fn
+from conveyor.bench.load.launch import LaunchError, ServerProcess
+from conveyor.bench.load.progress import ProgressReporter
+from conveyor.bench.measure.rundirs import STUDY_FILE, RunDirError, prepare_out_dir
+from conveyor.bench.report.dashboard import Analysis, ReportInputs, analyze, format_terminal
+from conveyor.bench.report.write import write_report
 
 _SRC_DIR = pathlib.Path(__file__).resolve().parents[1]
 
@@ -82,8 +83,8 @@ def _progress(message: str) -> None:
 
 def write_demo_trace(cfg: DemoConfig) -> pathlib.Path:
     """A mixed trace small enough for a CPU: 70% short chats, 30% long prompts, short outputs."""
-    from conveyor.bench.trace_gen import ChatParams, LongParams, TraceMakeConfig, make_mixed_trace
-    from conveyor.bench.traces import write_trace
+    from conveyor.bench.trace.trace_gen import ChatParams, LongParams, TraceMakeConfig, make_mixed_trace
+    from conveyor.bench.trace.traces import write_trace
 
     trace = make_mixed_trace(TraceMakeConfig(
         mix={"chat": 0.7, "long": 0.3}, num_requests=cfg.num_requests, seed=cfg.seed,
@@ -97,7 +98,7 @@ def write_demo_trace(cfg: DemoConfig) -> pathlib.Path:
 def write_burst_traces(trace_path: pathlib.Path, out_dir: pathlib.Path) -> list[pathlib.Path]:
     """Calibration bursts of 8 that carry the trace's share of long prompts (the first 8 requests may
     hold none): burst k takes the k-th group of long prompts and of short chats, in trace order."""
-    from conveyor.bench.traces import make_trace, read_trace, write_trace
+    from conveyor.bench.trace.traces import make_trace, read_trace, write_trace
 
     trace = read_trace(trace_path)
     longs = [r for r in trace.requests if r.request_class == "long"]
@@ -146,7 +147,7 @@ def demo_spec(cfg: DemoConfig, trace_path: pathlib.Path) -> StudySpec:
 
 def _burst(base_url: str, cfg: DemoConfig, trace_path: pathlib.Path, out_dir: pathlib.Path) -> dict[str, Any]:
     """The first `max_num_seqs` (8) requests of the trace, all at once."""
-    from conveyor.bench.runner import BenchRunConfig, run_benchmark
+    from conveyor.bench.measure.runner import BenchRunConfig, run_benchmark
 
     return run_benchmark(BenchRunConfig(
         base_url=base_url, trace_path=str(trace_path), request_rate=math.inf, out_dir=str(out_dir),

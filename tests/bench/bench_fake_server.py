@@ -16,10 +16,9 @@ import asyncio
 import json
 import threading
 import time
-
-import aiohttp
 from dataclasses import dataclass, field
 
+import aiohttp
 from aiohttp import web
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conveyor.bench.arrivals import ArrivalConfig, ArrivalProcess, send_offsets_s
+from conveyor.bench.trace.arrivals import ArrivalConfig, ArrivalProcess, send_offsets_s
 
 N = 20_000
 

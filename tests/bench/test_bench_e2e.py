@@ -17,10 +17,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from conveyor.bench.prom_text import Snapshot
-from conveyor.bench.runner import BenchRunConfig, run_benchmark
-from conveyor.bench.trace_gen import AgentParams, ChatParams, LongParams, TraceMakeConfig, make_mixed_trace
-from conveyor.bench.traces import write_trace
+from conveyor.bench.measure.prom_text import Snapshot
+from conveyor.bench.measure.runner import BenchRunConfig, run_benchmark
+from conveyor.bench.trace.trace_gen import AgentParams, ChatParams, LongParams, TraceMakeConfig, make_mixed_trace
+from conveyor.bench.trace.traces import write_trace
 
 SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
 pytestmark = pytest.mark.slow

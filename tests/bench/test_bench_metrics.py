@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from conveyor.bench.client import ErrorKind, RequestRecord, RequestStatus
-from conveyor.bench.metrics import GoodputBounds, client_summary, parse_goodput, send_lag_p99_ms, validity
-from conveyor.bench.prom_text import Snapshot, bucket_delta, histogram_quantile
-from conveyor.bench.server_metrics import ServerObservation, config_info, server_summary
+from conveyor.bench.load.client import ErrorKind, RequestRecord, RequestStatus
+from conveyor.bench.measure.metrics import GoodputBounds, client_summary, parse_goodput, send_lag_p99_ms, validity
+from conveyor.bench.measure.prom_text import Snapshot, bucket_delta, histogram_quantile
+from conveyor.bench.measure.server_metrics import ServerObservation, config_info, server_summary
 
 
 def _done(rid: str, sent: float, ttft: float, itl: list[float], tokens: int, klass: str = "chat") -> RequestRecord:

@@ -9,13 +9,13 @@ import pathlib
 import pytest
 from test_study import STUDY, _fake_launcher
 
-from conveyor.bench.launch import ServerSpec, render_args, render_command
-from conveyor.bench.prom_text import Snapshot
-from conveyor.bench.report import ReportInputs, analyze, format_markdown, format_terminal, spec_rows
-from conveyor.bench.server_metrics import ServerObservation, server_summary
-from conveyor.bench.spec_metrics import describe_spec_decode
-from conveyor.bench.study import run_study, spec_from_mapping
-from conveyor.bench.sweep import RunTemplate
+from conveyor.bench.decide.study import run_study, spec_from_mapping
+from conveyor.bench.decide.sweep import RunTemplate
+from conveyor.bench.load.launch import ServerSpec, render_args, render_command
+from conveyor.bench.measure.prom_text import Snapshot
+from conveyor.bench.measure.server_metrics import ServerObservation, server_summary
+from conveyor.bench.measure.spec_metrics import describe_spec_decode
+from conveyor.bench.report.dashboard import ReportInputs, analyze, format_markdown, format_terminal, spec_rows
 
 
 def spec_text(drafts: int, draft_tokens: int, accepted: int, per_pos: list[int]) -> str:

@@ -62,7 +62,7 @@ def test_exact_lengths_from_the_servers_tokenize(tmp_path: pathlib.Path) -> None
     with FakeServer() as server:  # its /tokenize counts words + 1 (a BOS token)
         assert main(["trace", "make", "--mix", "chat=1", "--num-requests", "5", "--tokenize-url", server.base_url,
                      "--out", str(out)]) == 0
-    from conveyor.bench.traces import read_trace
+    from conveyor.bench.trace.traces import read_trace
     trace = read_trace(out)  # still verifies: the version covers the measured lengths
     assert all(r.prompt_len == len(str(r.prompt).split()) + 1 for r in trace.requests)
     assert main(["trace", "make", "--num-requests", "2", "--tokenize-url", "http://127.0.0.1:9",
@@ -71,7 +71,7 @@ def test_exact_lengths_from_the_servers_tokenize(tmp_path: pathlib.Path) -> None
 
 def test_bench_sweep_over_concurrency(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = tmp_path / "t.jsonl"
-    # 40 requests: the fewest that bound a p95 from above (bench/intervals.py); 6 would stay undecided
+    # 40 requests: the fewest that bound a p95 from above (bench/measure/intervals.py); 6 would stay undecided
     assert main(["trace", "make", "--mix", "chat=1", "--num-requests", "40", "--param", "chat.output_len_max=6",
                  "--param", "chat.prompt_len_max=16", "--out", str(trace)]) == 0
     with FakeServer() as server:

@@ -8,8 +8,8 @@ import pathlib
 import pytest
 from bench_fake_server import FakeConfig, FakeServer
 
-from conveyor.bench.runner import BenchRunConfig, run_benchmark
-from conveyor.bench.traces import TraceRequest, make_trace, write_trace
+from conveyor.bench.measure.runner import BenchRunConfig, run_benchmark
+from conveyor.bench.trace.traces import TraceRequest, make_trace, write_trace
 
 MODES = ["ok", "ok", "ok", "http400", "http500", "http503", "stall", "break", "errobj", "nodone"]
 
@@ -109,7 +109,7 @@ def test_run_directory_contract(tmp_path: pathlib.Path) -> None:
 
 
 class _Slo:
-    """Stands for bench/slo.py's SLO: the runner reads its per-request bounds by name."""
+    """Stands for bench/decide/slo.py's SLO: the runner reads its per-request bounds by name."""
 
     def __init__(self, ttft_ms: float, e2el_ms: float) -> None:
         self.ttft_ms, self.e2el_ms, self.tpot_ms = ttft_ms, e2el_ms, None
@@ -118,7 +118,7 @@ class _Slo:
 def test_the_stdlib_json_fallback_gives_the_same_bytes_and_objects(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from conveyor.bench import client
+    from conveyor.bench.load import client
 
     monkeypatch.setitem(sys.modules, "orjson", None)  # as if orjson were not installed
     loads, dumps, name = client._json_codec()
@@ -129,8 +129,8 @@ def test_the_stdlib_json_fallback_gives_the_same_bytes_and_objects(monkeypatch: 
 
 
 def test_temperature_is_sent_only_when_given() -> None:
-    from conveyor.bench.client import ClientConfig, Endpoint, build_payload
-    from conveyor.bench.runner import BenchError
+    from conveyor.bench.load.client import ClientConfig, Endpoint, build_payload
+    from conveyor.bench.measure.runner import BenchError
 
     request = _req(0, "ok")
     plain = ClientConfig(base_url="http://127.0.0.1:1", model="m", endpoint=Endpoint.CHAT)

@@ -8,13 +8,13 @@ import pathlib
 
 import pytest
 
-from conveyor.bench.decision import CostModel, DecisionInputs, Outcome, evaluate_configs, recommend
-from conveyor.bench.intervals import Interval, IntervalMethod
-from conveyor.bench.point_verdict import PointStatus
-from conveyor.bench.report import MixedRunsError, ReportInputs, analyze
-from conveyor.bench.rundirs import discover_runs, group_points
-from conveyor.bench.slo import SLO, BoundStatus, check_bound, evaluate
-from conveyor.bench.sweep import SweepConfig, run_sweep
+from conveyor.bench.decide.decision import CostModel, DecisionInputs, Outcome, evaluate_configs, recommend
+from conveyor.bench.decide.point_verdict import PointStatus
+from conveyor.bench.decide.slo import SLO, BoundStatus, check_bound, evaluate
+from conveyor.bench.decide.sweep import SweepConfig, run_sweep
+from conveyor.bench.measure.intervals import Interval, IntervalMethod
+from conveyor.bench.measure.rundirs import discover_runs, group_points
+from conveyor.bench.report.dashboard import MixedRunsError, ReportInputs, analyze
 
 SLO_TTFT = SLO(ttft_p95_ms=500)
 
@@ -183,7 +183,7 @@ def _context_run(root: pathlib.Path, config: str, context: int) -> None:
 
 
 def test_kv_question_is_answered_at_the_planned_context_length(tmp_path: pathlib.Path) -> None:
-    from conveyor.bench.decision_checklist import Answer, ChecklistInputs, kv_stability
+    from conveyor.bench.decide.decision_checklist import Answer, ChecklistInputs, kv_stability
 
     _context_run(tmp_path, "base", 400)
     configs, _ = _decide(tmp_path)
@@ -198,7 +198,7 @@ def test_kv_question_is_answered_at_the_planned_context_length(tmp_path: pathlib
 
 
 def test_a_variant_may_change_the_trace_and_is_exempt_for_it() -> None:
-    from conveyor.bench.study import spec_from_mapping, study_record
+    from conveyor.bench.decide.study import spec_from_mapping, study_record
 
     spec = spec_from_mapping({"command": "x {port} {args}", "trace": "short.jsonl", "planned_context_len": 8192,
                               "baseline": {"max_num_seqs": 8},

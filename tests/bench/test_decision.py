@@ -7,10 +7,10 @@ import shutil
 
 import pytest
 
-from conveyor.bench.decision import CostModel, DecisionInputs, Outcome, evaluate_configs, recommend
-from conveyor.bench.decision_checklist import Answer, ChecklistInputs, answer_checklist
-from conveyor.bench.rundirs import discover_runs, find_study_file, group_points
-from conveyor.bench.slo import SLO
+from conveyor.bench.decide.decision import CostModel, DecisionInputs, Outcome, evaluate_configs, recommend
+from conveyor.bench.decide.decision_checklist import Answer, ChecklistInputs, answer_checklist
+from conveyor.bench.decide.slo import SLO
+from conveyor.bench.measure.rundirs import discover_runs, find_study_file, group_points
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 STUDY = FIXTURES / "study_ab"
@@ -81,12 +81,12 @@ def test_checklist_answers_with_evidence() -> None:
     # cheaper at the main rate of 2 req/s: one server either way, continuous leaves half of it unused.
     assert answers == [Answer.YES, Answer.NO, Answer.YES, Answer.YES, Answer.NO]
     assert "50% of their capacity unused" in items[4].evidence and "no saving" in items[4].evidence
-    from conveyor.bench.report import ReportInputs, analyze
+    from conveyor.bench.report.dashboard import ReportInputs, analyze
     q4 = analyze(ReportInputs((STUDY,))).checklist[3]  # the fixtures record no fixed things
     assert q4.answer is Answer.UNKNOWN and "unknown: server_name" in q4.evidence
     assert "blow-up" in items[1].evidence and "operating point 4" in items[1].evidence
     static = next(c for c in configs if c.name == "static")
-    from conveyor.bench.decision_checklist import burst
+    from conveyor.bench.decide.decision_checklist import burst
     assert burst(static).answer is Answer.YES and "rejected" in burst(static).evidence
 
 
@@ -96,8 +96,8 @@ def test_goodput_bounds_count_accepted_from_requests(tmp_path: pathlib.Path) -> 
     shutil.copytree(STUDY / "continuous" / "rate-1-rep0", run)
     records = [{"status": "completed", "ttft_s": t, "tpot_s": 0.01, "e2e_s": 1.0} for t in (0.1, 0.2, 0.9)]
     (run / "requests.jsonl").write_text("\n".join(json.dumps(r) for r in records))
-    from conveyor.bench.decision import accepted_responses
-    from conveyor.bench.rundirs import load_run
+    from conveyor.bench.decide.decision import accepted_responses
+    from conveyor.bench.measure.rundirs import load_run
     assert accepted_responses(load_run(run), SLO(ttft_ms=500)) == 2
     assert accepted_responses(load_run(run), SLO()) == 20
 
@@ -107,7 +107,7 @@ def test_invalid_run_counts_neither_way(tmp_path: pathlib.Path) -> None:
     or missed, and the operating point is found among the others."""
     import json
 
-    from conveyor.bench.point_verdict import PointStatus
+    from conveyor.bench.decide.point_verdict import PointStatus
     shutil.copytree(STUDY / "continuous", tmp_path / "continuous")
 
     def invalidate(run: str, **values: object) -> None:

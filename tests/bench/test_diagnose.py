@@ -6,8 +6,8 @@ import pathlib
 
 import pytest
 
-from conveyor.bench.diagnose import Symptom, diagnose
-from conveyor.bench.rundirs import discover_runs, group_points
+from conveyor.bench.decide.diagnose import Symptom, diagnose
+from conveyor.bench.measure.rundirs import discover_runs, group_points
 
 SYMPTOMS = pathlib.Path(__file__).parent / "fixtures" / "symptoms"
 

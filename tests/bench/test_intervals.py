@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from conveyor.bench.intervals import (
+from conveyor.bench.measure.intervals import (
     IntervalConfig,
     IntervalMethod,
     across_repeats,
@@ -17,7 +17,7 @@ from conveyor.bench.intervals import (
     proportion_interval,
     ratio_interval,
 )
-from conveyor.bench.run_stats import RequestSample, pooled_intervals, sample_intervals
+from conveyor.bench.measure.run_stats import RequestSample, pooled_intervals, sample_intervals
 
 FAST = IntervalConfig(num_resamples=999)
 SIGMA = 0.5  # lognormal(0, 0.5): p50 = 1, p95 = exp(0.5 * 1.645)
@@ -124,7 +124,7 @@ def test_run_and_pooled_intervals_use_summary_keys() -> None:
 
 
 def test_per_class_intervals_cover_what_per_class_reports() -> None:
-    from conveyor.bench.run_stats import class_intervals
+    from conveyor.bench.measure.run_stats import class_intervals
 
     samples = _run(60, 3)
     samples = [s if i % 3 else RequestSample(**{**s.__dict__, "request_class": "long"}) for i, s in enumerate(samples)]

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conveyor.bench.launch import LaunchError, ServerProcess, ServerSpec, render_args, render_command
+from conveyor.bench.load.launch import LaunchError, ServerProcess, ServerSpec, render_args, render_command
 
 FAKE_SERVER = r'''
 import json, sys, signal

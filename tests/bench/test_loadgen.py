@@ -10,9 +10,9 @@ import time
 import pytest
 from bench_fake_server import FakeConfig, FakeServer
 
-from conveyor.bench.client import ClientConfig, RequestRecord, RequestStatus
-from conveyor.bench.loadgen import LoadPlan, SlotGate, new_session, run_load, sleep_until
-from conveyor.bench.traces import TraceRequest
+from conveyor.bench.load.client import ClientConfig, RequestRecord, RequestStatus
+from conveyor.bench.load.loadgen import LoadPlan, SlotGate, new_session, run_load, sleep_until
+from conveyor.bench.trace.traces import TraceRequest
 
 
 def _reqs(n: int, output_len: int = 8) -> list[TraceRequest]:

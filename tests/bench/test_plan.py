@@ -7,9 +7,9 @@ import pathlib
 
 import pytest
 
-from conveyor.bench import cli_plan
-from conveyor.bench.gpu_catalog import CatalogError, find_gpu, parse_prices, priced_catalog
-from conveyor.bench.plan import (
+from conveyor.bench.cli import plan as cli_plan
+from conveyor.bench.plan.gpu_catalog import CatalogError, find_gpu, parse_prices, priced_catalog
+from conveyor.bench.plan.memory import (
     PlanError,
     PlanInputs,
     count_parameters,

@@ -10,12 +10,12 @@ import pathlib
 import pytest
 from bench_fake_server import FakeConfig, FakeServer
 
-from conveyor.bench.arrivals import ArrivalProcess
-from conveyor.bench.client import RequestRecord
-from conveyor.bench.profiles import LoadFlags, LoadProfile, LoadProfileError, resolve_load
-from conveyor.bench.runner import BenchError, BenchRunConfig, run_benchmark
-from conveyor.bench.traces import TraceRequest, make_trace, write_trace
-from conveyor.bench.window import WindowConfig, apply_window
+from conveyor.bench.load.client import RequestRecord
+from conveyor.bench.load.profiles import LoadFlags, LoadProfile, LoadProfileError, resolve_load
+from conveyor.bench.measure.runner import BenchError, BenchRunConfig, run_benchmark
+from conveyor.bench.measure.window import WindowConfig, apply_window
+from conveyor.bench.trace.arrivals import ArrivalProcess
+from conveyor.bench.trace.traces import TraceRequest, make_trace, write_trace
 from conveyor.cli import main
 
 

@@ -11,9 +11,10 @@ import shutil
 
 import pytest
 
-from conveyor.bench import cli_report
-from conveyor.bench.report import DASHBOARD_COLUMNS, ReportInputs, analyze, format_csv, format_markdown, write_report
-from conveyor.bench.report_html import SECTION_IDS
+from conveyor.bench.cli import report as cli_report
+from conveyor.bench.report.dashboard import DASHBOARD_COLUMNS, ReportInputs, analyze, format_csv, format_markdown
+from conveyor.bench.report.report_html import SECTION_IDS
+from conveyor.bench.report.write import write_report
 
 STUDY = pathlib.Path(__file__).parent / "fixtures" / "study_ab"
 

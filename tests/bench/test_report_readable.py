@@ -13,15 +13,17 @@ import shutil
 import pytest
 from aiohttp import web
 
-from conveyor.bench.fixed import ServerView, collect_fixed
-from conveyor.bench.intervals import Interval, IntervalMethod
-from conveyor.bench.progress import ProgressReporter
-from conveyor.bench.prom_text import Snapshot
-from conveyor.bench.report import ReportInputs, analyze, write_report
-from conveyor.bench.report_format import fmt_interval, fmt_ms, fmt_rate
-from conveyor.bench.retry import RetryLog, RetryPolicy, new_retrying_session, retry_after_s
-from conveyor.bench.rundirs import RunDirError, prepare_out_dir
-from conveyor.bench.slo import SLO, describe_objective
+from conveyor.bench.decide.slo import SLO, describe_objective
+from conveyor.bench.load.progress import ProgressReporter
+from conveyor.bench.load.retry import RetryLog, RetryPolicy, new_retrying_session, retry_after_s
+from conveyor.bench.measure.fixed import ServerView, collect_fixed
+from conveyor.bench.measure.intervals import Interval, IntervalMethod
+from conveyor.bench.measure.prom_text import Snapshot
+from conveyor.bench.measure.rundirs import RunDirError, prepare_out_dir
+from conveyor.bench.report.dashboard import ReportInputs, analyze
+from conveyor.bench.report.report_format import fmt_interval
+from conveyor.bench.report.write import write_report
+from conveyor.bench.units import fmt_ms, fmt_rate
 
 STUDY = pathlib.Path(__file__).parent / "fixtures" / "study_ab"
 

@@ -9,8 +9,8 @@ import pathlib
 import pytest
 from bench_fake_server import FakeConfig, FakeServer
 
-from conveyor.bench.runner import BenchRunConfig, run_benchmark
-from conveyor.bench.traces import TraceError, TraceRequest, dispatch_units, make_trace, write_trace
+from conveyor.bench.measure.runner import BenchRunConfig, run_benchmark
+from conveyor.bench.trace.traces import TraceError, TraceRequest, dispatch_units, make_trace, write_trace
 
 THINK_S = 0.05
 

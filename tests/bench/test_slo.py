@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from conveyor.bench.slo import SLO, BoundStatus, SLOError, evaluate, parse_slo_flag, request_meets_goodput
+from conveyor.bench.decide.slo import SLO, BoundStatus, SLOError, evaluate, parse_slo_flag, request_meets_goodput
 
 
 def _summary(**overrides: object) -> dict[str, object]:

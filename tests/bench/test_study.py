@@ -10,11 +10,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from conveyor.bench import cli_study
-from conveyor.bench.launch import ServerSpec
-from conveyor.bench.report import ReportInputs, analyze
-from conveyor.bench.study import StudyError, run_study, spec_from_mapping
-from conveyor.bench.sweep import RunTemplate
+from conveyor.bench.cli import study as cli_study
+from conveyor.bench.decide.study import StudyError, run_study, spec_from_mapping
+from conveyor.bench.decide.sweep import RunTemplate
+from conveyor.bench.load.launch import ServerSpec
+from conveyor.bench.report.dashboard import ReportInputs, analyze
 
 STUDY = {
     "command": "conveyor serve --port {port} {args}", "trace": "t.jsonl", "main_rate": 1.0,

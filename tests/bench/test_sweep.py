@@ -7,9 +7,9 @@ import pathlib
 
 import pytest
 
-from conveyor.bench.rundirs import discover_runs, group_points
-from conveyor.bench.slo import SLO
-from conveyor.bench.sweep import SweepConfig, SweepError, run_sweep
+from conveyor.bench.decide.slo import SLO
+from conveyor.bench.decide.sweep import SweepConfig, SweepError, run_sweep
+from conveyor.bench.measure.rundirs import discover_runs, group_points
 
 SLO_E2E = SLO(e2e_p95_ms=1000, error_rate=0.05)
 
@@ -87,7 +87,7 @@ def test_bad_settings() -> None:
 
 
 def test_short_run_drain_is_not_runaway() -> None:
-    from conveyor.bench.sweep import runaway_reason
+    from conveyor.bench.decide.sweep import runaway_reason
     cfg = SweepConfig(slo=SLO())
     # 8 requests at 1 req/s, 10 s median latency: duration 18 s, 0.44 req/s completed, yet no backlog.
     short = {"num_prompts": 8, "request_throughput": 0.44, "median_e2el_ms": 10_000.0, "error_rate": 0.0}
@@ -101,7 +101,7 @@ def test_cli_sweep_end_to_end_with_fake_runs(tmp_path: pathlib.Path, monkeypatch
                                              capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from conveyor.bench import cli_sweep
+    from conveyor.bench.cli import sweep as cli_sweep
 
     monkeypatch.setattr(cli_sweep, "make_run_fn", lambda template: FakeServer(capacity=6.0))
     parser = argparse.ArgumentParser()
@@ -119,7 +119,7 @@ def test_cli_sweep_end_to_end_with_fake_runs(tmp_path: pathlib.Path, monkeypatch
 
 
 def test_concurrency_sweep_searches_whole_levels_and_sets_the_cap(tmp_path: pathlib.Path) -> None:
-    from conveyor.bench.sweep_axis import SweepAxis
+    from conveyor.bench.decide.sweep_axis import SweepAxis
 
     levels: list[float] = []
 
@@ -129,8 +129,8 @@ def test_concurrency_sweep_searches_whole_levels_and_sets_the_cap(tmp_path: path
         ttft = 100.0 * level  # passes up to 5 concurrent requests
         return {"p95_ttft_ms": ttft, "error_rate": 0.0, "request_throughput": level, "num_prompts": 10}
 
-    from conveyor.bench.slo import parse_slo_flag
-    from conveyor.bench.sweep import SweepConfig, run_sweep
+    from conveyor.bench.decide.slo import parse_slo_flag
+    from conveyor.bench.decide.sweep import SweepConfig, run_sweep
 
     cfg = SweepConfig(slo=parse_slo_flag("ttft_p95_ms=500"), start_rate=1, num_repeats=1, bisect_steps=3,
                       axis=SweepAxis.CONCURRENCY)

@@ -9,8 +9,8 @@ import tempfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conveyor.bench.trace_import import ImportConfig, import_trace
-from conveyor.bench.traces import TraceError
+from conveyor.bench.trace.trace_import import ImportConfig, import_trace
+from conveyor.bench.trace.traces import TraceError
 
 ORIGINAL_WORDS = ["the", "patient", "secret", "alice", "bob", "password", "42", "x", "which", "account"]
 words = st.lists(st.sampled_from(ORIGINAL_WORDS), min_size=1, max_size=12)

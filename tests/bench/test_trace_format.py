@@ -7,12 +7,12 @@ import pathlib
 
 import pytest
 
-from conveyor.bench.agent_corpus import CODE, INSTRUCTIONS, PROSE
-from conveyor.bench.agent_tasks import SEPARATOR
-from conveyor.bench.arrivals import ArrivalConfig
-from conveyor.bench.tokenizer_file import TokenCounter, load_tokenizer
-from conveyor.bench.trace_gen import AgentParams, TraceMakeConfig, make_mixed_trace
-from conveyor.bench.traces import TraceError, TraceRequest, dispatch_units, make_trace, read_trace, write_trace
+from conveyor.bench.trace.agent_corpus import CODE, INSTRUCTIONS, PROSE
+from conveyor.bench.trace.agent_tasks import SEPARATOR
+from conveyor.bench.trace.arrivals import ArrivalConfig
+from conveyor.bench.trace.tokenizer_file import TokenCounter, load_tokenizer
+from conveyor.bench.trace.trace_gen import AgentParams, TraceMakeConfig, make_mixed_trace
+from conveyor.bench.trace.traces import TraceError, TraceRequest, dispatch_units, make_trace, read_trace, write_trace
 
 
 def _cfg(**kw: object) -> TraceMakeConfig:

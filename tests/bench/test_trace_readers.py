@@ -8,10 +8,10 @@ import pathlib
 
 import pytest
 
-from conveyor.bench.tokenizer_file import load_tokenizer
-from conveyor.bench.trace_import import ImportConfig, ImportFormat, Turns, import_trace
-from conveyor.bench.trace_synthetic import RandomParams
-from conveyor.bench.traces import Trace, TraceError, TraceRequest, dispatch_units
+from conveyor.bench.trace.tokenizer_file import load_tokenizer
+from conveyor.bench.trace.trace_import import ImportConfig, ImportFormat, Turns, import_trace
+from conveyor.bench.trace.trace_synthetic import RandomParams
+from conveyor.bench.trace.traces import Trace, TraceError, TraceRequest, dispatch_units
 from conveyor.cli import main
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "readers"

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from bench_fake_server import FakeConfig, FakeServer
 
-from conveyor.bench.client import RequestRecord
-from conveyor.bench.load_summary import LoadOutcome, load_validity, peak_in_flight
-from conveyor.bench.loadgen import LoadPlan
-from conveyor.bench.runner import BenchRunConfig, run_benchmark
-from conveyor.bench.traces import TraceRequest, make_trace, write_trace
-from conveyor.bench.workers import WorkerStats, split_plan
+from conveyor.bench.load.client import RequestRecord
+from conveyor.bench.load.loadgen import LoadPlan
+from conveyor.bench.load.workers import WorkerStats, split_plan
+from conveyor.bench.measure.load_summary import LoadOutcome, load_validity, peak_in_flight
+from conveyor.bench.measure.runner import BenchRunConfig, run_benchmark
+from conveyor.bench.trace.traces import TraceRequest, make_trace, write_trace
 
 
 def _reqs(n: int) -> list[TraceRequest]:

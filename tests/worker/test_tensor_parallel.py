@@ -19,7 +19,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from conveyor.bench.plan import kv_capacity, load_shape, shape_per_rank
+from conveyor.bench.plan.memory import kv_capacity, load_shape, shape_per_rank
 from conveyor.config import (
     CacheConfig,
     DeviceConfig,

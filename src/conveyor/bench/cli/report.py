@@ -1,0 +1,56 @@
+"""`conveyor report RUN_DIR...`: the dashboard (terminal, Markdown or CSV), the recommendation, the
+checklist and the diagnosis; with --out (default ./conveyor-report) also report.html with PNG plots."""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+from conveyor.bench.decide.decision import CostModel
+from conveyor.bench.decide.slo import SLOError, parse_slo_flag
+from conveyor.bench.measure.rundirs import RunDirError
+from conveyor.bench.report.dashboard import (
+    MixedRunsError,
+    ReportInputs,
+    analyze,
+    format_csv,
+    format_markdown,
+    format_terminal,
+)
+from conveyor.bench.report.write import write_report
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dirs", nargs="+", type=pathlib.Path, metavar="RUN_DIR",
+                        help="run, sweep or study directories")
+    parser.add_argument("--slo", help="objective, e.g. ttft_p95_ms=500,e2e_p95_ms=5000,error_rate=0.01, or a "
+                                      "JSON/TOML file (default: the study's)")
+    parser.add_argument("--price-per-gpu-hour", type=float, default=CostModel().price_per_gpu_hour,
+                        help="USD per GPU-hour for configurations the study does not price (1.0: relative)")
+    parser.add_argument("--num-gpus", type=int, default=CostModel().num_gpus, help="GPUs per server")
+    parser.add_argument("--main-rate", type=float, help="offered rate of the main scenario (req/s)")
+    parser.add_argument("--format", choices=["terminal", "markdown", "csv"], default="terminal")
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("conveyor-report"),
+                        help="where report.html, report.md, dashboard.csv and plots/ go")
+    parser.add_argument("--no-html", action="store_true", help="print only; write no files")
+    parser.add_argument("--allow-mixed", action="store_true",
+                        help="compare runs whose fixed things (model, tokenizer, GPU, server version, trace) differ")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        slo = parse_slo_flag(args.slo) if args.slo else None
+        inputs = ReportInputs(tuple(args.run_dirs), slo, CostModel(args.price_per_gpu_hour, args.num_gpus),
+                              args.main_rate, args.allow_mixed)
+        analysis = analyze(inputs)
+    except (RunDirError, SLOError, MixedRunsError) as error:
+        print(f"conveyor report: {error}", file=sys.stderr)
+        return 2
+    render = {"terminal": format_terminal, "markdown": format_markdown, "csv": format_csv}[args.format]
+    print(render(analysis))
+    if not args.no_html:
+        paths = write_report(analysis, args.out)
+        print(f"\nReport: {paths['html']} (also {paths['markdown'].name}, {paths['csv'].name}, plots/)",
+              file=sys.stderr)
+    return 0

@@ -1,0 +1,204 @@
+"""A configuration study: a baseline server configuration plus variants that change one parameter each.
+
+The model: the study file (JSON or TOML) names the server command template, the trace, the objective,
+the baseline's engine flags and the variants; each variant changes exactly ONE engine parameter of the
+baseline (so any difference in the results has one cause). For every configuration the study launches
+the server, health-checks and warms it up, runs a rate sweep (or the fixed `rates`), and stops it; the
+layout written is `OUT/study.json`, `OUT/<config>/{command.txt, server.log, sweep.json, rate-*/}`, which
+`conveyor report OUT` reads back. Launch and run are injected, so the orchestration is tested without a
+server, and the same study file drives `conveyor serve` or `vllm serve` through the command template.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import pathlib
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ContextManager
+
+from conveyor.bench.decide.slo import SLO, slo_from_mapping
+from conveyor.bench.decide.sweep import RunFn, RunTemplate, SweepConfig, Sweeper, SweepResult, make_run_fn
+from conveyor.bench.load.launch import ServerProcess, ServerSpec
+from conveyor.bench.measure.rundirs import STUDY_FILE
+from conveyor.bench.table_file import read_table_file
+
+_COST_KEYS = {"price_per_gpu_hour", "num_gpus"}
+_SWEEP_KEYS = {f.name for f in fields(SweepConfig)} - {"slo"}
+
+
+class StudyError(ValueError):
+    """A malformed study file; names the key."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One configuration of the study."""
+
+    name: str
+    """Directory and report name."""
+    args: dict[str, Any]
+    """Engine flags (baseline merged with the one changed parameter)."""
+    changed: str | None
+    """The parameter this variant changes (None: the baseline)."""
+    price_per_gpu_hour: float
+    """USD per GPU-hour for the cost per accepted response."""
+    num_gpus: int
+    """GPUs per server."""
+    trace_path: str | None = None
+    """This configuration's own trace (None: the study's), e.g. to measure at another context length."""
+    own_cost: bool = False
+    """Prices its own GPUs (price_per_gpu_hour / num_gpus): the GPU may differ from the baseline's."""
+
+    def varied_fixed_keys(self) -> list[str]:
+        """The fixed things (fixed.FIXED_KEYS) this configuration changes on purpose."""
+        keys = {"trace": ["trace_sha256"], "dtype": ["dtype"],
+                "model": ["model_path", "model_config_sha256", "weights_sha256", "tokenizer_sha256"],
+                "tokenizer": ["tokenizer_sha256"]}.get(self.changed or "", [])
+        return keys + (["gpu_name", "gpu_count"] if self.own_cost else [])
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """Everything a study needs, parsed and validated."""
+
+    command: str
+    """Server command template ({port}, {host}, {args})."""
+    trace_path: str
+    """Trace replayed at every point."""
+    slo: SLO
+    """The objective."""
+    variants: tuple[Variant, ...]
+    """Baseline first, then one per changed parameter."""
+    sweep: SweepConfig
+    """Rate search settings (ignored when `rates` is set)."""
+    rates: tuple[float, ...] = ()
+    """Fixed offered rates instead of a search."""
+    main_rate: float | None = None
+    """Offered rate of the main scenario (checklist)."""
+    run_options: dict[str, Any] = field(default_factory=dict)
+    """Further BenchRunConfig fields (num_requests, seed, endpoint, burstiness, ...)."""
+    server_options: dict[str, Any] = field(default_factory=dict)
+    """Further ServerSpec fields (env, health_path, startup_timeout_s, num_warmup_requests, model)."""
+    planned_context_len: int | None = None
+    """Context length (prompt + output tokens) the deployment plans for (checklist question 3)."""
+
+
+def _variants(data: dict[str, Any]) -> tuple[Variant, ...]:
+    baseline = dict(data.get("baseline") or {})
+    price, num_gpus = float(data.get("price_per_gpu_hour", 1.0)), int(data.get("num_gpus", 1))
+    out = [Variant(str(data.get("baseline_name", "baseline")), baseline, None, price, num_gpus)]
+    for i, raw in enumerate(data.get("variants") or []):
+        raw = dict(raw)
+        name = str(raw.pop("name", "") or f"variant{i + 1}")
+        own_cost = {k: raw.pop(k) for k in list(raw) if k in _COST_KEYS}
+        if len(raw) != 1:
+            raise StudyError(f"variants[{i}] ({name}) must change exactly one parameter of the baseline, "
+                             f"got {sorted(raw) or 'none'}")
+        (key, value), = raw.items()
+        if baseline.get(key) == value:
+            raise StudyError(f"variants[{i}] ({name}) sets {key}={value!r}, the baseline's own value")
+        args, trace = ({**baseline}, str(value)) if key == "trace" else ({**baseline, key: value}, None)
+        out.append(Variant(name, args, key, float(own_cost.get("price_per_gpu_hour", price)),
+                           int(own_cost.get("num_gpus", num_gpus)), trace, bool(own_cost)))
+    names = [v.name for v in out]
+    if len(set(names)) != len(names):
+        raise StudyError(f"configuration names must be unique, got {names}")
+    return tuple(out)
+
+
+def spec_from_mapping(data: dict[str, Any], origin: str) -> StudySpec:
+    for key in ("command", "trace"):
+        if not data.get(key):
+            raise StudyError(f"{origin}: missing {key!r} (e.g. command = \"conveyor serve --port {{port}} {{args}}\")")
+    slo = slo_from_mapping(dict(data.get("slo") or {}), f"{origin} [slo]")
+    sweep_data = dict(data.get("sweep") or {})
+    rates = tuple(float(r) for r in sweep_data.pop("rates", []))
+    unknown = set(sweep_data) - _SWEEP_KEYS
+    if unknown:
+        raise StudyError(f"{origin} [sweep]: unknown key(s) {sorted(unknown)}; known: {sorted(_SWEEP_KEYS)} + rates")
+    main_rate, context = data.get("main_rate"), data.get("planned_context_len")
+    return StudySpec(
+        command=str(data["command"]), trace_path=str(data["trace"]), slo=slo, variants=_variants(data),
+        sweep=SweepConfig(slo=slo, **sweep_data), rates=rates,
+        main_rate=None if main_rate is None else float(main_rate),
+        run_options=dict(data.get("run") or {}), server_options=dict(data.get("server") or {}),
+        planned_context_len=None if context is None else int(context))
+
+
+def load_study_file(path: pathlib.Path) -> StudySpec:
+    if not path.is_file():
+        raise StudyError(f"study file {path} does not exist")
+    data = read_table_file(path)
+    return spec_from_mapping(data, str(path))
+
+
+Launcher = Callable[[ServerSpec, pathlib.Path], ContextManager[str]]
+"""(server spec, config directory) -> context manager yielding the base URL of a healthy server."""
+RunFnFactory = Callable[[RunTemplate], RunFn]
+
+
+@contextlib.contextmanager
+def launch_server(spec: ServerSpec, out_dir: pathlib.Path) -> Iterator[str]:
+    with ServerProcess(spec, out_dir) as server:
+        yield server.base_url
+
+
+def study_record(spec: StudySpec) -> dict[str, Any]:
+    """What study.json keeps: the objective, costs and the exact configurations."""
+    return {
+        "command": spec.command, "trace": spec.trace_path, "slo": spec.slo.to_dict(), "main_rate": spec.main_rate,
+        "planned_context_len": spec.planned_context_len,
+        "configs": {v.name: {"args": v.args, "changed": v.changed, "price_per_gpu_hour": v.price_per_gpu_hour,
+                             "num_gpus": v.num_gpus, "trace": v.trace_path or spec.trace_path,
+                             "varies": v.varied_fixed_keys()} for v in spec.variants},
+        "sweep": {k: v for k, v in asdict(spec.sweep).items() if k != "slo"}, "rates": list(spec.rates),
+    }
+
+
+@dataclass(frozen=True)
+class ConfigurationRunner:
+    """Runs the rates of one configuration whose server is already up."""
+
+    spec: StudySpec
+    """The study."""
+    run_fn_factory: RunFnFactory = make_run_fn
+    """Turns a run template into a run function (the real runner, or a fake in tests)."""
+    progress: Callable[[str], None] = print
+    """Where progress lines go."""
+
+    def run(self, variant: Variant, base_url: str, config_dir: pathlib.Path) -> SweepResult:
+        """Sweep (or run the fixed rates of) `variant`, served at `base_url`, into `config_dir`."""
+        spec = self.spec
+        template = RunTemplate(base_url, variant.trace_path or spec.trace_path, variant.name, spec.slo,
+                               dict(spec.run_options))
+        sweeper = Sweeper(variant.name, spec.sweep, self.run_fn_factory(template), config_dir, self.progress)
+        if not spec.rates:
+            return sweeper.run()
+        config_dir.mkdir(parents=True, exist_ok=True)
+        for rate in spec.rates:
+            if sweeper.run_point(rate).runaway:
+                break  # higher fixed rates would only pile up a queue that never drains
+        return sweeper.write()
+
+
+def server_spec(spec: StudySpec, variant: Variant) -> ServerSpec:
+    return ServerSpec(name=variant.name, command=spec.command, args=variant.args, **spec.server_options)
+
+
+def run_study(spec: StudySpec, out_dir: pathlib.Path, launcher: Launcher = launch_server,
+              run_fn_factory: RunFnFactory = make_run_fn, progress: Callable[[str], None] = print) -> pathlib.Path:
+    """Launch, sweep and stop every configuration in turn; returns `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record = study_record(spec)
+    (out_dir / STUDY_FILE).write_text(json.dumps(record, indent=2))
+    for index, variant in enumerate(spec.variants, start=1):
+        progress(f"[study] configuration {index}/{len(spec.variants)}: {variant.name} "
+                 f"({variant.changed or 'baseline'})")
+        config_dir = out_dir / variant.name
+        with launcher(server_spec(spec, variant), config_dir) as base_url:
+            result = ConfigurationRunner(spec, run_fn_factory, progress).run(variant, base_url, config_dir)
+        record["configs"][variant.name]["max_rate_meeting"] = result.max_rate_meeting
+        (out_dir / STUDY_FILE).write_text(json.dumps(record, indent=2))
+    return out_dir

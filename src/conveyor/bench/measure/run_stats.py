@@ -1,0 +1,196 @@
+"""Intervals for a run's summary keys, from its requests; pooled over the repeats of a point.
+
+The model: a `RequestSample` is what one request contributes (its latencies, its outcome, when it
+ended). From a run's samples come the intervals of every percentile and rate that summary.json
+reports, under the same keys (`p95_ttft_ms`, `request_throughput`, `error_rate`, ...; see
+intervals.py for the methods). From the samples of several repeats come pooled intervals: the pooled
+requests resampled, widened by the per-repeat values bootstrapped over repeats. Latencies are in ms
+as in summary.json. A rate's rows are the request ends in time order, each with the gap since the
+previous end (the first since the first dispatch), so Σ gaps is the run's duration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.bench.measure.intervals import (
+    Interval,
+    IntervalConfig,
+    across_repeats,
+    grouped_percentile_intervals,
+    percentile_intervals,
+    proportion_interval,
+    ratio_interval,
+)
+
+PERCENTILES = (50, 90, 95, 99)
+LATENCY_KEYS = ("ttft", "tpot", "e2el")
+
+
+@dataclass(frozen=True)
+class RequestSample:
+    """One request's contribution (seconds, as requests.jsonl)."""
+
+    status: str
+    """completed | failed | cancelled."""
+    sent_s: float
+    """Dispatch time from the run start."""
+    end_s: float | None
+    """End time from the run start."""
+    ttft_s: float | None = None
+    """Time to first token."""
+    tpot_s: float | None = None
+    """Time per output token."""
+    e2e_s: float | None = None
+    """End-to-end latency."""
+    itl_s: tuple[float, ...] = field(default_factory=tuple)
+    """Inter-token gaps."""
+    output_tokens: int = 0
+    """Output tokens."""
+    prompt_tokens: int = 0
+    """Prompt tokens."""
+    request_class: str = ""
+    """Trace class."""
+    request_id: str = ""
+    """The trace's request id."""
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> RequestSample:
+        """From a requests.jsonl row (or RequestRecord.to_json())."""
+        def opt(key: str) -> float | None:
+            value = row.get(key)
+            return None if value is None else float(value)
+
+        return cls(status=str(row.get("status")), sent_s=float(row.get("sent_s") or 0.0), end_s=opt("end_s"),
+                   ttft_s=opt("ttft_s"), tpot_s=opt("tpot_s"), e2e_s=opt("e2e_s"),
+                   itl_s=tuple(float(v) for v in row.get("itl_s") or ()),
+                   output_tokens=int(row.get("output_tokens") or 0), prompt_tokens=int(row.get("prompt_tokens") or 0),
+                   request_class=str(row.get("request_class", "")),
+                   request_id=str(row.get("request_id", "")))
+
+    @property
+    def completed(self) -> bool:
+        return self.status == "completed"
+
+
+AcceptFn = Callable[[RequestSample], bool]
+"""Whether a completed request met every per-request bound (goodput)."""
+
+
+def _latencies(samples: Sequence[RequestSample], key: str) -> list[float]:
+    values = (getattr(s, f"{'e2e' if key == 'e2el' else key}_s") for s in samples if s.completed)
+    return [1000.0 * v for v in values if v is not None]
+
+
+def _percentile_keys(name: str, intervals: list[Interval]) -> dict[str, Interval]:
+    out = {f"p{p}_{name}_ms": i for p, i in zip(PERCENTILES, intervals)}  # [] without data
+    if intervals:
+        out[f"median_{name}_ms"] = intervals[0]
+    return out
+
+
+def _rate_rows(samples: Sequence[RequestSample]) -> list[tuple[float, RequestSample]]:
+    ended = sorted((s for s in samples if s.end_s is not None), key=lambda s: s.end_s or 0.0)
+    if not ended:
+        return []
+    previous = min(s.sent_s for s in samples)
+    rows = []
+    for s in ended:
+        rows.append((max(0.0, (s.end_s or 0.0) - previous), s))
+        previous = s.end_s or previous
+    return rows
+
+
+def rate_intervals(repeats: Sequence[Sequence[RequestSample]], accept: AcceptFn | None,
+                   cfg: IntervalConfig) -> dict[str, Interval]:
+    """Rates and the error rate over one or more runs (each run's gaps start at its own first dispatch)."""
+    rows = [row for samples in repeats for row in _rate_rows(samples)]
+    gaps = [gap for gap, _ in rows]
+    columns = {"request_throughput": [float(s.completed) for _, s in rows],
+               "output_throughput": [float(s.output_tokens if s.completed else 0) for _, s in rows],
+               "total_token_throughput": [float(s.output_tokens + s.prompt_tokens if s.completed else 0)
+                                          for _, s in rows]}
+    if accept is not None:
+        columns["goodput"] = [float(s.completed and accept(s)) for _, s in rows]
+    out = {}
+    for key, numerators in columns.items():
+        interval = ratio_interval(numerators, gaps, cfg)
+        if interval is not None:
+            out[key] = interval
+    counted = [s for samples in repeats for s in samples if s.status != "cancelled"]
+    error = proportion_interval(sum(s.status == "failed" for s in counted), len(counted), cfg)
+    if error is not None:
+        out["error_rate"] = error
+    return out
+
+
+def sample_intervals(samples: Sequence[RequestSample], accept: AcceptFn | None,
+                     cfg: IntervalConfig) -> dict[str, Interval]:
+    """Intervals for every percentile and rate summary.json reports about one run's requests."""
+    return _intervals([samples], accept, cfg, None)
+
+
+def _intervals(repeats: Sequence[Sequence[RequestSample]], accept: AcceptFn | None,
+               cfg: IntervalConfig, keys: Sequence[str] | None) -> dict[str, Interval]:
+    """Every key (keys None), else only the latency families some key names (e.g. p95_ttft_ms)."""
+    samples = [s for r in repeats for s in r]
+    qs = [p / 100.0 for p in PERCENTILES]
+
+    def wanted(name: str) -> bool:
+        return keys is None or any(k.endswith(f"_{name}_ms") for k in keys)
+
+    out: dict[str, Interval] = {}
+    for name in (n for n in LATENCY_KEYS if wanted(n)):
+        out.update(_percentile_keys(name, percentile_intervals(_latencies(samples, name), qs, cfg)))
+    if wanted("itl"):
+        gaps = [[1000.0 * g for g in s.itl_s] for s in samples if s.completed]
+        out.update(_percentile_keys("itl", grouped_percentile_intervals(gaps, qs, cfg)))
+    out.update(rate_intervals(repeats, accept, cfg))
+    return out
+
+
+def class_intervals(samples: Sequence[RequestSample], cfg: IntervalConfig) -> dict[str, dict[str, Interval]]:
+    """Per request class, the keys summary.json's per_class reports: p50/p95/p99 TTFT and E2E, p50/p95 ITL,
+    the error rate, and completed and output throughput over the whole run's duration (so they add up)."""
+    rows = _rate_rows(samples)
+    gaps = [gap for gap, _ in rows]
+    out: dict[str, dict[str, Interval]] = {}
+    for name in sorted({s.request_class for s in samples}):
+        members = [s for s in samples if s.request_class == name]
+        entry: dict[str, Interval] = {}
+        for key in ("ttft", "e2el"):
+            found = percentile_intervals(_latencies(members, key), [0.5, 0.95, 0.99], cfg)
+            entry.update({f"p{p}_{key}_ms": i for p, i in zip((50, 95, 99), found)})
+        itl = grouped_percentile_intervals([[1000.0 * g for g in s.itl_s] for s in members if s.completed],
+                                           [0.5, 0.95], cfg)
+        entry.update({f"p{p}_itl_ms": i for p, i in zip((50, 95), itl)})
+        mine = [s.request_class == name for _, s in rows]
+        for key, numerators in (("request_throughput", [float(m and s.completed) for m, (_, s) in zip(mine, rows)]),
+                                ("output_throughput", [float(s.output_tokens) if m and s.completed else 0.0
+                                                       for m, (_, s) in zip(mine, rows)])):
+            found_rate = ratio_interval(numerators, gaps, cfg)
+            if found_rate is not None:
+                entry[key] = found_rate
+        counted = [s for s in members if s.status != "cancelled"]
+        error = proportion_interval(sum(s.status == "failed" for s in counted), len(counted), cfg)
+        if error is not None:
+            entry["error_rate"] = error
+        out[name] = entry
+    return out
+
+
+def pooled_intervals(repeats: Sequence[Sequence[RequestSample]], accept: AcceptFn | None,
+                     cfg: IntervalConfig, keys: Sequence[str]) -> dict[str, Interval]:
+    """`keys` over several repeats: all their requests pooled, widened by the spread between repeats.
+    Rates pool as Σ counts / Σ durations (each repeat's gaps start at its own first dispatch)."""
+    per_repeat = [_intervals([r], accept, cfg, keys) for r in repeats] if len(repeats) > 1 else []
+    pooled = _intervals(repeats, accept, cfg, keys)
+    out = {}
+    for key in keys:
+        values = [r[key].estimate for r in per_repeat if key in r]
+        interval = across_repeats(pooled.get(key), values, cfg)
+        if interval is not None:
+            out[key] = interval
+    return out

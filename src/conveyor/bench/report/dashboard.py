@@ -1,0 +1,281 @@
+"""From run directories to the guide's dashboard, the recommendation, the checklist and the diagnosis.
+
+The model: `analyze` loads every run under the given paths (run, sweep or study directories), checks
+that their fixed things agree (fixed.py; a difference is refused unless `allow_mixed`, except what a
+study varies on purpose), groups them by configuration and offered rate, judges every point on its
+valid repeats against the objective (from the flags, else the study's study.json), prices them, and
+collects the findings. The same `Analysis` is rendered as a terminal table, Markdown, CSV, and
+(report_html.py, written by write.py) a self-contained HTML page with plots. Invalid runs are listed, marked INVALID, and
+counted nowhere.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import pathlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.bench.decide.decision import (
+    ConfigEval,
+    CostModel,
+    DecisionInputs,
+    Recommendation,
+    evaluate_configs,
+    money,
+    recommend,
+)
+from conveyor.bench.decide.decision_checklist import ChecklistInputs, ChecklistItem, answer_checklist
+from conveyor.bench.decide.diagnose import Finding, diagnose
+from conveyor.bench.decide.point_verdict import PointStatus
+from conveyor.bench.decide.slo import SLO, SLOVerdict, describe_objective, slo_from_mapping
+from conveyor.bench.measure.fixed import FixedDifference, FixedRecord, differences, unknown_keys
+from conveyor.bench.measure.intervals import IntervalConfig
+from conveyor.bench.measure.rundirs import Point, RunResult, discover_runs, find_study_file, group_points
+from conveyor.bench.report.report_format import fmt_interval, summary_cell
+from conveyor.bench.units import fmt_bytes, fmt_count, fmt_percent, fmt_rate
+
+DASHBOARD_COLUMNS = ("Config", "Run", "Offered req/s", "Completed req/s", "TTFT p95", "Queue p95",
+                     "E2E p95", "Error rate", "Preemptions", "Peak memory", "Objective")
+POINT_COLUMNS = ("Config", "Offered req/s", "Valid repeats", "Completed req/s", "TTFT p95", "E2E p95",
+                 "Error rate", "Verdict")
+
+
+class MixedRunsError(ValueError):
+    """Runs whose fixed things differ were given together without --allow-mixed."""
+
+
+@dataclass(frozen=True)
+class ReportInputs:
+    """What to analyse and against which objective and prices."""
+
+    paths: tuple[pathlib.Path, ...]
+    """Run, sweep or study directories."""
+    slo: SLO | None = None
+    """Objective (None: the study's, else none)."""
+    default_cost: CostModel = CostModel()
+    """Price of configurations the study does not price."""
+    main_rate: float | None = None
+    """Main-scenario rate (None: the study's, else the lowest measured)."""
+    allow_mixed: bool = False
+    """Compare runs whose fixed things differ (the report then says how)."""
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Everything the report shows."""
+
+    slo: SLO
+    """The objective applied."""
+    points: dict[str, list[Point]]
+    """config -> points by rate."""
+    configs: list[ConfigEval]
+    """Judged configurations."""
+    recommendation: Recommendation
+    """The answer."""
+    checklist: list[ChecklistItem]
+    """The guide's five questions."""
+    findings: list[Finding]
+    """Diagnosis (on valid runs only)."""
+    study: dict[str, Any]
+    """study.json ({} for loose runs)."""
+    main_rate: float | None
+    """Main-scenario rate used."""
+    fixed_differences: list[FixedDifference] = field(default_factory=list)
+    """Fixed things that differ (only with allow_mixed)."""
+    fixed_unknown: list[str] = field(default_factory=list)
+    """Fixed things some run did not record."""
+
+    def runs(self) -> list[RunResult]:
+        return [r for pts in self.points.values() for p in pts for r in p.runs]
+
+
+def _costs(study: dict[str, Any], default: CostModel) -> dict[str, CostModel]:
+    return {name: CostModel(float(c.get("price_per_gpu_hour", default.price_per_gpu_hour)),
+                            int(c.get("num_gpus", default.num_gpus)))
+            for name, c in (study.get("configs") or {}).items()}
+
+
+def check_fixed(runs: list[RunResult], study: dict[str, Any],
+                allow_mixed: bool) -> tuple[list[FixedDifference], list[str]]:
+    """Fixed things that differ, and those unknown; raises MixedRunsError on a difference unless allowed."""
+    records = [FixedRecord(r.label, r.config_name, dict(r.summary.get("fixed") or {})) for r in runs]
+    varied = {name: set(c.get("varies") or []) for name, c in (study.get("configs") or {}).items()}
+    found = differences(records, varied)
+    if found and not allow_mixed:
+        raise MixedRunsError("these runs differ in what must stay fixed between compared runs: "
+                             + "; ".join(d.describe() for d in found)
+                             + ". Compare like with like, or pass --allow-mixed to compare them anyway.")
+    return found, unknown_keys(records)
+
+
+def analyze(inputs: ReportInputs) -> Analysis:
+    study = find_study_file(list(inputs.paths))
+    slo = inputs.slo or slo_from_mapping(dict(study.get("slo") or {}), "study.json [slo]")
+    main_rate = inputs.main_rate if inputs.main_rate is not None else study.get("main_rate")
+    runs = discover_runs(list(inputs.paths))
+    mixed, unknown = check_fixed(runs, study, inputs.allow_mixed)
+    points = group_points(runs)
+    order = list(study.get("configs") or {})
+    points = dict(sorted(points.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order))))
+    decision = DecisionInputs(slo=slo, default_cost=inputs.default_cost,
+                              costs=_costs(study, inputs.default_cost), main_rate=main_rate)
+    configs = evaluate_configs(points, decision)
+    recommendation = recommend(configs)
+    checklist_inputs = ChecklistInputs(main_rate, study.get("planned_context_len"), mixed, unknown)
+    return Analysis(slo, points, configs, recommendation, answer_checklist(configs, recommendation, checklist_inputs),
+                    diagnose(points), study, main_rate, mixed, unknown)
+
+
+def objective_cell(run: RunResult, verdict: SLOVerdict) -> str:
+    if run.summary.get("valid") is False:
+        reason = str(run.summary.get("invalid_reason") or "client fell behind").split(":")[0]
+        return f"INVALID ({reason})"
+    return {"met": "met", "missed": "MISSED"}.get(verdict.status.value, verdict.status.value)
+
+
+def dashboard_rows(analysis: Analysis) -> list[list[str]]:
+    """One row per run: the guide's dashboard (RUNDIR.md mapping), with intervals, and its own verdict."""
+    rows = []
+    for config in analysis.configs:
+        for evaluated in config.points:
+            for run, verdict in zip(evaluated.point.runs, evaluated.verdicts, strict=True):
+                s = run.summary
+                rows.append([
+                    config.name, run.label, fmt_rate(run.offered_rate), summary_cell(s, "request_throughput"),
+                    summary_cell(s, "p95_ttft_ms"), summary_cell(s, "server.queue_time_p95_ms"),
+                    summary_cell(s, "p95_e2el_ms"), summary_cell(s, "error_rate"),
+                    fmt_count(run.metric("num_preemptions")), fmt_bytes(run.metric("peak_gpu_memory_bytes")),
+                    objective_cell(run, verdict),
+                ])
+    return rows
+
+
+def point_rows(analysis: Analysis) -> list[list[str]]:
+    """One row per point: the valid repeats pooled, with intervals, and the point's verdict."""
+    rows = []
+    for config in analysis.configs:
+        for p in config.points:
+            pooled = p.intervals
+            cells = [fmt_interval(iv.estimate if iv else None, iv, unit) for iv, unit in (
+                (pooled.get("request_throughput"), "rate"), (pooled.get("p95_ttft_ms"), "ms"),
+                (pooled.get("p95_e2el_ms"), "ms"), (pooled.get("error_rate"), "percent"))]
+            invalid = f" (+{len(p.invalid_runs)} invalid)" if p.invalid_runs else ""
+            status = p.status.value.upper() if p.status is PointStatus.MISSED else p.status.value
+            rows.append([config.name, fmt_rate(p.offered_rate), f"{len(p.valid_runs)}{invalid}", *cells, status])
+    return rows
+
+
+def config_rows(analysis: Analysis) -> list[list[str]]:
+    """One row per configuration: what it changed, capacity, cost, whether recommended."""
+    configs = analysis.study.get("configs") or {}
+    rows = []
+    for config in analysis.configs:
+        changed = (configs.get(config.name) or {}).get("changed") or "-"
+        mark = ""
+        if config.name == analysis.recommendation.recommended:
+            mark = "recommended"
+        elif config.name in analysis.recommendation.tied:
+            mark = "tied"
+        rows.append([config.name, str(changed), fmt_rate(config.max_rate_meeting), config.capacity.describe(),
+                     money(config.cost_per_accepted), mark])
+    return rows
+
+
+CONFIG_COLUMNS = ("Config", "Changes", "Max req/s meeting objective", "Capacity (req/s)",
+                  "Cost per accepted response", "")
+SPEC_COLUMNS = ("Config", "Run", "Output tok/s", "Draft acceptance", "Mean accepted length", "Draft tokens")
+
+
+def spec_rows(analysis: Analysis) -> list[list[str]]:
+    """Speculative decoding, one row per run that verified drafts (none: the section is left out).
+    Mean accepted length counts the target's own token (1.0: speculation emitted nothing extra)."""
+    rows = []
+    for config in analysis.configs:
+        for evaluated in config.points:
+            for run in evaluated.point.runs:
+                drafted = run.metric("spec_decode_num_draft_tokens")
+                if not drafted:
+                    continue
+                length = run.metric("spec_decode_mean_accepted_length")
+                rows.append([config.name, run.label, fmt_rate(run.metric("output_throughput")),
+                             fmt_percent(run.metric("spec_decode_acceptance_rate")),
+                             "-" if length is None else f"{length:.2f}", fmt_count(drafted)])
+    return rows
+
+
+def _spec_section(analysis: Analysis, table: Callable[[tuple[str, ...], list[list[str]]], str]) -> list[str]:
+    rows = spec_rows(analysis)
+    return ["Speculative decoding (per run):", table(SPEC_COLUMNS, rows), ""] if rows else []
+
+
+def format_table(columns: tuple[str, ...] | list[str], rows: list[list[str]]) -> str:
+    """Aligned plain-text table for the terminal."""
+    widths = [max(len(str(c)), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(columns)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines.extend("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in rows)
+    return "\n".join(lines)
+
+
+def format_markdown_table(columns: tuple[str, ...] | list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines.extend("| " + " | ".join(r) + " |" for r in rows)
+    return "\n".join(lines)
+
+
+def format_csv(analysis: Analysis) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(DASHBOARD_COLUMNS)
+    writer.writerows(dashboard_rows(analysis))
+    return out.getvalue()
+
+
+def fixed_lines(analysis: Analysis) -> list[str]:
+    if analysis.fixed_differences:
+        return ["WARNING (--allow-mixed): the runs differ in what should stay fixed: "
+                + "; ".join(d.describe() for d in analysis.fixed_differences)]
+    runs = analysis.runs()
+    fixed = dict(runs[0].summary.get("fixed") or {}) if runs else {}
+    shown = ", ".join(f"{k}={str(v)[:12] if k.endswith('sha256') else v}" for k, v in fixed.items()
+                      if k != "server_flags" and v is not None)
+    unknown = f"; unknown: {', '.join(analysis.fixed_unknown)}" if analysis.fixed_unknown else ""
+    return [f"Fixed across all runs: {shown or 'nothing recorded'}{unknown}"]
+
+
+def decision_lines(analysis: Analysis) -> list[str]:
+    """Objective, recommendation and its confidence, checklist and diagnosis as plain lines."""
+    rec = analysis.recommendation
+    lines = [f"Objective: {describe_objective(analysis.slo)}",
+             f"Intervals: {IntervalConfig().confidence:.0%} confidence (bootstrap over requests and repeats).",
+             *fixed_lines(analysis),
+             f"Recommendation ({rec.outcome.value}): {rec.explanation}",
+             f"Confidence: {rec.confidence}", "", "Checklist:"]
+    lines.extend(f"- [{i.answer.value}] {i.question} {i.evidence}" for i in analysis.checklist)
+    lines.extend(["", "Diagnosis (valid runs only):"])
+    if not analysis.findings:
+        lines.append("- no symptom of the guide's five found")
+    lines.extend(f"- {f.symptom.value} ({f.config_name}): {f.evidence}. Look at: {f.remedy}"
+                 for f in analysis.findings)
+    return lines
+
+
+def format_terminal(analysis: Analysis) -> str:
+    return "\n".join([format_table(DASHBOARD_COLUMNS, dashboard_rows(analysis)), "",
+                      *_spec_section(analysis, format_table),
+                      format_table(POINT_COLUMNS, point_rows(analysis)), "",
+                      format_table(CONFIG_COLUMNS, config_rows(analysis)), "", *decision_lines(analysis)])
+
+
+def format_markdown(analysis: Analysis) -> str:
+    rec = analysis.recommendation
+    return "\n".join(["# Conveyor report", "", "## Recommendation", "", rec.explanation, "",
+                      f"Confidence: {rec.confidence}", "", "## Configurations", "",
+                      format_markdown_table(CONFIG_COLUMNS, config_rows(analysis)), "", "## Points", "",
+                      format_markdown_table(POINT_COLUMNS, point_rows(analysis)), "", "## Dashboard", "",
+                      format_markdown_table(DASHBOARD_COLUMNS, dashboard_rows(analysis)), "",
+                      *_spec_section(analysis, format_markdown_table),
+                      "## Decision details", "", *decision_lines(analysis), ""])
