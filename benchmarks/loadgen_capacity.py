@@ -82,6 +82,7 @@ def _wait(url: str) -> None:
 
 def measure(url: str, point: tuple[int, float], duration_s: float, tmp: str, bound_ms: float) -> dict[str, Any]:
     from conveyor.bench.measure.runner import BenchRunConfig, run_benchmark
+    from conveyor.bench.measure.summary import summary_to_json
     from conveyor.bench.trace.traces import TraceRequest, make_trace, write_trace
 
     workers, rate = point
@@ -91,9 +92,9 @@ def measure(url: str, point: tuple[int, float], duration_s: float, tmp: str, bou
     trace = os.path.join(tmp, f"trace-{rate:g}.jsonl")
     write_trace(make_trace(reqs, 0, {"name": "loadgen_capacity"}), trace)
     cpu0 = time.process_time()
-    s = run_benchmark(BenchRunConfig(base_url=url, trace_path=trace, request_rate=rate, num_workers=workers,
+    s = summary_to_json(run_benchmark(BenchRunConfig(base_url=url, trace_path=trace, request_rate=rate, num_workers=workers,
                                      out_dir=os.path.join(tmp, f"run-{workers}-{rate:g}"), max_send_lag_p99_ms=bound_ms,
-                                     show_progress=False, scrape_interval_s=60.0))
+                                     show_progress=False, scrape_interval_s=60.0)))
     parent_cpu = time.process_time() - cpu0  # with workers > 1 the parent only scrapes, merges and writes
     client = s["client"]
     worker_cpu = sum(client["cpu_s_per_worker"]) if workers > 1 else 0.0

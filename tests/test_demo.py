@@ -80,7 +80,8 @@ def test_demo_study_and_calibration_arithmetic(tmp_path: pathlib.Path) -> None:
         assert f"--model {demo.embedded_model_path()}" in spec.command
     bursts = [{"request_throughput": 1.5, "p95_ttft_ms": 900.0, "p95_e2el_ms": 3000.0},
               {"request_throughput": 2.5, "p95_ttft_ms": 1100.0, "p95_e2el_ms": 5000.0}]
-    tuned = demo.calibrated(spec, full, bursts)  # the two bursts averaged
+    from conveyor.bench.measure.summary import summary_from_json
+    tuned = demo.calibrated(spec, full, [summary_from_json(b, "burst", "test") for b in bursts])  # averaged
     assert tuned.slo.ttft_p95_ms == 2000 and tuned.slo.e2e_p95_ms == 8000 and tuned.slo.error_rate == 0.1
     assert tuned.rates == (1.0, 6.0) and tuned.sweep.slo == tuned.slo and tuned.main_rate == 1.0
     assert len(trace.read_text().splitlines()) == 1 + full.num_requests  # header + requests

@@ -34,7 +34,6 @@ import shlex
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from conveyor.bench.cli.sweep import counting
 from conveyor.bench.decide.slo import SLO
@@ -43,6 +42,7 @@ from conveyor.bench.decide.sweep import PointProgress, RunTemplate, SweepConfig,
 from conveyor.bench.load.launch import LaunchError, ServerProcess
 from conveyor.bench.load.progress import ProgressReporter
 from conveyor.bench.measure.rundirs import STUDY_FILE, RunDirError, prepare_out_dir
+from conveyor.bench.measure.summary import RunSummary
 from conveyor.bench.report.dashboard import Analysis, ReportInputs, analyze, format_terminal
 from conveyor.bench.report.write import write_report
 
@@ -145,7 +145,7 @@ def demo_spec(cfg: DemoConfig, trace_path: pathlib.Path) -> StudySpec:
         server_options={"env": env, "startup_timeout_s": 240.0, "num_warmup_requests": 2})
 
 
-def _burst(base_url: str, cfg: DemoConfig, trace_path: pathlib.Path, out_dir: pathlib.Path) -> dict[str, Any]:
+def _burst(base_url: str, cfg: DemoConfig, trace_path: pathlib.Path, out_dir: pathlib.Path) -> RunSummary:
     """The first `max_num_seqs` (8) requests of the trace, all at once."""
     from conveyor.bench.measure.runner import BenchRunConfig, run_benchmark
 
@@ -168,16 +168,16 @@ ERROR_RATE = 0.1
 """Largest error rate; 40 requests without a failure bound it at 8.8% (Clopper-Pearson), under 10%."""
 
 
-def calibrated(spec: StudySpec, cfg: DemoConfig, bursts: list[dict[str, Any]]) -> StudySpec:
+def calibrated(spec: StudySpec, cfg: DemoConfig, bursts: list[RunSummary]) -> StudySpec:
     """Objective from the baseline serving bursts of 8 requests at once (averaged): TTFT p95 <= 0.5 x the
     bursts' p95 E2E, E2E p95 <= 2 x their p95 E2E, error rate <= 10%. Rates are multiples of the bursts'
     completed req/s (the capacity C)."""
     def mean(key: str) -> float:
-        return sum(float(b.get(key) or 0.0) for b in bursts) / max(1, len(bursts))
+        return sum(b.metric(key) or 0.0 for b in bursts) / max(1, len(bursts))
 
     capacity, ttft_ms, e2e_ms = mean("request_throughput"), mean("p95_ttft_ms"), mean("p95_e2el_ms")
     if capacity <= 0 or ttft_ms <= 0 or e2e_ms <= 0:
-        raise LaunchError(f"calibration completed no request (errors: {[b.get('errors_by_kind') for b in bursts]})")
+        raise LaunchError(f"calibration completed no request (errors: {[dict(b.errors_by_kind) for b in bursts]})")
     slo = SLO(ttft_p95_ms=round(TTFT_SHARE * e2e_ms), e2e_p95_ms=round(E2E_SLACK * e2e_ms), error_rate=ERROR_RATE)
     rates = tuple(round(f * capacity, 4) for f in cfg.rate_factors)
     _progress(f"[demo] {len(bursts)} bursts of {_BURST_SIZE}: p95 TTFT {ttft_ms:.0f} ms, p95 E2E {e2e_ms:.0f} ms, "

@@ -14,13 +14,20 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from conveyor.bench.measure.prom_text import Snapshot
 from conveyor.bench.measure.runner import BenchRunConfig, run_benchmark
+from conveyor.bench.measure.summary import summary_to_json
 from conveyor.bench.trace.trace_gen import AgentParams, ChatParams, LongParams, TraceMakeConfig, make_mixed_trace
 from conveyor.bench.trace.traces import write_trace
+
+
+def run_to_json(cfg: BenchRunConfig) -> dict[str, Any]:
+    """One run; its summary as summary.json holds it (these tests assert on the file's keys)."""
+    return summary_to_json(run_benchmark(cfg))
 
 SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
 pytestmark = pytest.mark.slow
@@ -82,7 +89,7 @@ def _small_mix(cancel_fraction: float, num_requests: int) -> TraceMakeConfig:
 
 def _run(tmp: pathlib.Path, url: str, cfg: TraceMakeConfig, endpoint: str) -> dict:
     write_trace(make_mixed_trace(cfg), tmp / "trace.jsonl")
-    return run_benchmark(BenchRunConfig(base_url=url, trace_path=str(tmp / "trace.jsonl"), request_rate=20.0,
+    return run_to_json(BenchRunConfig(base_url=url, trace_path=str(tmp / "trace.jsonl"), request_rate=20.0,
                                         out_dir=str(tmp / "run"), endpoint=endpoint, show_progress=False,
                                         request_timeout_s=120.0, scrape_interval_s=0.5))
 

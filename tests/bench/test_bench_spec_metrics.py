@@ -11,10 +11,13 @@ from test_study import STUDY, _fake_launcher
 
 from conveyor.bench.decide.study import run_study, spec_from_mapping
 from conveyor.bench.decide.sweep import RunTemplate
+from conveyor.bench.jsonvalue import Fields
 from conveyor.bench.load.launch import ServerSpec, render_args, render_command
 from conveyor.bench.measure.prom_text import Snapshot
 from conveyor.bench.measure.server_metrics import ServerObservation, server_summary
+from conveyor.bench.measure.server_summary import ServerSummary
 from conveyor.bench.measure.spec_metrics import describe_spec_decode
+from conveyor.bench.measure.summary import RunSummary, summary_from_json
 from conveyor.bench.report.dashboard import ReportInputs, analyze, format_markdown, format_terminal, spec_rows
 
 
@@ -36,7 +39,7 @@ def test_acceptance_rate_and_mean_accepted_length_are_run_deltas() -> None:
     assert s["spec_decode_acceptance_rate"] == pytest.approx(0.5)
     assert s["spec_decode_mean_accepted_length"] == pytest.approx(2.5)  # 1 + 150 / 100: the target's token too
     assert s["spec_decode_acceptance_rate_per_pos"] == pytest.approx([0.8, 0.5, 0.2])
-    line = describe_spec_decode(s)
+    line = describe_spec_decode(ServerSummary.from_json(Fields.of(s, "server")))
     assert line is not None and "50.0% of 300 draft tokens" in line and "2.50" in line
 
 
@@ -44,7 +47,7 @@ def test_a_server_without_speculation_leaves_the_numbers_null() -> None:
     snap = Snapshot.from_text('vllm:num_requests_running{model_name="m"} 0\n')
     s = server_summary(ServerObservation(before=snap, after=snap))
     assert s["spec_decode_acceptance_rate"] is None and s["spec_decode_mean_accepted_length"] is None
-    assert describe_spec_decode(s) is None
+    assert describe_spec_decode(ServerSummary.from_json(Fields.of(s, "server"))) is None
 
 
 def test_a_speculative_config_table_is_passed_as_json() -> None:
@@ -64,7 +67,7 @@ def _fake_spec_runs(template: RunTemplate):
     """Speculation raises capacity (ngram most, on this copy-heavy fake traffic) and reports acceptance."""
     capacity, accepted = {"baseline": 2.2, "ngram": 10.0, "draft": 5.0}[template.label], {"ngram": 0.6, "draft": 0.3}
 
-    def run(rate: float, repeat: int, run_dir: pathlib.Path) -> dict:
+    def run(rate: float, repeat: int, run_dir: pathlib.Path) -> RunSummary:
         server: dict = {"num_requests_waiting_max": 0.0}
         if template.label in accepted:
             server.update(spec_decode_num_drafts=100.0, spec_decode_num_draft_tokens=300.0,
@@ -77,7 +80,7 @@ def _fake_spec_runs(template: RunTemplate):
                    "p95_e2el_ms": e2e, "error_rate": 0.0, "server": server}
         run_dir.mkdir(parents=True)
         (run_dir / "summary.json").write_text(json.dumps(summary))
-        return summary
+        return summary_from_json(summary, run_dir.name, "fake")
     return run
 
 

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import json
 import pathlib
+from typing import Any
 
 import pytest
 from bench_fake_server import FakeConfig, FakeServer
 
 from conveyor.bench.measure.runner import BenchRunConfig, run_benchmark
+from conveyor.bench.measure.summary import summary_to_json
 from conveyor.bench.trace.traces import TraceRequest, make_trace, write_trace
+
+
+def run_to_json(cfg: BenchRunConfig) -> dict[str, Any]:
+    """One run; its summary as summary.json holds it (these tests assert on the file's keys)."""
+    return summary_to_json(run_benchmark(cfg))
 
 MODES = ["ok", "ok", "ok", "http400", "http500", "http503", "stall", "break", "errobj", "nodone"]
 
@@ -30,7 +37,7 @@ def _run(tmp_path: pathlib.Path, server: FakeServer, requests: list[TraceRequest
                          out_dir=str(tmp_path / "run"), request_timeout_s=0.6, show_progress=False,
                          scrape_interval_s=0.1, max_send_lag_p99_ms=1000.0, **kw)  # type: ignore[arg-type]
     # (a generous lag bound: this machine is shared; the validity rule itself is tested on hand-made records)
-    summary = run_benchmark(cfg)
+    summary = run_to_json(cfg)
     records = {}
     for line in (tmp_path / "run" / "requests.jsonl").read_text().splitlines():
         rec = json.loads(line)

@@ -14,6 +14,7 @@ from conveyor.bench.decide.slo import SLO, BoundStatus, check_bound, evaluate
 from conveyor.bench.decide.sweep import SweepConfig, run_sweep
 from conveyor.bench.measure.intervals import Interval, IntervalMethod
 from conveyor.bench.measure.rundirs import discover_runs, group_points
+from conveyor.bench.measure.summary import RunSummary, summary_from_json
 from conveyor.bench.report.dashboard import MixedRunsError, ReportInputs, analyze
 
 SLO_TTFT = SLO(ttft_p95_ms=500)
@@ -33,6 +34,10 @@ def _summary(label: str, rate: float, ttft: tuple[float, float, float], **over: 
     return summary
 
 
+def _typed(summary: dict[str, object]) -> RunSummary:
+    return summary_from_json(summary, "run", "test")  # type: ignore[arg-type]
+
+
 def _write(run_dir: pathlib.Path, summary: dict[str, object]) -> dict[str, object]:
     run_dir.mkdir(parents=True)
     (run_dir / "summary.json").write_text(json.dumps(summary))
@@ -49,10 +54,10 @@ def _sweep_dir(root: pathlib.Path, name: str, points: dict[float, tuple[float, f
 def test_an_interval_straddling_the_bound_is_undecided() -> None:
     assert check_bound("ttft_p95_ms", 500, 450, Interval(450, 400, 520, 0.95, IntervalMethod.NONE, 9)).status \
         is BoundStatus.UNDECIDED
-    verdicts = {t: evaluate(SLO_TTFT, _summary("r", 1, t)).status for t in
+    verdicts = {t: evaluate(SLO_TTFT, _typed(_summary("r", 1, t))).status for t in
                 [(450, 400, 499), (450, 400, 520), (560, 510, 600)]}
     assert list(verdicts.values()) == [BoundStatus.MET, BoundStatus.UNDECIDED, BoundStatus.MISSED]
-    no_upper = evaluate(SLO_TTFT, _summary("r", 1, (300, 250, math.inf)))  # too few requests for a p95
+    no_upper = evaluate(SLO_TTFT, _typed(_summary("r", 1, (300, 250, math.inf))))  # too few requests for a p95
     assert no_upper.status is BoundStatus.UNDECIDED and "unbounded" in no_upper.describe()
 
 
@@ -92,7 +97,7 @@ class FlakyClient:
         self.calls: list[tuple[float, int]] = []
         self.undecided_at, self.always_invalid = undecided_at, always_invalid
 
-    def __call__(self, rate: float, repeat: int, run_dir: pathlib.Path) -> dict[str, object]:
+    def __call__(self, rate: float, repeat: int, run_dir: pathlib.Path) -> RunSummary:
         self.calls.append((rate, repeat))
         first = self.calls.count((rate, repeat)) == 1
         invalid = self.always_invalid or (repeat == 0 and first)
@@ -100,7 +105,7 @@ class FlakyClient:
         ttft = 100.0 * rate
         summary = _summary(f"s@{rate}#{repeat}", rate, (ttft, ttft - width, ttft + width), valid=not invalid,
                            invalid_reason="p99 send lag 80 ms exceeds the 10 ms bound" if invalid else None)
-        return _write(run_dir, summary)
+        return summary_from_json(_write(run_dir, summary), run_dir.name, "fake")  # type: ignore[arg-type]
 
 
 def test_sweep_reruns_invalid_runs_and_never_counts_them(tmp_path: pathlib.Path) -> None:

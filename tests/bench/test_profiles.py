@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+from typing import Any
 
 import pytest
 from bench_fake_server import FakeConfig, FakeServer
@@ -13,10 +14,16 @@ from bench_fake_server import FakeConfig, FakeServer
 from conveyor.bench.load.client import RequestRecord
 from conveyor.bench.load.profiles import LoadFlags, LoadProfile, LoadProfileError, resolve_load
 from conveyor.bench.measure.runner import BenchError, BenchRunConfig, run_benchmark
+from conveyor.bench.measure.summary import summary_to_json
 from conveyor.bench.measure.window import WindowConfig, apply_window
 from conveyor.bench.trace.arrivals import ArrivalProcess
 from conveyor.bench.trace.traces import TraceRequest, make_trace, write_trace
 from conveyor.cli import main
+
+
+def run_to_json(cfg: BenchRunConfig) -> dict[str, Any]:
+    """One run; its summary as summary.json holds it (these tests assert on the file's keys)."""
+    return summary_to_json(run_benchmark(cfg))
 
 
 def _flags(profile: str | None = None, rate: float = math.inf, arrival: str | None = None,
@@ -81,7 +88,7 @@ def test_run_summarizes_only_the_window_and_records_everything(tmp_path: pathlib
     path = tmp_path / "t.jsonl"
     write_trace(make_trace(requests, 0, {"name": "test"}), path)
     with FakeServer(FakeConfig(token_delay_s=0.003)) as server:
-        summary = run_benchmark(BenchRunConfig(
+        summary = run_to_json(BenchRunConfig(
             base_url=server.base_url, trace_path=str(path), out_dir=str(tmp_path / "run"), profile="concurrent",
             max_concurrency=2, warmup_requests=3, cooldown_requests=1, show_progress=False,
             max_send_lag_p99_ms=1000.0, scrape_interval_s=0.2))
@@ -98,5 +105,5 @@ def test_a_window_that_leaves_nothing_is_refused(tmp_path: pathlib.Path) -> None
     path = tmp_path / "t.jsonl"
     write_trace(make_trace(requests, 0, {"name": "test"}), path)
     with pytest.raises(BenchError, match="--warmup-requests"):
-        run_benchmark(BenchRunConfig(base_url="http://127.0.0.1:9", trace_path=str(path), out_dir=str(tmp_path),
+        run_to_json(BenchRunConfig(base_url="http://127.0.0.1:9", trace_path=str(path), out_dir=str(tmp_path),
                                      warmup_requests=2, cooldown_requests=1))

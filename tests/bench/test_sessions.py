@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import json
 import pathlib
+from typing import Any
 
 import pytest
 from bench_fake_server import FakeConfig, FakeServer
 
 from conveyor.bench.measure.runner import BenchRunConfig, run_benchmark
+from conveyor.bench.measure.summary import summary_to_json
 from conveyor.bench.trace.traces import TraceError, TraceRequest, dispatch_units, make_trace, write_trace
+
+
+def run_to_json(cfg: BenchRunConfig) -> dict[str, Any]:
+    """One run; its summary as summary.json holds it (these tests assert on the file's keys)."""
+    return summary_to_json(run_benchmark(cfg))
 
 THINK_S = 0.05
 
@@ -26,7 +33,7 @@ def _run(tmp_path: pathlib.Path, server: FakeServer, requests: list[TraceRequest
     write_trace(make_trace(requests, 0, {"name": "test"}), path)
     cfg = BenchRunConfig(base_url=server.base_url, trace_path=str(path), out_dir=str(tmp_path / "run"),
                          show_progress=False, scrape_interval_s=0.2, max_send_lag_p99_ms=1000.0, **kw)  # type: ignore[arg-type]
-    return run_benchmark(cfg)
+    return run_to_json(cfg)
 
 
 def _answer(output_len: int) -> str:

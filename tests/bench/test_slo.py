@@ -8,13 +8,15 @@ import pathlib
 import pytest
 
 from conveyor.bench.decide.slo import SLO, BoundStatus, SLOError, evaluate, parse_slo_flag, request_meets_goodput
+from conveyor.bench.measure.run_stats import RequestSample
+from conveyor.bench.measure.summary import RunSummary, summary_from_json
 
 
-def _summary(**overrides: object) -> dict[str, object]:
+def _summary(**overrides: object) -> RunSummary:
     base: dict[str, object] = {"p95_ttft_ms": 400.0, "p95_itl_ms": 30.0, "p95_e2el_ms": 4000.0,
                                "error_rate": 0.0, "server": {"queue_time_p95_ms": 50.0}}
     base.update(overrides)
-    return base
+    return summary_from_json(base, "run", "test")  # type: ignore[arg-type]
 
 
 def test_flag_parses_bounds() -> None:
@@ -57,6 +59,6 @@ def test_missing_measurement_does_not_pass() -> None:
 def test_goodput_per_request() -> None:
     slo = SLO(ttft_ms=100, e2el_ms=1000)
     ok = {"status": "completed", "ttft_s": 0.05, "tpot_s": 0.01, "e2e_s": 0.5}
-    assert request_meets_goodput(slo, ok)
-    assert not request_meets_goodput(slo, {**ok, "ttft_s": 0.2})
-    assert not request_meets_goodput(slo, {**ok, "status": "failed"})
+    assert request_meets_goodput(slo, RequestSample.from_json(ok))
+    assert not request_meets_goodput(slo, RequestSample.from_json({**ok, "ttft_s": 0.2}))
+    assert not request_meets_goodput(slo, RequestSample.from_json({**ok, "status": "failed"}))

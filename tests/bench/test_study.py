@@ -14,6 +14,7 @@ from conveyor.bench.cli import study as cli_study
 from conveyor.bench.decide.study import StudyError, run_study, spec_from_mapping
 from conveyor.bench.decide.sweep import RunTemplate
 from conveyor.bench.load.launch import ServerSpec
+from conveyor.bench.measure.summary import RunSummary, summary_from_json
 from conveyor.bench.report.dashboard import ReportInputs, analyze
 
 STUDY = {
@@ -37,7 +38,7 @@ def _fake_launcher(launched: list[ServerSpec]):
 def _fake_runs(template: RunTemplate):
     capacity = {"baseline": 8.0, "static": 3.0, "seqs2": 1.5}[template.label]
 
-    def run(rate: float, repeat: int, run_dir: pathlib.Path) -> dict:
+    def run(rate: float, repeat: int, run_dir: pathlib.Path) -> RunSummary:
         e2e = 500.0 / (1 - rate / capacity) if rate < capacity else 60_000.0
         summary = {"label": f"{template.label}@{rate}#{repeat}", "request_rate": rate, "duration": 10.0,
                    "num_prompts": int(10 * rate), "completed": int(10 * min(rate, capacity)),
@@ -45,7 +46,7 @@ def _fake_runs(template: RunTemplate):
                    "server": {"num_requests_waiting_max": max(0.0, 10 * (rate - capacity))}}
         run_dir.mkdir(parents=True)
         (run_dir / "summary.json").write_text(json.dumps(summary))
-        return summary
+        return summary_from_json(summary, run_dir.name, "fake")
     return run
 
 

@@ -10,6 +10,7 @@ import pytest
 from conveyor.bench.decide.slo import SLO
 from conveyor.bench.decide.sweep import SweepConfig, SweepError, run_sweep
 from conveyor.bench.measure.rundirs import discover_runs, group_points
+from conveyor.bench.measure.summary import RunSummary, summary_from_json
 
 SLO_E2E = SLO(e2e_p95_ms=1000, error_rate=0.05)
 
@@ -20,7 +21,7 @@ class FakeServer:
     def __init__(self, capacity: float, noise: float = 0.0) -> None:
         self.capacity, self.noise, self.calls = capacity, noise, []
 
-    def __call__(self, rate: float, repeat: int, run_dir: pathlib.Path) -> dict:
+    def __call__(self, rate: float, repeat: int, run_dir: pathlib.Path) -> RunSummary:
         self.calls.append((round(rate, 4), repeat))
         load = rate / self.capacity
         e2e = 500.0 / max(1e-3, 1.0 - load) if load < 1 else 50_000.0
@@ -33,7 +34,7 @@ class FakeServer:
                    "error_rate": 0.0, "server": {"queue_time_p95_ms": 1.0, "num_requests_waiting_max": backlog}}
         run_dir.mkdir(parents=True)
         (run_dir / "summary.json").write_text(json.dumps(summary))
-        return summary
+        return summary_from_json(summary, run_dir.name, "fake")
 
 
 def test_geometric_then_bisection(tmp_path: pathlib.Path) -> None:
@@ -91,10 +92,10 @@ def test_short_run_drain_is_not_runaway() -> None:
     cfg = SweepConfig(slo=SLO())
     # 8 requests at 1 req/s, 10 s median latency: duration 18 s, 0.44 req/s completed, yet no backlog.
     short = {"num_prompts": 8, "request_throughput": 0.44, "median_e2el_ms": 10_000.0, "error_rate": 0.0}
-    assert runaway_reason(short, 1.0, cfg) is None
+    assert runaway_reason(summary_from_json(short, "run", "test"), 1.0, cfg) is None
     long_run = {**short, "num_prompts": 200, "request_throughput": 0.3}
-    assert "completed 0.3 req/s" in (runaway_reason(long_run, 1.0, cfg) or "")
-    assert "error rate" in (runaway_reason({**short, "error_rate": 0.6}, 1.0, cfg) or "")
+    assert "completed 0.3 req/s" in (runaway_reason(summary_from_json(long_run, "run", "test"), 1.0, cfg) or "")
+    assert "error rate" in (runaway_reason(summary_from_json({**short, "error_rate": 0.6}, "run", "test"), 1.0, cfg) or "")
 
 
 def test_cli_sweep_end_to_end_with_fake_runs(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
@@ -123,11 +124,12 @@ def test_concurrency_sweep_searches_whole_levels_and_sets_the_cap(tmp_path: path
 
     levels: list[float] = []
 
-    def run(level: float, repeat: int, run_dir: pathlib.Path) -> dict:
+    def run(level: float, repeat: int, run_dir: pathlib.Path) -> RunSummary:
         levels.append(level)
         run_dir.mkdir(parents=True, exist_ok=True)
         ttft = 100.0 * level  # passes up to 5 concurrent requests
-        return {"p95_ttft_ms": ttft, "error_rate": 0.0, "request_throughput": level, "num_prompts": 10}
+        return summary_from_json({"p95_ttft_ms": ttft, "error_rate": 0.0, "request_throughput": level,
+                                  "num_prompts": 10}, run_dir.name, "fake")
 
     from conveyor.bench.decide.slo import parse_slo_flag
     from conveyor.bench.decide.sweep import SweepConfig, run_sweep

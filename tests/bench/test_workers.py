@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +15,13 @@ from conveyor.bench.load.loadgen import LoadPlan
 from conveyor.bench.load.workers import WorkerStats, split_plan
 from conveyor.bench.measure.load_summary import LoadOutcome, load_validity, peak_in_flight
 from conveyor.bench.measure.runner import BenchRunConfig, run_benchmark
+from conveyor.bench.measure.summary import summary_to_json
 from conveyor.bench.trace.traces import TraceRequest, make_trace, write_trace
+
+
+def run_to_json(cfg: BenchRunConfig) -> dict[str, Any]:
+    """One run; its summary as summary.json holds it (these tests assert on the file's keys)."""
+    return summary_to_json(run_benchmark(cfg))
 
 
 def _reqs(n: int) -> list[TraceRequest]:
@@ -37,7 +44,7 @@ def test_two_workers_merge_exactly_and_respect_the_cap(tmp_path: pathlib.Path) -
     path = tmp_path / "t.jsonl"
     write_trace(make_trace(_reqs(24), 0, {"name": "test"}), path)
     with FakeServer(FakeConfig(token_delay_s=0.004)) as server:
-        summary = run_benchmark(BenchRunConfig(
+        summary = run_to_json(BenchRunConfig(
             base_url=server.base_url, trace_path=str(path), out_dir=str(tmp_path / "run"), request_rate=200.0,
             max_concurrency=4, num_workers=2, show_progress=False, max_send_lag_p99_ms=1000.0,
             scrape_interval_s=0.2))

@@ -104,12 +104,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"conveyor bench run: error: {exc}", file=sys.stderr)
         return 2
     print(dashboard_table([summary]))
-    spec_line = describe_spec_decode(summary.get("server") or {})
+    spec_line = describe_spec_decode(summary.server)
     if spec_line is not None:
         print(spec_line)
-    print(f"{summary['completed']} completed, {summary['cancelled']} cancelled, {summary['failed']} failed "
-          f"of {summary['num_prompts']} measured; {summary['window']['label']}; run directory {args.out}")
-    if not summary["valid"]:
-        print(f"INVALID RUN: {summary['invalid_reason']}", file=sys.stderr)
+    print(f"{summary.completed} completed, {summary.cancelled} cancelled, {summary.failed} failed "
+          f"of {summary.num_prompts} measured; {summary.window.get('label')}; run directory {args.out}")
+    if not summary.valid:
+        print(f"INVALID RUN: {summary.validity.invalid_reason}", file=sys.stderr)
         return 1
     return 0

@@ -28,6 +28,7 @@ from conveyor.bench.load.launch import LaunchError, ServerProcess, ServerSpec
 from conveyor.bench.load.progress import ProgressReporter
 from conveyor.bench.load.retry import add_retry_arguments, policy_from_args
 from conveyor.bench.measure.rundirs import RunDirError, prepare_out_dir
+from conveyor.bench.measure.summary import RunSummary
 from conveyor.bench.report.dashboard import MixedRunsError, ReportInputs, analyze, format_terminal
 from conveyor.bench.report.write import write_report
 
@@ -74,9 +75,9 @@ def run_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def counting(run_fn: RunFn, reporter: ProgressReporter) -> RunFn:
     """`run_fn`, advancing the progress bar after each run."""
 
-    def run(rate: float, repeat: int, run_dir: pathlib.Path) -> dict[str, Any]:
+    def run(rate: float, repeat: int, run_dir: pathlib.Path) -> RunSummary:
         summary = run_fn(rate, repeat, run_dir)
-        state = "INVALID" if summary.get("valid") is False else f"{summary.get('completed', 0)} completed"
+        state = "INVALID" if not summary.valid else f"{summary.completed} completed"
         reporter.run_done(f"{run_dir.parent.name}/{run_dir.name} ({state})")
         return summary
 

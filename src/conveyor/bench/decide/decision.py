@@ -55,15 +55,15 @@ class DecisionInputs:
 
 def accepted_responses(run: RunResult, slo: SLO) -> int:
     """Responses that completed and met every per-request bound (all completed when none is set)."""
-    completed = int(run.summary.get("completed") or 0)
+    completed = run.summary.completed
     if not slo.goodput_bounds():
         return completed
-    records = [r for r in run.requests() if r.get("in_window", True)]  # the steady-state window only
+    records = [r for r in run.requests() if r.in_window]  # the steady-state window only
     if records:
         return sum(1 for r in records if request_meets_goodput(slo, r))
-    goodput, duration = run.summary.get("goodput"), run.summary.get("duration")
+    goodput, duration = run.summary.goodput, run.summary.duration
     if goodput is not None and duration:
-        return round(float(goodput) * float(duration))
+        return round(goodput * duration)
     return completed
 
 
@@ -95,7 +95,7 @@ class PointEval:
     @property
     def invalid_runs(self) -> list[str]:
         """Labels of repeats that measured the client, not the server (RUNDIR `valid: false`)."""
-        return [r.label for r in self.point.runs if r.summary.get("valid") is False]
+        return [r.label for r in self.point.runs if not r.valid]
 
     @property
     def valid_runs(self) -> list[RunResult]:
@@ -123,7 +123,7 @@ def evaluate_point(point: Point, slo: SLO, cost: CostModel, cfg: IntervalConfig 
         point=point, status=status, verdict=verdict,
         verdicts=tuple(slo.evaluate(r.summary) for r in point.runs),
         num_accepted=sum(accepted_responses(r, slo) for r in valid),
-        run_time_s=sum(float(r.summary.get("duration") or 0.0) for r in valid),
+        run_time_s=sum(r.summary.duration for r in valid),
         cost=cost, intervals=intervals,
     )
 

@@ -87,8 +87,8 @@ def main_scenario(config: ConfigEval, main_rate: float | None) -> ChecklistItem:
 def _burst_mode(over: PointEval, base: PointEval) -> tuple[Answer, str]:
     errors: dict[str, int] = {}
     for run in over.valid_runs:
-        for kind, count in (run.summary.get("errors_by_kind") or {}).items():
-            errors[kind] = errors.get(kind, 0) + int(count)
+        for kind, count in run.summary.errors_by_kind.items():
+            errors[kind] = errors.get(kind, 0) + count
     rejected = errors.get("http_503", 0) + errors.get("http_429", 0)
     timed_out = errors.get("timeout", 0)
     growths, shown = [], []
@@ -127,8 +127,7 @@ def burst(config: ConfigEval) -> ChecklistItem:
 
 
 def _max_context(point: PointEval) -> int | None:
-    lengths = [int(r.get("prompt_tokens") or 0) + int(r.get("output_tokens") or 0)
-               for run in point.valid_runs for r in run.requests()]
+    lengths = [r.prompt_tokens + r.output_tokens for run in point.valid_runs for r in run.requests()]
     return max(lengths) if lengths else None
 
 
@@ -161,7 +160,7 @@ def kv_stability(configs: list[ConfigEval], subject: ConfigEval, planned: int | 
     kv_peaks = [r.metric("kv_cache_usage_max") for r in runs]
     if any(v is None for v in preemptions + kv_peaks):
         return ChecklistItem(question, Answer.UNKNOWN, f"{config.name}: server metrics not available")
-    completed = sum(int(r.summary.get("completed") or 0) for r in runs) or 1
+    completed = sum(r.summary.completed for r in runs) or 1
     per_request = sum(p or 0.0 for p in preemptions) / completed
     peak = max(k or 0.0 for k in kv_peaks)
     stable = per_request <= PREEMPTIONS_PER_REQUEST_MAX and peak <= KV_PRESSURE_MAX
@@ -219,11 +218,11 @@ def provisioned_cost(config: ConfigEval, main_rate: float | None) -> tuple[float
 
 def _retries(config: ConfigEval) -> str:
     op = config.operating_point
-    logs = [r.summary.get("retries") for r in (op.valid_runs if op else [])]
-    if not any(logs):
+    logs = [log for r in (op.valid_runs if op else []) if (log := r.summary.retries) is not None]
+    if not logs:
         return "retries off (--retry-503 N counts responses accepted after a 503)"
-    retried = sum(int((log or {}).get("num_retried_requests") or 0) for log in logs)
-    retries = sum(int((log or {}).get("num_retries") or 0) for log in logs)
+    retried = sum(log.num_retried_requests for log in logs)
+    retries = sum(log.num_retries for log in logs)
     return f"{retried} request(s) accepted or failed after {retries} retr{'y' if retries == 1 else 'ies'} of a 503"
 
 

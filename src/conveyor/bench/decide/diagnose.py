@@ -82,7 +82,7 @@ class Finding:
 
 def _waiting_trend(run: RunResult) -> tuple[float, float] | None:
     """Mean waiting in the first and last third of the time series (None if too short)."""
-    series = [float(s.get("num_requests_waiting") or 0) for s in run.timeseries()]
+    series = [s.num_requests_waiting or 0.0 for s in run.timeseries()]
     if len(series) < 6:
         return None
     third = len(series) // 3
@@ -118,22 +118,22 @@ def waiting_with_free_kv(runs: list[RunResult], th: DiagnoseThresholds) -> Findi
 
 
 def _long_class(run: RunResult) -> str | None:
-    classes = list((run.summary.get("per_class") or {}).keys())
+    classes = list(run.summary.per_class)
     named = [c for c in classes if "long" in c.lower()]
     return named[0] if named else None
 
 
 def _long_ratio(run: RunResult) -> tuple[float, str, float, float] | None:
     long_name = _long_class(run)
-    per_class = run.summary.get("per_class") or {}
+    per_class = run.summary.per_class
     if long_name is None or len(per_class) < 2:
         return None
-    long_p95 = per_class[long_name].get("p95_ttft_ms")
-    others = [v.get("p95_ttft_ms") for k, v in per_class.items() if k != long_name]
-    others_worst = max((float(o) for o in others if o is not None), default=None)
+    long_p95 = per_class[long_name].value("p95_ttft_ms")
+    others = [v.value("p95_ttft_ms") for k, v in per_class.items() if k != long_name]
+    others_worst = max((o for o in others if o is not None), default=None)
     if long_p95 is None or not others_worst:
         return None
-    return float(long_p95) / others_worst, long_name, float(long_p95), others_worst
+    return long_p95 / others_worst, long_name, long_p95, others_worst
 
 
 def long_prompt_ttft(runs: list[RunResult], th: DiagnoseThresholds) -> Finding | None:
@@ -187,12 +187,12 @@ def _compare(a: Point | None, b: Point, th: DiagnoseThresholds) -> Finding | Non
 
 
 def _oom_errors(run: RunResult) -> int:
-    return sum(1 for r in run.requests() if "out of memory" in str(r.get("error_message") or "").lower())
+    return sum(1 for r in run.requests() if "out of memory" in (r.error_message or "").lower())
 
 
 def preemptions_or_oom(runs: list[RunResult], th: DiagnoseThresholds) -> Finding | None:
     def rate_of(run: RunResult) -> float:
-        completed = float(run.summary.get("completed") or 0) or 1.0
+        completed = float(run.summary.completed) or 1.0
         return (run.metric("num_preemptions") or 0.0) / completed
 
     hits = [r for r in runs if rate_of(r) >= th.preemptions_per_request or _oom_errors(r) > 0]
@@ -202,7 +202,7 @@ def preemptions_or_oom(runs: list[RunResult], th: DiagnoseThresholds) -> Finding
     by_rate = sorted({(r.offered_rate, r.metric("num_preemptions") or 0.0) for r in runs})
     trend = ", ".join(f"{rate:g}->{count:.0f}" for rate, count in by_rate[:6])
     evidence = (f"at {run.offered_rate:.3g} req/s {run.metric('num_preemptions') or 0:.0f} preemptions for "
-                f"{run.summary.get('completed')} completed ({rate_of(run):.2f}/request), KV peak "
+                f"{run.summary.completed} completed ({rate_of(run):.2f}/request), KV peak "
                 f"{run.metric('kv_cache_usage_max') or 0:.0%}, out-of-memory errors {_oom_errors(run)}; "
                 f"preemptions by rate: {trend}")
     remedy = ("the active contexts do not fit the KV cache: lower max_num_seqs or max_model_len, pick a GPU "
@@ -254,7 +254,7 @@ def idle_while_waiting(runs: list[RunResult], th: DiagnoseThresholds) -> Finding
 
 def _valid_only(point: Point) -> Point | None:
     """The point without its invalid runs (they measured the client); None when none is left."""
-    runs = tuple(r for r in point.runs if r.summary.get("valid") is not False)
+    runs = tuple(r for r in point.runs if r.valid)
     return Point(point.config_name, point.offered_rate, runs) if runs else None
 
 

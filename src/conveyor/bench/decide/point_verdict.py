@@ -53,12 +53,12 @@ def accept_fn(slo: SLO) -> AcceptFn | None:
 
 
 def valid_runs(runs: Sequence[RunResult]) -> list[RunResult]:
-    return [r for r in runs if r.summary.get("valid") is not False]
+    return [r for r in runs if r.valid]
 
 
 def _samples(run: RunResult) -> list[RequestSample] | None:
-    rows = [row for row in run.requests() if row.get("in_window", True)]  # warm-up / cool-down are not measured
-    return [RequestSample.from_json(row) for row in rows] if rows else None
+    rows = [row for row in run.requests() if row.in_window]  # warm-up / cool-down are not measured
+    return rows or None
 
 
 def _fallback(runs: Sequence[RunResult], key: str, cfg: IntervalConfig) -> Interval | None:
@@ -79,14 +79,13 @@ def queue_interval(runs: Sequence[RunResult], key: str,
                     cfg: IntervalConfig) -> tuple[Interval | None, float | None]:
     """Pooled queue-time percentile and its interpolated value (None in the lowest or +Inf bucket):
     the repeats' bucket deltas summed, then read as one histogram."""
-    tables = [r.server.get("queue_time_buckets") for r in runs]
+    tables = [r.server.queue_time_buckets for r in runs]
     if len(runs) == 1 or not all(tables):
         return _fallback(runs, key, cfg), summary_value(runs[0].summary, key) if len(runs) == 1 else None
     summed: dict[float, float] = {}
     for table in tables:
-        for le, count in table or []:
-            bound = math.inf if le == "inf" else float(le)
-            summed[bound] = summed.get(bound, 0.0) + float(count)
+        for bound, count in table:
+            summed[bound] = summed.get(bound, 0.0) + count
     q = float(key.removeprefix("server.queue_time_p").removesuffix("_ms")) / 100.0
     found = bucket_quantile(q, sorted(summed.items()), cfg)
     if found is None:

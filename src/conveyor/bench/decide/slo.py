@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from conveyor.bench.measure.intervals import Interval, IntervalMethod
+from conveyor.bench.measure.run_stats import RequestSample
+from conveyor.bench.measure.summary import RunSummary
 from conveyor.bench.table_file import read_table_file
 
 
@@ -67,7 +69,7 @@ class SLO:
     def to_dict(self) -> dict[str, float]:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
-    def evaluate(self, summary: dict[str, Any]) -> SLOVerdict:
+    def evaluate(self, summary: RunSummary) -> SLOVerdict:
         """Check the aggregate bounds against one run's summary.json (see `evaluate`)."""
         return evaluate(self, summary)
 
@@ -156,34 +158,26 @@ class SLOVerdict:
         return "; ".join(c.describe() for c in self.checks)
 
 
-def _as_float(value: object) -> float | None:
-    if value is None or isinstance(value, str):
-        return None
-    return float(value)  # type: ignore[arg-type]
-
-
 SUMMARY_KEYS = {"ttft_p95_ms": "p95_ttft_ms", "itl_p95_ms": "p95_itl_ms", "e2e_p95_ms": "p95_e2el_ms",
                 "queue_p95_ms": "server.queue_time_p95_ms", "error_rate": "error_rate"}
 """SLO field -> the summary.json key it is checked against ("server." keys live under `server`)."""
 
 
-def summary_value(summary: dict[str, Any], key: str) -> float | None:
+def summary_value(summary: RunSummary, key: str) -> float | None:
     if key.startswith("server."):
-        return _as_float((summary.get("server") or {}).get(key.removeprefix("server.")))
-    return _as_float(summary.get(key))
+        return summary.server.value(key.removeprefix("server."))
+    return summary.metric(key)
 
 
-def summary_interval(summary: dict[str, Any], key: str) -> Interval | None:
+def summary_interval(summary: RunSummary, key: str) -> Interval | None:
     """The interval recorded for `key` in summary.json's `ci` table, or the server's for "server." keys
     (None: recorded without one)."""
-    table = summary.get("ci") or {}
     if key.startswith("server."):
-        table, key = (summary.get("server") or {}).get("ci") or {}, key.removeprefix("server.")
-    data = table.get(key)
-    return Interval.from_json(data) if isinstance(data, dict) else None
+        return summary.server.ci.get(key.removeprefix("server."))
+    return summary.ci.get(key)
 
 
-def measured_values(summary: dict[str, Any]) -> dict[str, float | None]:
+def measured_values(summary: RunSummary) -> dict[str, float | None]:
     """SLO field -> the summary.json value it is checked against (RUNDIR.md names)."""
     return {name: summary_value(summary, key) for name, key in SUMMARY_KEYS.items()}
 
@@ -204,7 +198,7 @@ def check_bound(name: str, bound: float, measured: float | None, interval: Inter
     return BoundCheck(name, bound, measured, status, interval)
 
 
-def evaluate(slo: SLO, summary: dict[str, Any]) -> SLOVerdict:
+def evaluate(slo: SLO, summary: RunSummary) -> SLOVerdict:
     """Check each aggregate bound of `slo` against one run's summary (and its intervals, if recorded)."""
     checks = []
     for name, key in SUMMARY_KEYS.items():
@@ -227,11 +221,11 @@ def describe_objective(slo: SLO) -> str:
     return text + "."
 
 
-def request_meets_goodput(slo: SLO, record: dict[str, Any]) -> bool:
+def request_meets_goodput(slo: SLO, record: RequestSample) -> bool:
     """Whether one requests.jsonl record completed and met every per-request bound."""
-    if record.get("status") != "completed":
+    if not record.completed:
         return False
-    values_s = {"ttft_ms": record.get("ttft_s"), "tpot_ms": record.get("tpot_s"), "e2el_ms": record.get("e2e_s")}
+    values_s = {"ttft_ms": record.ttft_s, "tpot_ms": record.tpot_s, "e2el_ms": record.e2e_s}
     for key, bound_ms in slo.goodput_bounds().items():
         value_s = values_s[key]
         if value_s is not None and value_s * 1000.0 > bound_ms:

@@ -33,9 +33,10 @@ from conveyor.bench.decide.slo import SLO
 from conveyor.bench.decide.sweep_axis import SweepAxis, axis_unit, first_value, midpoint, next_value, run_dir_name
 from conveyor.bench.measure.intervals import IntervalConfig
 from conveyor.bench.measure.rundirs import SPREAD_METRICS, SWEEP_FILE, RunResult
+from conveyor.bench.measure.summary import RunSummary
 
-RunFn = Callable[[float, int, pathlib.Path], dict[str, Any]]
-"""(offered rate, repeat index, run directory) -> summary dict; must write the run directory."""
+RunFn = Callable[[float, int, pathlib.Path], RunSummary]
+"""(offered rate, repeat index, run directory) -> the run's summary; must write the run directory."""
 
 
 _MIN_PROMPTS_FOR_QUEUE_RULE = 20
@@ -136,35 +137,34 @@ class SweepResult:
         return max(passing, default=None)
 
 
-def runaway_reason(summary: dict[str, Any], rate: float, cfg: SweepConfig) -> str | None:
+def runaway_reason(summary: RunSummary, rate: float, cfg: SweepConfig) -> str | None:
     """Why this run shows a backlog that would never drain (None: it does not). Over concurrency there is
     no offered rate to fall short of: only the error-rate and queue rules apply."""
     if cfg.axis is SweepAxis.CONCURRENCY:
         rate = math.inf
-    error_rate = float(summary.get("error_rate") or 0.0)
+    error_rate = summary.error_rate
     if error_rate >= cfg.runaway_error_rate:
         return f"runaway: error rate {error_rate:.0%} >= {cfg.runaway_error_rate:.0%}"
-    num_prompts = int(summary.get("num_prompts") or 0)
-    waiting_max = float((summary.get("server") or {}).get("num_requests_waiting_max") or 0.0)
+    num_prompts = summary.num_prompts
+    waiting_max = summary.server.value("num_requests_waiting_max") or 0.0
     if num_prompts >= _MIN_PROMPTS_FOR_QUEUE_RULE and waiting_max >= cfg.runaway_completion_ratio * num_prompts:
         return f"runaway: {waiting_max:.0f} of {num_prompts} requests waiting at once"
-    completed_rate = float(summary.get("request_throughput") or 0.0)
+    completed_rate = summary.request_throughput
     if not math.isfinite(rate) or completed_rate >= cfg.runaway_completion_ratio * rate:
         return None
     # duration = dispatch window + drain; only when the window dominates a typical latency does a low
     # completed/offered ratio mean a growing backlog rather than a short run's drain.
-    window_s = float(summary.get("num_prompts") or 0) / rate
-    median_e2e_s = float(summary.get("median_e2el_ms") or 0.0) / 1000.0
+    window_s = num_prompts / rate
+    median_e2e_s = (summary.metric("median_e2el_ms") or 0.0) / 1000.0
     if window_s < 2.0 * median_e2e_s:
         return None
     return f"runaway: completed {completed_rate:.3g} req/s << offered {rate:.3g}"
 
 
-def _spread(summaries: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+def _spread(summaries: list[RunSummary]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for metric in SPREAD_METRICS:
-        values = sorted(float(v) for s in summaries
-                        if (v := s.get(metric, (s.get("server") or {}).get(metric))) is not None)
+        values = sorted(v for s in summaries if (v := s.metric(metric)) is not None)
         if values:
             out[metric] = {"median": values[len(values) // 2] if len(values) % 2 else
                            (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2,
@@ -188,7 +188,7 @@ class PointProgress:
     """Offered req/s."""
     repeats: int = 0
     """Repeats run (valid or not)."""
-    summaries: list[dict[str, Any]] = field(default_factory=list)
+    summaries: list[RunSummary] = field(default_factory=list)
     """Valid repeats' summaries."""
     dirs: list[str] = field(default_factory=list)
     """Valid repeats' directories."""
@@ -213,24 +213,24 @@ class Sweeper:
                  progress: Callable[[str], None] = print) -> None:
         self.name, self.cfg, self.run_fn, self.out_dir, self.progress = name, cfg, run_fn, out_dir, progress
         self.points: list[SweepPoint] = []
-        self.summaries: list[dict[str, Any]] = []
+        self.summaries: list[RunSummary] = []
         self.server_versions: set[str] = set()
         self.intervals = IntervalConfig()
 
-    def run_repeat(self, rate: float, repeat: int) -> tuple[pathlib.Path, dict[str, Any], list[str]]:
+    def run_repeat(self, rate: float, repeat: int) -> tuple[pathlib.Path, RunSummary, list[str]]:
         """One repeat, re-run while invalid (up to max_invalid_reruns); returns (dir, summary, invalid dirs)."""
         run_dir = self.out_dir / run_dir_name(self.cfg.axis, rate, repeat)
         invalid: list[str] = []
         while True:
             summary = self.run_fn(rate, repeat, run_dir)
             self.server_versions.add(_server_version(run_dir))
-            if summary.get("valid") is not False or len(invalid) >= self.cfg.max_invalid_reruns:
+            if summary.valid or len(invalid) >= self.cfg.max_invalid_reruns:
                 return run_dir, summary, invalid
             aside = run_dir.with_name(f"{run_dir.name}-invalid{len(invalid) + 1}")
             run_dir.rename(aside)
             invalid.append(aside.name)
             self.progress(f"[sweep {self.name}] {rate:.4g} {axis_unit(self.cfg.axis)} repeat {repeat}: INVALID "
-                          f"({summary.get('invalid_reason')}); running it again")
+                          f"({summary.validity.invalid_reason}); running it again")
 
     def wants_more(self, state: PointProgress) -> bool:
         """Another repeat: below num_repeats, or undecided and within max_repeats / max_duration_s."""
@@ -248,8 +248,8 @@ class Sweeper:
         run_dir, summary, invalid = self.run_repeat(state.rate, state.repeats)
         state.repeats += 1
         state.invalid_dirs.extend(invalid)
-        state.spent_s += float(summary.get("duration") or 0.0)
-        if summary.get("valid") is False:
+        state.spent_s += summary.duration
+        if not summary.valid:
             state.invalid_dirs.append(run_dir.name)
             return
         state.summaries.append(summary)
@@ -321,11 +321,12 @@ class Sweeper:
         return self.write()
 
     def write(self) -> SweepResult:
-        fixed = {key: sorted({str(s.get(key)) for s in self.summaries})
-                 for key in ("trace_path", "trace_version", "model")}
+        fixed = {"trace_path": sorted({s.identity.trace_path for s in self.summaries}),
+                 "trace_version": sorted({s.identity.trace_version for s in self.summaries}),
+                 "model": sorted({s.identity.model for s in self.summaries})}
         fixed["server_version"] = sorted(self.server_versions)
         for key in ("model_path", "weights_sha256", "tokenizer_sha256", "gpu_name", "trace_sha256"):
-            fixed[key] = sorted({str((s.get("fixed") or {}).get(key)) for s in self.summaries})
+            fixed[key] = sorted({str(s.fixed.get(key)) for s in self.summaries})
         result = SweepResult(self.name, self.cfg.slo.to_dict(), list(self.points), fixed)
         data = asdict(result) | {"max_rate_meeting": result.max_rate_meeting, "sweep": asdict(self.cfg)}
         (self.out_dir / SWEEP_FILE).write_text(json.dumps(data, indent=2, default=str))
@@ -359,7 +360,7 @@ class RunTemplate:
 def make_run_fn(template: RunTemplate) -> RunFn:
     """A RunFn over `conveyor.bench.measure.runner.run_benchmark`; repeat k uses arrival seed `seed + k`."""
 
-    def run(rate: float, repeat: int, run_dir: pathlib.Path) -> dict[str, Any]:
+    def run(rate: float, repeat: int, run_dir: pathlib.Path) -> RunSummary:
         from conveyor.bench.measure import runner  # the bench engineer's module; imported only when running
 
         options = dict(template.options)

@@ -55,6 +55,10 @@ class RequestSample:
     """Trace class."""
     request_id: str = ""
     """The trace's request id."""
+    in_window: bool = True
+    """Inside the steady-state window (warm-up and cool-down requests are not measured)."""
+    error_message: str | None = None
+    """Why it failed, as the client saw it."""
 
     @classmethod
     def from_json(cls, row: dict[str, Any]) -> RequestSample:
@@ -68,7 +72,8 @@ class RequestSample:
                    itl_s=tuple(float(v) for v in row.get("itl_s") or ()),
                    output_tokens=int(row.get("output_tokens") or 0), prompt_tokens=int(row.get("prompt_tokens") or 0),
                    request_class=str(row.get("request_class", "")),
-                   request_id=str(row.get("request_id", "")))
+                   request_id=str(row.get("request_id", "")), in_window=bool(row.get("in_window", True)),
+                   error_message=None if row.get("error_message") is None else str(row.get("error_message")))
 
     @property
     def completed(self) -> bool:

@@ -9,12 +9,16 @@ one offered rate are the repeats of one *point*. Nothing here judges a run; it o
 from __future__ import annotations
 
 import json
-import math
 import pathlib
 import shutil
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
+
+from conveyor.bench.jsonvalue import Fields, JsonShapeError
+from conveyor.bench.measure.run_stats import RequestSample
+from conveyor.bench.measure.server_summary import ServerSummary
+from conveyor.bench.measure.summary import RunSummary, summary_from_json
 
 SWEEP_FILE = "sweep.json"
 STUDY_FILE = "study.json"
@@ -31,9 +35,23 @@ def _read_jsonl(path: pathlib.Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def offered_rate_of(summary: dict[str, Any]) -> float:
-    rate = summary.get("request_rate")
-    return math.inf if rate in (None, "inf") else float(rate)
+@dataclass(frozen=True)
+class ServerSample:
+    """One scrape of the server's gauges during a run (server_timeseries.jsonl)."""
+
+    t_s: float
+    """Seconds since the load started."""
+    num_requests_running: float | None
+    """Running requests."""
+    num_requests_waiting: float | None
+    """Waiting requests."""
+    kv_cache_usage_perc: float | None
+    """KV cache usage, 0..1."""
+
+    @classmethod
+    def from_json(cls, f: Fields) -> ServerSample:
+        return cls(f.number("t_s"), f.opt_number("num_requests_running"), f.opt_number("num_requests_waiting"),
+                   f.opt_number("kv_cache_usage_perc"))
 
 
 @dataclass(frozen=True)
@@ -44,52 +62,58 @@ class RunResult:
     """Where it lives."""
     config_name: str
     """The configuration it measured."""
-    summary: dict[str, Any]
+    summary: RunSummary
     """summary.json."""
     server_info: dict[str, Any] = field(default_factory=dict)
     """server.json (models, version, config_info), or {} when absent."""
 
     @property
     def offered_rate(self) -> float:
-        return offered_rate_of(self.summary)
+        return self.summary.request_rate
 
     @property
     def label(self) -> str:
-        return str(self.summary.get("label") or self.run_dir.name)
+        return self.summary.label
 
     @property
-    def server(self) -> dict[str, Any]:
-        return self.summary.get("server") or {}
+    def server(self) -> ServerSummary:
+        return self.summary.server
+
+    @property
+    def valid(self) -> bool:
+        return self.summary.valid
 
     def metric(self, name: str) -> float | None:
         """A summary value by name, looking into `server` for server-side ones."""
-        value = self.summary.get(name, self.server.get(name))
-        return None if value is None or isinstance(value, str) else float(value)
+        return self.summary.metric(name)
 
-    def requests(self) -> list[dict[str, Any]]:
-        return _read_jsonl(self.run_dir / "requests.jsonl")
+    def requests(self) -> list[RequestSample]:
+        path = self.run_dir / "requests.jsonl"
+        return [RequestSample.from_json(row) for row in _read_jsonl(path)]
 
-    def timeseries(self) -> list[dict[str, Any]]:
-        return _read_jsonl(self.run_dir / "server_timeseries.jsonl")
+    def timeseries(self) -> list[ServerSample]:
+        path = self.run_dir / "server_timeseries.jsonl"
+        return [ServerSample.from_json(Fields.of(row, str(path))) for row in _read_jsonl(path)]
 
-    def config_info(self) -> dict[str, Any]:
-        return dict(self.server_info.get("config_info") or {})
+    def config_info(self) -> dict[str, str]:
+        """The server's engine configuration (vLLM's cache_config_info labels), {} when not exposed."""
+        return {k: str(v) for k, v in Fields.of(self.server_info, "server.json").child("config_info").data.items()}
 
 
-def _config_name(run_dir: pathlib.Path, summary: dict[str, Any]) -> str:
+def _config_name(run_dir: pathlib.Path, summary: RunSummary) -> str:
     for parent in run_dir.resolve().parents:
         if (parent / SWEEP_FILE).is_file():
             return parent.name
         if (parent / STUDY_FILE).is_file():
             break
-    return str(summary.get("label") or run_dir.name)
+    return summary.label
 
 
 def load_run(run_dir: pathlib.Path) -> RunResult:
     path = run_dir / "summary.json"
     try:
-        summary = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
+        summary = summary_from_json(json.loads(path.read_text()), run_dir.name, str(path))
+    except (OSError, json.JSONDecodeError, JsonShapeError) as error:
         raise RunDirError(f"{run_dir}: cannot read summary.json ({error})") from None
     server_path = run_dir / "server.json"
     server_info = json.loads(server_path.read_text()) if server_path.is_file() else {}

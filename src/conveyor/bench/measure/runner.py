@@ -39,13 +39,12 @@ from conveyor.bench.measure.server_metrics import (
     nvml_reading,
     server_summary,
 )
+from conveyor.bench.measure.summary import SCHEMA_VERSION, RunSummary, summary_from_json, summary_to_json
 from conveyor.bench.measure.validity import ClientCpuMeter, ValidityBounds
 from conveyor.bench.measure.window import WindowConfig, apply_window
 from conveyor.bench.trace.arrivals import ArrivalProcess, send_offsets_s
 from conveyor.bench.trace.traces import Trace, TraceError, dispatch_units, read_trace
 from conveyor.bench.units import fmt_bytes
-
-SCHEMA_VERSION = 1
 
 
 class BenchError(ValueError):
@@ -170,7 +169,7 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def run_benchmark(cfg: BenchRunConfig) -> dict[str, Any]:
+def run_benchmark(cfg: BenchRunConfig) -> RunSummary:
     """Run the benchmark, write cfg.out_dir, return the summary dict."""
     trace = read_trace(cfg.trace_path)
     requests = trace.requests[: cfg.num_requests] if cfg.num_requests else trace.requests
@@ -201,7 +200,7 @@ async def _identify(cfg: BenchRunConfig, session: Any) -> tuple[str, dict[str, A
     return model, {"models": models, "version": version}
 
 
-async def _run(cfg: BenchRunConfig, trace: Trace, plan: LoadPlan) -> dict[str, Any]:
+async def _run(cfg: BenchRunConfig, trace: Trace, plan: LoadPlan) -> RunSummary:
     retry_log = RetryLog()
     session_cm = new_retrying_session(cfg.retry, retry_log) if cfg.retry is not None else new_session()
     async with session_cm as session:
@@ -231,7 +230,7 @@ async def _run(cfg: BenchRunConfig, trace: Trace, plan: LoadPlan) -> dict[str, A
 
 
 def build_summary(cfg: BenchRunConfig, trace: Trace, model: str,
-                  run: tuple[LoadOutcome, ServerObservation, str], context: RunContext | None = None) -> dict[str, Any]:
+                  run: tuple[LoadOutcome, ServerObservation, str], context: RunContext | None = None) -> RunSummary:
     load, obs, started_at = run
     shape = cfg.load_shape()
     window = apply_window(load.records, cfg.window())
@@ -252,7 +251,7 @@ def build_summary(cfg: BenchRunConfig, trace: Trace, model: str,
                     "server": server_summary(obs)})
     extend_summary(summary, measured, bounds, ValidityBounds(cfg.max_client_cpu),
                    context or RunContext())
-    return summary
+    return summary_from_json(summary, summary["label"], "the run's summary")
 
 
 def _write_jsonl(path: pathlib.Path, rows: list[dict[str, Any]]) -> None:
@@ -260,7 +259,7 @@ def _write_jsonl(path: pathlib.Path, rows: list[dict[str, Any]]) -> None:
 
 
 def write_run_dir(cfg: BenchRunConfig, identity: dict[str, Any], load: LoadOutcome, obs: ServerObservation,
-                  summary: dict[str, Any]) -> None:
+                  summary: RunSummary) -> None:
     out = pathlib.Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "command.txt").write_text((cfg.command or shlex.join(sys.argv)) + "\n", encoding="utf-8")
@@ -271,42 +270,30 @@ def write_run_dir(cfg: BenchRunConfig, identity: dict[str, Any], load: LoadOutco
         {"t_s": round(s.t_abs - load.t0, 6), "num_requests_running": s.num_requests_running,
          "num_requests_waiting": s.num_requests_waiting, "kv_cache_usage_perc": s.kv_cache_usage_perc}
         for s in obs.samples])
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-
-
-def load_summary(run_dir: str | pathlib.Path) -> dict[str, Any]:
-    path = pathlib.Path(run_dir) / "summary.json"
-    if not path.is_file():
-        raise BenchError(f"{run_dir} is not a run directory (no summary.json)")
-    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    return data
+    (out / "summary.json").write_text(json.dumps(summary_to_json(summary), indent=2) + "\n", encoding="utf-8")
 
 
 DASHBOARD_COLUMNS = ("Run", "Offered req/s", "Completed req/s", "TTFT p95", "Queue p95", "E2E p95",
                      "Error rate", "Preemptions", "Peak memory")
 
 
-def _fmt(value: Any, digits: int = 1) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, str):
-        return value
-    return f"{value:.{digits}f}"
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
-def dashboard_row(s: dict[str, Any]) -> list[str]:
-    server = s.get("server") or {}
-    cap = s.get("max_concurrency")
-    offered = _fmt(s.get("request_rate"), 2) + (f" (<= {cap} in flight)" if cap else "")
-    row = [str(s.get("label", "")) + ("" if s.get("valid", True) else " (INVALID)"), offered,
-           _fmt(s.get("request_throughput"), 2), _fmt(s.get("p95_ttft_ms")) + " ms",
-           _fmt(server.get("queue_time_p95_ms")) + " ms", _fmt(s.get("p95_e2el_ms")) + " ms",
-           f"{100.0 * float(s.get('error_rate') or 0.0):.1f}%", _fmt(server.get("num_preemptions"), 0),
-           fmt_bytes(server.get("peak_gpu_memory_bytes"))]
+def dashboard_row(s: RunSummary) -> list[str]:
+    server, cap = s.server, s.identity.max_concurrency
+    rate = "inf" if math.isinf(s.request_rate) else _fmt(s.request_rate, 2)
+    offered = rate + (f" (<= {cap} in flight)" if cap else "")
+    row = [s.label + ("" if s.valid else " (INVALID)"), offered,
+           _fmt(s.request_throughput, 2), _fmt(s.metric("p95_ttft_ms")) + " ms",
+           _fmt(server.value("queue_time_p95_ms")) + " ms", _fmt(s.metric("p95_e2el_ms")) + " ms",
+           f"{100.0 * s.error_rate:.1f}%", _fmt(server.value("num_preemptions"), 0),
+           fmt_bytes(server.value("peak_gpu_memory_bytes"))]
     return [c.replace("- ms", "-") for c in row]
 
 
-def dashboard_table(summaries: list[dict[str, Any]]) -> str:
+def dashboard_table(summaries: list[RunSummary]) -> str:
     """The guide's dashboard row(s) as a plain-text table."""
     rows = [list(DASHBOARD_COLUMNS)] + [dashboard_row(s) for s in summaries]
     widths = [max(len(r[i]) for r in rows) for i in range(len(DASHBOARD_COLUMNS))]

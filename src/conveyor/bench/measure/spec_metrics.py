@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from conveyor.bench.measure.prom_text import Snapshot
+from conveyor.bench.measure.server_summary import ServerSummary
 
 NUM_DRAFTS = ("vllm:spec_decode_num_drafts_total",)
 NUM_DRAFT_TOKENS = ("vllm:spec_decode_num_draft_tokens_total",)
@@ -59,11 +60,13 @@ def spec_decode_summary(before: Snapshot, after: Snapshot) -> dict[str, Any]:
     return out
 
 
-def describe_spec_decode(server: dict[str, Any]) -> str | None:
+def describe_spec_decode(server: ServerSummary) -> str | None:
     """One line for `conveyor bench run` (None: the run verified no drafts)."""
-    if not server.get("spec_decode_num_draft_tokens"):
+    draft_tokens = server.value("spec_decode_num_draft_tokens")
+    if not draft_tokens:
         return None
-    per_pos = ", ".join(f"{rate:.2f}" for rate in server.get("spec_decode_acceptance_rate_per_pos") or [])
-    return (f"speculative decoding: {100.0 * server['spec_decode_acceptance_rate']:.1f}% of "
-            f"{server['spec_decode_num_draft_tokens']:,.0f} draft tokens accepted, mean accepted length "
-            f"{server['spec_decode_mean_accepted_length']:.2f} tokens per verifying step (per position: {per_pos})")
+    per_pos = ", ".join(f"{rate:.2f}" for rate in server.lists.get("spec_decode_acceptance_rate_per_pos", ()))
+    return (f"speculative decoding: {100.0 * (server.value('spec_decode_acceptance_rate') or 0.0):.1f}% of "
+            f"{draft_tokens:,.0f} draft tokens accepted, mean accepted length "
+            f"{server.value('spec_decode_mean_accepted_length') or 0.0:.2f} tokens per verifying step "
+            f"(per position: {per_pos})")

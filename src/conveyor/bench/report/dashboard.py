@@ -101,7 +101,7 @@ def _costs(study: dict[str, Any], default: CostModel) -> dict[str, CostModel]:
 def check_fixed(runs: list[RunResult], study: dict[str, Any],
                 allow_mixed: bool) -> tuple[list[FixedDifference], list[str]]:
     """Fixed things that differ, and those unknown; raises MixedRunsError on a difference unless allowed."""
-    records = [FixedRecord(r.label, r.config_name, dict(r.summary.get("fixed") or {})) for r in runs]
+    records = [FixedRecord(r.label, r.config_name, dict(r.summary.fixed)) for r in runs]
     varied = {name: set(c.get("varies") or []) for name, c in (study.get("configs") or {}).items()}
     found = differences(records, varied)
     if found and not allow_mixed:
@@ -130,8 +130,8 @@ def analyze(inputs: ReportInputs) -> Analysis:
 
 
 def objective_cell(run: RunResult, verdict: SLOVerdict) -> str:
-    if run.summary.get("valid") is False:
-        reason = str(run.summary.get("invalid_reason") or "client fell behind").split(":")[0]
+    if not run.valid:
+        reason = (run.summary.validity.invalid_reason or "client fell behind").split(":")[0]
         return f"INVALID ({reason})"
     return {"met": "met", "missed": "MISSED"}.get(verdict.status.value, verdict.status.value)
 
@@ -239,7 +239,7 @@ def fixed_lines(analysis: Analysis) -> list[str]:
         return ["WARNING (--allow-mixed): the runs differ in what should stay fixed: "
                 + "; ".join(d.describe() for d in analysis.fixed_differences)]
     runs = analysis.runs()
-    fixed = dict(runs[0].summary.get("fixed") or {}) if runs else {}
+    fixed = dict(runs[0].summary.fixed) if runs else {}
     shown = ", ".join(f"{k}={str(v)[:12] if k.endswith('sha256') else v}" for k, v in fixed.items()
                       if k != "server_flags" and v is not None)
     unknown = f"; unknown: {', '.join(analysis.fixed_unknown)}" if analysis.fixed_unknown else ""

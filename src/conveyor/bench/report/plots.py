@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 import pathlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import matplotlib
 
@@ -30,6 +30,7 @@ from conveyor.bench.decide.point_verdict import PointStatus, queue_interval  # n
 from conveyor.bench.decide.slo import SLO  # noqa: E402
 from conveyor.bench.measure.intervals import Interval, IntervalConfig  # noqa: E402
 from conveyor.bench.measure.rundirs import RunResult  # noqa: E402
+from conveyor.bench.measure.summary import ClassSummary  # noqa: E402
 
 _DPI = 110
 
@@ -139,9 +140,9 @@ def plot_timeseries(configs: list[ConfigEval], path: pathlib.Path) -> pathlib.Pa
         samples = run.timeseries()
         if not samples:
             continue
-        t = np.array([float(s.get("t_s") or 0.0) for s in samples])
-        kv = np.array([float(s.get("kv_cache_usage_perc") or 0.0) for s in samples]) * 100.0
-        waiting = np.array([float(s.get("num_requests_waiting") or 0.0) for s in samples])
+        t = np.array([s.t_s for s in samples])
+        kv = np.array([s.kv_cache_usage_perc or 0.0 for s in samples]) * 100.0
+        waiting = np.array([s.num_requests_waiting or 0.0 for s in samples])
         label = f"{run.config_name} @ {run.offered_rate:.3g} req/s"
         ax_kv.plot(t - t[0], kv, label=label)
         ax_wait.plot(t - t[0], waiting, label=label)
@@ -158,12 +159,12 @@ def plot_per_class(configs: list[ConfigEval], path: pathlib.Path) -> pathlib.Pat
     chosen = [(c.name if c.operating_point else f"{c.name} (missed)",
                c.operating_point or (c.points[-1] if c.points else None)) for c in configs]
     runs = [(name, ev.valid_runs[0]) for name, ev in chosen if ev is not None and ev.valid_runs]
-    classes = sorted({k for _, r in runs for k in (r.summary.get("per_class") or {})})
+    classes = sorted({k for _, r in runs for k in r.summary.per_class})
     width = 0.8 / max(1, len(runs))
     for ax, metric in zip(axes, ("p95_ttft_ms", "p95_e2el_ms"), strict=True):
         for i, (name, run) in enumerate(runs):
-            per_class = run.summary.get("per_class") or {}
-            values = [float((per_class.get(c) or {}).get(metric) or 0.0) for c in classes]
+            per_class = run.summary.per_class
+            values = [(per_class[c].value(metric) or 0.0) if c in per_class else 0.0 for c in classes]
             errors = _class_errors(per_class, classes, metric, values)
             ax.bar(np.arange(len(classes)) + i * width, values, width, yerr=errors, capsize=3,
                    label=f"{name} @ {run.offered_rate:.3g}")
@@ -174,13 +175,12 @@ def plot_per_class(configs: list[ConfigEval], path: pathlib.Path) -> pathlib.Pat
     return _save(fig, path)
 
 
-def _class_errors(per_class: dict[str, Any], classes: list[str], metric: str,
+def _class_errors(per_class: Mapping[str, ClassSummary], classes: list[str], metric: str,
                   values: list[float]) -> list[list[float]]:
     """[below, above] error bars from each class's recorded interval (none above an unbounded one)."""
     below, above = [], []
     for name, value in zip(classes, values, strict=True):
-        data = ((per_class.get(name) or {}).get("ci") or {}).get(metric)
-        interval = Interval.from_json(data) if isinstance(data, dict) else None
+        interval = per_class[name].ci.get(metric) if name in per_class else None
         below.append(0.0 if interval is None else max(0.0, value - interval.low))
         above.append(0.0 if interval is None or math.isinf(interval.high) else max(0.0, interval.high - value))
     return [below, above]

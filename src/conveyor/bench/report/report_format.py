@@ -7,10 +7,10 @@ that fell in the lowest bucket as "<= bound".
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from conveyor.bench.decide.slo import summary_interval, summary_value
 from conveyor.bench.measure.intervals import Interval, IntervalMethod
+from conveyor.bench.measure.summary import ClassSummary, RunSummary
 from conveyor.bench.units import fmt_ms, fmt_percent, fmt_rate
 
 _FORMATTERS = {"ms": fmt_ms, "rate": fmt_rate, "percent": fmt_percent}
@@ -39,6 +39,11 @@ def fmt_interval(value: float | None, interval: Interval | None, unit: str) -> s
     return f"{fmt(value)} [{fmt(interval.low)}, {high}]"
 
 
-def summary_cell(summary: dict[str, Any], key: str) -> str:
+def summary_cell(summary: RunSummary, key: str) -> str:
     """One summary.json key with its recorded interval ("server." keys from the server object)."""
     return fmt_interval(summary_value(summary, key), summary_interval(summary, key), unit_of(key.split(".")[-1]))
+
+
+def class_cell(summary: ClassSummary, key: str) -> str:
+    """One key of a class's summary with its recorded interval."""
+    return fmt_interval(summary.value(key), summary.ci.get(key), unit_of(key))

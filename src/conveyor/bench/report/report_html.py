@@ -26,7 +26,7 @@ from conveyor.bench.report.dashboard import (
     point_rows,
     spec_rows,
 )
-from conveyor.bench.report.report_format import summary_cell
+from conveyor.bench.report.report_format import class_cell
 
 SECTION_IDS = ("recommendation", "checklist", "diagnosis", "configurations", "points", "dashboard", "fixed",
                "plots", "per-class")
@@ -66,9 +66,9 @@ def _per_class_rows(analysis: Analysis) -> list[list[str]]:
         if evaluated is None or not evaluated.valid_runs:
             continue
         run = evaluated.valid_runs[0]
-        for name, values in sorted((run.summary.get("per_class") or {}).items()):
-            rows.append([config.name, name, f"{run.offered_rate:.3g}", f"{int(values.get('completed') or 0)}"] + [
-                summary_cell(values, k) for k in ("p95_ttft_ms", "p95_e2el_ms", "error_rate")])
+        for name, values in sorted(run.summary.per_class.items()):
+            rows.append([config.name, name, f"{run.offered_rate:.3g}", f"{values.completed}"] + [
+                class_cell(values, k) for k in ("p95_ttft_ms", "p95_e2el_ms", "error_rate")])
     return rows
 
 
