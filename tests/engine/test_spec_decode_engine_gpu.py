@@ -15,7 +15,7 @@ import torch
 from conveyor.config import EngineConfig, ModelConfig, SpeculativeConfig, SpeculativeMethod
 from conveyor.engine.args import add_engine_arguments, build_engine_config
 from conveyor.engine.llm import LLM, CompletionResult
-from conveyor.engine.model_setup import tokenizer_path
+from conveyor.engine.model_files import tokenizer_path
 from conveyor.sampling_params import SamplingParams
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -21,7 +21,7 @@ import pytest
 from serve_process import Server, running_server, start_server
 
 from conveyor.config import ModelConfig
-from conveyor.engine.model_setup import tokenizer_path
+from conveyor.engine.model_files import tokenizer_path
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,7 @@ SERVER_CODE = """
 import asyncio, sys
 from fake_engine import FakeEngine, FakeEngineConfig
 from conveyor.server.server_config import ServerConfig
-from conveyor.server.cli import serve
+from conveyor.server.front_end import serve
 engine = FakeEngine(FakeEngineConfig(token_delay_s=float(sys.argv[3])))
 asyncio.run(serve(engine, ServerConfig(port=int(sys.argv[1]), shutdown_grace_s=float(sys.argv[2]))))
 print("engine shut down:", engine.shut_down, "aborted:", len(engine.state.aborted))

@@ -17,7 +17,7 @@ from conveyor.worker.structured_output import GrammarVocab, StructuredOutputs
 
 @functools.cache
 def tokenizer_json() -> str:
-    from conveyor.engine.model_setup import tokenizer_path
+    from conveyor.engine.model_files import tokenizer_path
     from conveyor.engine.tokenizer import Tokenizer
 
     return Tokenizer.from_path(tokenizer_path(ModelConfig())).backend.to_str()  # the embedded SmolLM2

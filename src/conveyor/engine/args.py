@@ -32,6 +32,7 @@ from conveyor.config import (
     SchedulingPolicy,
     SpeculativeConfig,
 )
+from conveyor.engine.model_files import model_max_positions
 from conveyor.engine.vllm_flags import (
     add_vllm_engine_flags,
     human_readable_int,
@@ -281,8 +282,6 @@ def build_engine_config(args: argparse.Namespace) -> EngineConfig:
 
 def _model_max_positions(model_fields: dict[str, object]) -> int:
     """--max-model-len auto: the model's max positions, read from its config.json or GGUF header."""
-    from conveyor.engine.model_setup import model_max_positions
-
     try:
         return model_max_positions(ModelConfig(**model_fields))  # type: ignore[arg-type]
     except (OSError, ValueError) as error:

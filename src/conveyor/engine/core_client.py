@@ -95,7 +95,7 @@ class AsyncEngineClient:
     def connect(cls, config: ClientConfig, engine_config: EngineConfig, shared: SharedCounts | None = None,
                 lifeline: multiprocessing.connection.Connection | None = None) -> AsyncEngineClient:
         """Load the tokenizer, connect to the core and start the output handler (on the serving loop)."""
-        from conveyor.engine.model_setup import tokenizer_path
+        from conveyor.engine.model_files import tokenizer_path
         from conveyor.engine.tokenizer import Tokenizer
 
         scheduler = engine_config.scheduler

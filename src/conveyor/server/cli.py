@@ -2,8 +2,8 @@
 
 `run` starts the engine-core process (`engine.launcher.EngineProcess`: model, scheduler, KV cache;
 the only process that imports torch), waits for its READY handshake (a start-up failure is printed
-as one line and the command exits 1), then serves HTTP from this process (`--api-server-count 1`,
-the default) or from N spawned front-end processes sharing one listening socket
+as one line and the command exits 1), then serves HTTP from this process (`server.front_end`;
+`--api-server-count 1`, the default) or from N spawned front-end processes sharing one listening socket
 (`server.api_servers`). SIGTERM drains (see `lifecycle.DrainingServer`), then the engine is told to
 stop and the command exits 0; if the engine dies, the server stops at once and exits 1.
 """
@@ -11,35 +11,26 @@ stop and the command exits 0; if the engine dies, the server stops at once and e
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import asyncio
+import dataclasses
 import logging
 import os
-import signal
-import socket
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import prometheus_client
-import uvicorn
 
 from conveyor.config import ConfigError, EngineConfig
 from conveyor.engine.args import add_engine_arguments, engine_config_from_args, with_overrides
 from conveyor.engine.core_client import AsyncEngineClient, ClientConfig
 from conveyor.engine.launcher import LOG_FORMAT, EngineProcess, EngineStartupError
-from conveyor.engine.types import EngineClient, EngineInfo
 from conveyor.engine.vllm_flags import check_vllm_flags, register_vllm_flags
 from conveyor.engine.vllm_flags import preprocess_argv as _vllm_preprocess
-from conveyor.server.app import build_app
-from conveyor.server.http_guard import ConnectionLimits, guarded_protocol
-from conveyor.server.lifecycle import DrainingServer
+from conveyor.server.api_servers import run_api_servers
+from conveyor.server.front_end import log_startup, serve
 from conveyor.server.server_args import add_server_arguments, check_model_is_local, server_config_from_args
 from conveyor.server.server_config import ServerConfig
 
 logger = logging.getLogger("conveyor.serve")
-UVICORN_SHUTDOWN_TIMEOUT_S = 2.0
-"""After the drain, how long uvicorn waits for connections before cancelling what is left."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,22 +44,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def preprocess_argv(argv: list[str]) -> list[str]:  # noqa: F811 - conveyor.cli's hook for this subcommand
     """vLLM's spellings (`--config FILE`, `--max_model_len`, `-O3`, dotted JSON keys) as plain flags."""
     return _vllm_preprocess(argv)
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    """How one front end serves, beyond ServerConfig."""
-
-    sockets: list[socket.socket] | None = None
-    """An already bound listening socket (shared by the front ends of --api-server-count)."""
-    drain_signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)
-    """Signals that start a drain."""
-    metrics_dir: str | None = None
-    """prometheus_client's multiprocess directory, when several front ends share /metrics."""
-    announce: bool = True
-    """Log the URL once bound (the launcher of several front ends announces instead)."""
-    on_started: Callable[[], None] | None = None
-    """Called once uvicorn listens."""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,8 +62,6 @@ def run(args: argparse.Namespace) -> int:
     prometheus_client.disable_created_metrics()  # as vLLM: no `*_created` series
     engine_config = leave_cores_to_api_servers(engine_config, server_config.api_server_count)
     if server_config.api_server_count > 1:
-        from conveyor.server.api_servers import run_api_servers
-
         return run_api_servers(engine_config, server_config)
     try:
         engine = EngineProcess.start(engine_config)
@@ -127,58 +100,3 @@ async def _serve_with_engine(engine: EngineProcess, engine_config: EngineConfig,
                                         chat_template=server_config.chat_template)
     client = AsyncEngineClient.connect(client_config, engine_config, lifeline=engine.lifeline)
     return await serve(client, server_config)
-
-
-def log_startup(info: EngineInfo) -> None:
-    config = " ".join(f"--{key}={value}" for key, value in sorted(info.config.items()))
-    logger.info("resolved config: %s", config)
-    logger.info("KV cache: %d blocks x %d tokens = %d tokens; max concurrency at max_model_len=%d: %.2f requests",
-                info.num_kv_blocks, info.block_size, info.num_kv_tokens, info.max_model_len, info.max_concurrency)
-
-
-async def serve(engine: EngineClient, server_config: ServerConfig, options: ServeOptions = ServeOptions()) -> int:
-    """Serve until a signal (drain, then stop) or the engine's death; then let go of the engine.
-    Returns the exit status: 0 after a drain, 1 when the engine died."""
-    app = build_app(engine, server_config, options.metrics_dir)
-    config = uvicorn_config(app, server_config)
-    server = DrainingServer(config, app.state.ctx.gate, server_config.shutdown_grace_s, engine.abort,
-                            options.drain_signals)
-    engine.add_dead_listener(server.on_engine_dead)
-    announce = asyncio.ensure_future(_when_started(server, engine.info.model_name, options))
-    try:
-        await server.serve(options.sockets)
-    finally:
-        announce.cancel()
-        await engine.shutdown()
-    if server.engine_died:
-        logger.error("the engine core died; the server stopped")
-        return 1
-    logger.info("server stopped")
-    return 0
-
-
-def uvicorn_config(app: object, server_config: ServerConfig) -> uvicorn.Config:
-    """uvicorn with conveyor's connection guard (header timeout, connection cap) and vLLM's HTTP flags."""
-    options = server_config.uvicorn
-    limits = ConnectionLimits(server_config.header_timeout_s, server_config.limit_concurrency)
-    return uvicorn.Config(
-        app, host=server_config.host, port=server_config.port, uds=options.uds, log_level=options.log_level,
-        access_log=options.access_log, lifespan="off", timeout_graceful_shutdown=UVICORN_SHUTDOWN_TIMEOUT_S,
-        http=guarded_protocol(limits), limit_concurrency=server_config.limit_concurrency,
-        timeout_keep_alive=server_config.timeout_keep_alive_s, root_path=options.root_path,
-        ssl_keyfile=options.ssl_keyfile, ssl_certfile=options.ssl_certfile, ssl_ca_certs=options.ssl_ca_certs,
-        ssl_cert_reqs=options.ssl_cert_reqs, ssl_ciphers=options.ssl_ciphers or "TLSv1",
-        h11_max_incomplete_event_size=options.h11_max_incomplete_event_size,
-    )
-
-
-async def _when_started(server: uvicorn.Server, model_name: str, options: ServeOptions) -> None:
-    """Log the URL once bound (the real port, when --port 0 picked one)."""
-    while not server.started:
-        await asyncio.sleep(0.05)
-    if options.on_started is not None:
-        options.on_started()
-    if options.announce:
-        address = server.servers[0].sockets[0].getsockname()
-        where = f"unix:{address}" if isinstance(address, str) else f"http://{address[0]}:{address[1]}"
-        logger.info("serving %s at %s/v1 (health: /health, metrics: /metrics)", model_name, where)

@@ -18,20 +18,56 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
+from torch import nn
 
-from conveyor.kernels.split_kv_attention import SplitKVParams, split_kv_attention
+from conveyor.config import SchedulerConfig
 from conveyor.kernels.paged_batch import PagedBatch
+from conveyor.kernels.split_kv_attention import SplitKVParams, split_kv_attention
+from conveyor.model.registry import ModelArchConfig
 from conveyor.sampling_params import SamplingParams
-from conveyor.worker.cuda_graphs import capture_sizes
-from conveyor.worker.input_batch import prepare_host_batch
+from conveyor.worker.cuda_graphs import CudaGraphRunner
+from conveyor.worker.input_batch import HostStaging, prepare_host_batch
 from conveyor.worker.request_state import BlockTable, RequestState
-from conveyor.worker.sampling_metadata import SamplingRequest, build_sampling_batch
+from conveyor.worker.sampler import Sampler
+from conveyor.worker.sampling_metadata import SamplingRequest, VocabInfo, build_sampling_batch
 
-if TYPE_CHECKING:
-    from conveyor.worker.model_runner import ModelRunner
+
+class WarmupRunner(Protocol):
+    """What warm-up reads of a model runner (`worker.model_runner.ModelRunner` is one).
+    Declared here so that the runner imports warm-up and warm-up never imports the runner."""
+
+    @property
+    def scheduler_config(self) -> SchedulerConfig: ...
+    @property
+    def max_position_embeddings(self) -> int: ...
+    @property
+    def cuda_graphs(self) -> CudaGraphRunner | None: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def staging(self) -> HostStaging: ...
+    @property
+    def model(self) -> nn.Module: ...
+    @property
+    def arch_config(self) -> ModelArchConfig: ...
+    @property
+    def kv_caches(self) -> list[torch.Tensor]: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
+    @property
+    def attention_backend(self) -> str: ...
+    @property
+    def sampler(self) -> Sampler: ...
+    @property
+    def vocab(self) -> VocabInfo: ...
+
 
 MAX_SPLITS = 64
 """The split-KV kernel's largest split count (`choose_num_splits` caps it there)."""
@@ -49,7 +85,7 @@ class EagerStep:
     """Tokens each decode request already has in its KV cache."""
 
 
-def eager_steps(runner: ModelRunner) -> list[EagerStep]:
+def eager_steps(runner: WarmupRunner) -> list[EagerStep]:
     """The eager step shapes this runner's configuration can produce (none beyond what graphs cover)."""
     sched = runner.scheduler_config
     max_len = min(sched.max_model_len, runner.max_position_embeddings)
@@ -83,7 +119,7 @@ def _dummy_states(step: EagerStep, block_size: int) -> tuple[list[RequestState],
 
 
 @torch.inference_mode()
-def run_eager_step(runner: ModelRunner, step: EagerStep) -> None:
+def run_eager_step(runner: WarmupRunner, step: EagerStep) -> None:
     """One dummy forward + LM head of `step`, eagerly, on the runner's real KV cache."""
     states, scheduled = _dummy_states(step, runner.block_size)
     host = prepare_host_batch(states, scheduled, runner.block_size)
@@ -105,7 +141,7 @@ def sampler_variants() -> list[SamplingParams]:
 
 
 @torch.inference_mode()
-def warm_up_sampler(runner: ModelRunner) -> None:
+def warm_up_sampler(runner: WarmupRunner) -> None:
     """Sample a dummy logits batch with every variant mixed in one batch, then each on its own, with
     logits in float32 and in the model's dtype (the LM head's, which the fused kernel reads as it is:
     one compiled variant per dtype)."""
@@ -118,7 +154,7 @@ def warm_up_sampler(runner: ModelRunner) -> None:
             runner.sampler(logits, build_sampling_batch(requests, runner.vocab, runner.device))
 
 
-def _generator_for(runner: ModelRunner, params: SamplingParams) -> torch.Generator | None:
+def _generator_for(runner: WarmupRunner, params: SamplingParams) -> torch.Generator | None:
     if params.seed is None:
         return None
     return torch.Generator(device=runner.device).manual_seed(params.seed)
@@ -133,7 +169,7 @@ def split_counts() -> Iterable[int]:
 
 
 @torch.inference_mode()
-def warm_up_split_kv(runner: ModelRunner) -> None:
+def warm_up_split_kv(runner: WarmupRunner) -> None:
     """Launch split-KV decode + reduction at every padded split count on a one-request batch."""
     key_cache, value_cache = runner.kv_caches[0][0], runner.kv_caches[0][1]
     num_heads = runner.model.num_heads  # this rank's query heads under tensor parallelism
@@ -151,7 +187,7 @@ def warm_up_split_kv(runner: ModelRunner) -> None:
         split_kv_attention(query, key_cache, value_cache, batch, SplitKVParams(head_dim_scale, num_splits))
 
 
-def warm_up(runner: ModelRunner) -> None:
+def warm_up(runner: WarmupRunner) -> None:
     """Everything above, on CUDA with the Triton backend; a no-op elsewhere (nothing compiles there)."""
     if runner.device.type != "cuda":
         return
