@@ -13,13 +13,6 @@ from collections.abc import Iterable, Mapping
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "conveyor"
 
-KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset({
-    # Being removed on main in parallel (issue 32, bench/ split); empty this list once that lands.
-    frozenset({"conveyor.bench.report", "conveyor.bench.report_html"}),
-})
-"""Cycles tolerated for now, each exactly as found (a cycle that grows is no longer tolerated)."""
-
-
 def module_name(path: pathlib.Path, root: pathlib.Path) -> str:
     """Dotted name of a source file; a package's `__init__.py` is the package itself."""
     parts = list(path.relative_to(root).with_suffix("").parts)
@@ -137,6 +130,5 @@ def test_arrows_resolve_submodules_relative_and_lazy_imports(tmp_path: pathlib.P
 
 
 def test_no_import_cycles_in_src() -> None:
-    cycles = [sorted(component) for component in strongly_connected(import_graph(PACKAGE))
-              if component not in KNOWN_CYCLES]
+    cycles = [sorted(component) for component in strongly_connected(import_graph(PACKAGE))]
     assert not cycles, f"import cycles (every import counts, lazy ones too): {sorted(cycles)}"
