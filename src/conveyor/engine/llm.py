@@ -166,6 +166,11 @@ class LLM:
         self._run(pending, show_progress)
         return [_result(p) for p in pending]
 
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """vLLM's LLM.reset_prefix_cache: forget the prefix cache (between generate calls nothing runs,
+        so it always succeeds then); returns whether it was reset."""
+        return self.core.reset_prefix_cache(reset_running_requests)
+
     def _new_id(self) -> str:
         self._next_id += 1
         return f"{self._id_prefix}-{self._next_id - 1}"
