@@ -19,9 +19,10 @@ PROMPT = "Every run stands on its own: " + "the cache of one run must never serv
 HITS = "vllm:prefix_cache_hits_total"
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    with running_server(["--max-model-len", "1024", "--enable-prompt-tokens-details"]) as server:
+@pytest.fixture(scope="module", params=[[], ["--async-scheduling"]], ids=["sync", "async"])
+def server(request: pytest.FixtureRequest) -> Iterator[Server]:
+    """Sync and async scheduling (CUDA's default): a forced reset lands with a step in flight there."""
+    with running_server(["--max-model-len", "1024", "--enable-prompt-tokens-details", *request.param]) as server:
         yield server
 
 
