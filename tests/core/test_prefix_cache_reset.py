@@ -4,13 +4,19 @@ with exactly the tokens they would have produced without the reset."""
 
 from __future__ import annotations
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+import dataclasses
 
-from conveyor.config import Batching, SchedulerConfig
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_async_scheduler import _pipelined_step
+from test_properties import MAX_STEPS, Arrival, Run, _arrive, _check_final, _collect, _step, arrivals, configs
+
+from conveyor.config import Batching, CacheConfig, SchedulerConfig
 from conveyor.core.fake_runner import FakeModelRunner
 from conveyor.core.outputs import ModelRunnerOutput, SchedulerOutput
+from conveyor.core.policies import make_scheduler as make_policy
 from conveyor.core.scheduler import Scheduler
+from conveyor.request import FinishReason
 from core_builders import Driver, make_request, make_scheduler
 
 
@@ -76,3 +82,45 @@ def test_reset_running_requests_preempts_and_changes_no_output(reset_at: int, pi
     reset = scheduler()
     assert _run(reset, reset_at, pipelined) == baseline
     assert reset.kv_cache_manager.usage == 0.0
+
+
+def _reset(run: Run, force: bool) -> None:
+    """A reset between steps: it happens exactly when no block is held, or always when forced."""
+    scheduler = run.scheduler
+    idle = scheduler.kv_cache_manager.usage == 0.0
+    assert scheduler.reset_prefix_cache(reset_running_requests=force) == (idle or force)
+    if idle or force:
+        assert not scheduler.kv_cache_manager.block_pool.cached_blocks and not scheduler.running
+    scheduler.check_invariants()
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(config=configs(), workload=arrivals, resets=st.dictionaries(st.integers(0, 40), st.booleans(), max_size=4),
+       pipelined=st.booleans())
+def test_random_workloads_with_resets_keep_every_invariant_and_finish(
+        config: tuple[SchedulerConfig, CacheConfig, int], workload: list[Arrival], resets: dict[int, bool],
+        pipelined: bool) -> None:
+    """test_properties' random workloads (every policy, chunking, salts, aborts), sync or one step in
+    flight, with resets, forced or not, between random steps: every request still finishes with exactly
+    the runner's tokens for its positions, and every block returns to the pool."""
+    scheduler_config, cache_config, num_blocks = config
+    if pipelined:
+        scheduler_config = dataclasses.replace(scheduler_config, batching=Batching.CONTINUOUS, async_scheduling=True)
+    scheduler = make_policy(scheduler_config, cache_config, num_blocks, clock=lambda: 0.0)
+    run = Run(scheduler, FakeModelRunner(cache_config.block_size, check_kv=True), {}, {}, {})
+    in_flight: list[tuple[SchedulerOutput, ModelRunnerOutput]] = []
+    for step in range(MAX_STEPS):
+        for index, arrival in enumerate(workload):
+            if arrival.step == step:
+                _arrive(run, index, arrival)
+        _collect(run, scheduler.finish_requests([f"r{i}" for i, a in enumerate(workload) if a.abort_step == step],
+                                                FinishReason.ABORT))
+        if step in resets:
+            _reset(run, resets[step])
+        if step > 40 and not scheduler.has_unfinished_requests() and not in_flight:
+            break
+        if pipelined:
+            _pipelined_step(run, in_flight)
+        else:
+            _step(run)
+    _check_final(run)
