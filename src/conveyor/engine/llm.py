@@ -160,14 +160,15 @@ class LLM:
                  show_progress: bool = False) -> list[CompletionResult]:
         """Generate for every prompt (text or token ids); results come back in input order.
         Raises RequestRejectedError (naming the field) before anything runs if a prompt cannot fit."""
-        prompt_list = _as_prompt_list(prompts)
+        prompt_list, salts = _unpack_prompts(_as_prompt_list(prompts))
         params_list = _as_params_list(sampling_params, len(prompt_list))
         pending = []
         for prompt, params in zip(prompt_list, params_list):
-            text_or_ids, cache_salt = _unpack_prompt(prompt)
-            token_ids = self.tokenizer.encode(text_or_ids) if isinstance(text_or_ids, str) else text_or_ids
+            token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             check_request(token_ids, params, self._limits)
-            pending.append(_Pending(self._new_id(), token_ids, params, cache_salt))
+            pending.append(_Pending(self._new_id(), token_ids, params))
+        for item, salt in zip(pending, salts):  # from vLLM's prompt dicts
+            item.cache_salt = salt
         self._run(pending, show_progress)
         return [_result(p) for p in pending]
 
@@ -261,6 +262,12 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if items and all(isinstance(t, int) for t in items):
         return [list(items)]  # a single prompt given as token ids
     return [p if isinstance(p, (str, Mapping)) else list(p) for p in items]
+
+
+def _unpack_prompts(prompts: list[Prompt]) -> tuple[list[str | list[int]], list[str | None]]:
+    """(texts or token ids, cache salts), one each per prompt."""
+    unpacked = [_unpack_prompt(prompt) for prompt in prompts]
+    return [prompt for prompt, _ in unpacked], [salt for _, salt in unpacked]
 
 
 def _unpack_prompt(prompt: Prompt) -> tuple[str | list[int], str | None]:
