@@ -14,6 +14,7 @@ Error contract (body always `{"error": {"message", "type", "param", "code"}}`):
 | 401 | `--api-key` set and `Authorization: Bearer <key>` missing or wrong (/v1/* only) |
 | 404 | unknown `model` ("The model `x` does not exist."), unknown route |
 | 413 | body over `ServerConfig.max_request_body_bytes` |
+| 409 | POST /reset_prefix_cache refused: requests hold KV blocks (`param`: reset_running_requests) |
 | 503 + Retry-After | in-flight cap (--max-num-queued-reqs) or prefill-token cap (--max-num-queued-tokens) reached; queue timeout (--queue-timeout, `timeout_error`), also for `stream: true` |
 | 503 | draining after SIGTERM; engine dead (also /health) |
 | 500 | the engine failed while running the request |
