@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from conveyor.core.prefix_hash import extend_block_hashes, hash_block_tokens, token_slice
 from core_builders import make_request
 
@@ -37,3 +40,27 @@ def test_token_slice_spans_prompt_and_output() -> None:
     assert token_slice(request, 0, 2) == [1, 2]
     assert token_slice(request, 2, 4) == [3, 4]
     assert token_slice(request, 3, 5) == [4, 5]
+
+
+def _chain(tokens: list[int], block_size: int, salt: str | None) -> list[int]:
+    request = make_request(prompt=tokens, cache_salt=salt)
+    extend_block_hashes(request, block_size)
+    return request.block_hashes
+
+
+@settings(max_examples=60, deadline=None)
+@given(tokens=st.lists(st.integers(0, 2**31), min_size=4, max_size=40), block_size=st.sampled_from([1, 2, 4]),
+       salts=st.lists(st.text(min_size=1, max_size=8), min_size=2, max_size=2, unique=True))
+def test_salt_enters_the_first_block_only(tokens: list[int], block_size: int, salts: list[str]) -> None:
+    """vLLM's rule: the salt is an extra key of block 0 alone; later blocks chain plain token hashes, so
+    a salt changes every block's hash (no two salts share a block) only through the chain."""
+    plain = _chain(tokens, block_size, None)
+    for salt in salts:
+        salted = _chain(tokens, block_size, salt)
+        assert salted == _chain(tokens, block_size, salt)  # same salt: same keys (shared as before)
+        assert salted[0] == hash_block_tokens(None, tokens[:block_size], salt)
+        for index in range(1, len(salted)):
+            block = tokens[index * block_size:(index + 1) * block_size]
+            assert salted[index] == hash_block_tokens(salted[index - 1], block, None)
+        assert not set(salted) & set(plain)
+    assert not set(_chain(tokens, block_size, salts[0])) & set(_chain(tokens, block_size, salts[1]))

@@ -56,6 +56,7 @@ class FakeScheduler:
         self.running: list[Request] = []
         self.finished_ids: set[str] = set()
         self.num_schedules = 0
+        self.resets: list[bool] = []  # reset_prefix_cache calls, by their reset_running_requests
 
     def add_request(self, request: Request) -> None:
         if self.max_queued is not None and len(self.waiting) >= self.max_queued:
@@ -95,6 +96,11 @@ class FakeScheduler:
         stats = SchedulerStats(num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
                                kv_cache_usage=self.kv_usage, num_scheduled_tokens=sched.total_num_scheduled_tokens)
         return outputs, stats
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Refused while requests run (they would hold KV blocks) unless forced; calls recorded."""
+        self.resets.append(reset_running_requests)
+        return reset_running_requests or not self.running
 
     @property
     def kv_usage(self) -> float:

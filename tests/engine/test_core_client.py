@@ -80,6 +80,20 @@ def test_aclose_aborts_in_the_core_and_stats_return_to_zero() -> None:
     asyncio.run(main())
 
 
+def test_reset_prefix_cache_travels_to_the_core_and_back() -> None:
+    async def main() -> None:
+        scheduler = FakeScheduler()
+        async with serving(core(scheduler=scheduler)) as served:
+            assert await served.client.reset_prefix_cache()
+            stream = served.client.generate(req("a", max_tokens=1000))
+            await stream.__anext__()
+            assert not await served.client.reset_prefix_cache()  # "a" runs: refused
+            assert await served.client.reset_prefix_cache(reset_running_requests=True)
+            await stream.aclose()
+            assert scheduler.resets == [False, False, True]
+    asyncio.run(main())
+
+
 def test_closing_before_the_first_read_aborts() -> None:
     async def main() -> None:
         scheduler = FakeScheduler()

@@ -103,3 +103,22 @@ def test_speculative_config_is_taken_as_vllm_spells_it() -> None:
     assert engine_config_from_kwargs(config, speculative_config=None).speculative_config is None
     with pytest.raises(ConfigError, match="num_speculative_tokens"):
         engine_config_from_kwargs(None, speculative_config={"method": "ngram"})
+
+
+def test_prompt_dicts_carry_cache_salt_to_the_core() -> None:
+    """vLLM's prompt dicts: {"prompt": ...} or {"prompt_token_ids": ...}, with an optional cache_salt."""
+    scheduler = FakeScheduler()
+    added = []
+    add = scheduler.add_request
+    scheduler.add_request = lambda request: (added.append(request), add(request))[1]  # type: ignore[method-assign]
+    llm = make_llm(scheduler)
+    results = llm.generate([{"prompt": "ab", "cache_salt": "run-1"}, {"prompt_token_ids": [5, 6]}, "c"],
+                           SamplingParams(max_tokens=2))
+    assert [r.prompt_token_ids for r in results] == [llm.tokenizer.encode("ab"), [5, 6], llm.tokenizer.encode("c")]
+    assert [request.cache_salt for request in added] == ["run-1", None, None]
+    assert len(llm.generate({"prompt": "x", "cache_salt": "s"}, SamplingParams(max_tokens=1))) == 1
+    for bad in ({"prompt": "x", "cache_salt": ""}, {"prompt": "x", "prompt_token_ids": [1]}, {"text": "x"},
+                {"prompt_token_ids": "x"}):
+        with pytest.raises(ValueError):
+            llm.generate(bad)
+    assert llm.reset_prefix_cache() and scheduler.resets == [False]

@@ -119,9 +119,12 @@ class FakeEngine:
     async def abort(self, request_id: str) -> None:
         self.state.abort_requested.add(request_id)
 
-    async def reset_prefix_cache(self) -> int:
+    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """As the engine core: refused while requests run (they hold KV blocks), unless forced."""
+        if self.state.running and not reset_running_requests:
+            return False
         self.state.num_prefix_cache_resets += 1
-        return 0
+        return True
 
     async def shutdown(self) -> None:
         self.shut_down = True

@@ -158,7 +158,7 @@ class BlockPool:
         block.block_hash = None
 
     def reset_prefix_cache(self) -> bool:
-        """Forget every cached hash (only when no block is used, e.g. between benchmark runs)."""
+        """Forget every cached hash, only when no block is used (False, changing nothing, otherwise)."""
         if self.free_queue.num_free_blocks != self.num_blocks:
             return False
         for block in self.blocks:
@@ -166,17 +166,6 @@ class BlockPool:
         self.cached_blocks.clear()
         self.free_queue = FreeBlockQueue(self.blocks)
         return True
-
-    def drop_free_cached_blocks(self) -> int:
-        """Forget the hashes of every cached block no request holds (the prefix cache empties of what
-        nothing uses; blocks in use keep theirs). Returns how many blocks were forgotten. The free
-        queue's order stays valid: unhashed blocks first holds, as no free block is hashed after this."""
-        dropped = 0
-        for block in self.free_queue:
-            if block.block_hash is not None:
-                self._evict(block)
-                dropped += 1
-        return dropped
 
     def check_invariants(self) -> None:
         """free + used == total; ref >= 0; free <=> ref 0; hash index consistent; queue order."""

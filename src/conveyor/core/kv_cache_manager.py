@@ -186,6 +186,11 @@ class KVCacheManager:
             if block.block_hash is not None and block.ref_cnt == 1:
                 self.block_pool.uncache_block(block)
 
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's: forget every cached block hash, only if no request holds a block (False otherwise:
+        a held block's hash may be shared, and its holder indexes more blocks as it runs)."""
+        return self.block_pool.reset_prefix_cache()
+
     def get_block_ids(self, request_id: str) -> list[int]:
         return [block.block_id for block in self.req_to_blocks.get(request_id, ())]
 

@@ -144,3 +144,12 @@ def make_request_queue(policy: SchedulingPolicy) -> RequestQueue:
     if policy is SchedulingPolicy.PRIORITY:
         return PriorityRequestQueue()
     raise ValueError(f"unknown scheduling policy {policy!r}")
+
+
+def remove_by_identity(requests: list[Request], request: Request) -> None:
+    """Remove from a list by identity (Request's dataclass __eq__ would compare every field)."""
+    for index, candidate in enumerate(requests):
+        if candidate is request:
+            del requests[index]
+            return
+    raise ValueError(f"request {request.request_id} is not in the list")

@@ -35,7 +35,7 @@ from conveyor.core.outputs import (
     SchedulerOutput,
     TokenLogprobs,
 )
-from conveyor.core.request_queue import make_request_queue
+from conveyor.core.request_queue import make_request_queue, remove_by_identity
 from conveyor.core.spec_decode import apply_verification, num_drafts_allowed, num_lookahead_slots, store_drafts
 from conveyor.core.stats import SchedulerStats, SpecDecodingStats, StepCounters
 from conveyor.core.step_builder import StepBuilder
@@ -65,6 +65,7 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()  # for the next SchedulerOutput
         self.pending_outputs: list[EngineCoreOutput] = []  # queue timeouts, for the next update
         self.counters = StepCounters()  # since the last update_from_output
+        self.preempted_between_steps: set[str] = set()  # by reset_prefix_cache, for the next step
         # The threshold is a chunked-prefill knob: with chunking off a prompt is never split.
         chunked = scheduler_config.enable_chunked_prefill
         self.long_prefill_token_threshold = scheduler_config.long_prefill_token_threshold if chunked else None
@@ -92,7 +93,10 @@ class Scheduler:
         self._expire_queue_timeouts(now_s)
         step = StepBuilder(self.scheduler_config.max_num_batched_tokens, now_s)
         self._schedule_running(step, list(self.running))  # a copy: preemption removes victims
-        if step.num_preemptions == 0:
+        if self.preempted_between_steps:  # (reset_prefix_cache) no admission: their tokens in flight
+            step.preempted_req_ids |= self.preempted_between_steps  # must find them preempted
+            self.preempted_between_steps = set()
+        elif step.num_preemptions == 0:
             self._schedule_waiting(step)
         finished, self.finished_req_ids = self.finished_req_ids, set()
         for data in step.new_reqs:
@@ -192,21 +196,30 @@ class Scheduler:
     def _preempt(self, victim: Request, step: StepBuilder) -> None:
         """Recompute-preemption: free the blocks (their hashes stay cached), requeue at the front. Its
         outputs are kept; a token in flight is dropped (ignored when it comes back) and recomputed."""
-        _remove(self.running, victim)
+        remove_by_identity(self.running, victim)
         step.unschedule(victim)
         victim.num_output_placeholders = 0
         victim.spec_token_ids = []  # drafts of a context that is now recomputed: it drafts again
         self.kv_cache_manager.free(victim)
-        if victim.request_id in self.unsent_req_ids:
-            self.unsent_req_ids.discard(victim.request_id)
-        else:
+        if victim.request_id not in self.unsent_req_ids:  # the worker holds its state: it drops it
             step.preempted_req_ids.add(victim.request_id)
+        self.unsent_req_ids.discard(victim.request_id)
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
         victim.num_preemptions += 1
         step.num_preemptions += 1
         self.counters.num_preemptions += 1
         self.waiting.prepend(victim)
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """vLLM's: forget the prefix cache if no request holds KV blocks (else False); `reset_running_requests`
+        first preempts the running ones (recomputed later). Between steps only."""
+        if reset_running_requests:
+            between = StepBuilder(0, self.clock())
+            for request in reversed(list(self.running)):  # latest first: requeued at the front in order
+                self._preempt(request, between)
+            self.preempted_between_steps |= between.preempted_req_ids
+        return self.kv_cache_manager.reset_prefix_cache()
 
     def _schedule_waiting(self, step: StepBuilder) -> None:
         """Hook, how waiting requests start: queue heads, each with its first chunk, while they fit."""
@@ -309,7 +322,7 @@ class Scheduler:
             if request is None:
                 continue
             if request.status is _RUNNING:
-                _remove(self.running, request)
+                remove_by_identity(self.running, request)
             else:
                 self.waiting.remove(request)
             outputs.append(self._finish(request, reason, now_s))
@@ -380,12 +393,3 @@ class Scheduler:
     def check_invariants(self) -> None:
         """Block-pool invariants, and every unfinished request in exactly one consistent place."""
         check_scheduler_invariants(self)
-
-
-def _remove(requests: list[Request], request: Request) -> None:
-    """Remove by identity (Request's dataclass __eq__ would compare every field)."""
-    for index, candidate in enumerate(requests):
-        if candidate is request:
-            del requests[index]
-            return
-    raise ValueError(f"request {request.request_id} is not in the list")

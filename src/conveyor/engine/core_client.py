@@ -128,7 +128,7 @@ class AsyncEngineClient:
         self._input = zmq.Context(shadow=self._context.underlying).socket(zmq.PUSH)
         self._output = self._context.socket(zmq.PULL)
         self._output_task: asyncio.Task[None] | None = None
-        self._resets: dict[int, asyncio.Future[int]] = {}
+        self._resets: dict[int, asyncio.Future[bool]] = {}
         """Pending reset_prefix_cache calls, by token."""
 
     def start(self) -> None:
@@ -179,13 +179,14 @@ class AsyncEngineClient:
         if self._dead_reason is None and request_id in self._streams:
             self._send(AbortRequests([request_id], FinishReason.ABORT))
 
-    async def reset_prefix_cache(self) -> int:
-        """Ask the core to forget every prefix-cache block no request holds; returns how many it forgot."""
+    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """vLLM's, in the engine core: False (nothing reset) while requests hold KV blocks, unless
+        `reset_running_requests` preempts them first."""
         self._raise_if_dead()
         token = len(self._resets) + 1 + max(self._resets, default=0)
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._resets[token] = future
-        self._send(ResetPrefixCache(self._config.client_index, token))
+        self._send(ResetPrefixCache(self._config.client_index, token, reset_running_requests))
         try:
             return await future
         finally:
@@ -257,7 +258,7 @@ class AsyncEngineClient:
                 if isinstance(message, PrefixCacheReset):
                     future = self._resets.get(message.token)
                     if future is not None and not future.done():
-                        future.set_result(message.num_blocks)
+                        future.set_result(message.reset)
                     continue
                 self._process(message)
                 await asyncio.sleep(0)  # let the streams run between two steps' worth of outputs

@@ -164,8 +164,9 @@ class EngineCoreProc:
         elif isinstance(message, ShutdownEngine):
             self._stopping = True
         elif isinstance(message, ResetPrefixCache):
-            num_blocks = self._core.reset_prefix_cache()
-            self._output_queue.put((message.client_index, PrefixCacheReset(message.token, num_blocks)))
+            reset = self._core.reset_prefix_cache(message.reset_running_requests)
+            self._dirty = self._dirty or message.reset_running_requests  # a step tells the worker of its victims
+            self._output_queue.put((message.client_index, PrefixCacheReset(message.token, reset)))
 
     def _add(self, message: AddRequest) -> None:
         request = Request(message.request_id, message.prompt_token_ids, message.sampling_params,

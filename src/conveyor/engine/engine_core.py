@@ -50,6 +50,8 @@ class SchedulerLike(Protocol):
 
     def has_unfinished_requests(self) -> bool: ...
 
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool: ...
+
     def check_invariants(self) -> None: ...
 
 
@@ -115,10 +117,10 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
-    def reset_prefix_cache(self) -> int:
-        """Forget every prefix-cache block no request holds (vLLM's /reset_prefix_cache); returns how many."""
-        manager = getattr(self.scheduler, "kv_cache_manager", None)
-        return manager.block_pool.drop_free_cached_blocks() if manager is not None else 0
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """vLLM's: forget the prefix cache; False (nothing changed) while a request holds KV blocks,
+        unless `reset_running_requests` preempts them first (they are recomputed, outputs unchanged)."""
+        return self.scheduler.reset_prefix_cache(reset_running_requests)
 
     def shutdown(self) -> None:
         """Release what the runner holds outside this process (tensor-parallel ranks); idempotent."""

@@ -29,7 +29,10 @@ from conveyor.engine.types import EngineOverloadedError, FinishedRequestStats, R
 from conveyor.request import FinishReason, Request, RequestTimings
 from conveyor.sampling_params import SamplingParams
 
-Prompt = str | list[int]
+Prompt = str | list[int] | Mapping[str, object]
+"""Text, token ids, or vLLM's prompt dict: {"prompt": text} or {"prompt_token_ids": ids}, with an
+optional "cache_salt" (the request's prefix-cache namespace, as the server's field)."""
+_PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids", "cache_salt"})
 
 _SECTIONS: dict[str, type] = {"model": ModelConfig, "scheduler": SchedulerConfig, "cache": CacheConfig,
                               "device": DeviceConfig}
@@ -82,6 +85,7 @@ class _Pending:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    cache_salt: str | None = None
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     final: RequestOutput | None = None
@@ -157,15 +161,22 @@ class LLM:
                  show_progress: bool = False) -> list[CompletionResult]:
         """Generate for every prompt (text or token ids); results come back in input order.
         Raises RequestRejectedError (naming the field) before anything runs if a prompt cannot fit."""
-        prompt_list = _as_prompt_list(prompts)
+        prompt_list, salts = _unpack_prompts(_as_prompt_list(prompts))
         params_list = _as_params_list(sampling_params, len(prompt_list))
         pending = []
         for prompt, params in zip(prompt_list, params_list):
             token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             check_request(token_ids, params, self._limits)
             pending.append(_Pending(self._new_id(), token_ids, params))
+        for item, salt in zip(pending, salts):  # from vLLM's prompt dicts
+            item.cache_salt = salt
         self._run(pending, show_progress)
         return [_result(p) for p in pending]
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """vLLM's LLM.reset_prefix_cache: forget the prefix cache (between generate calls nothing runs,
+        so it always succeeds then); returns whether it was reset."""
+        return self.core.reset_prefix_cache(reset_running_requests)
 
     def _new_id(self) -> str:
         self._next_id += 1
@@ -205,7 +216,7 @@ class LLM:
             to_add.popleft()
             now = time.monotonic()
             self.core.add_request(Request(item.request_id, item.prompt_token_ids, item.params, now,
-                                          eos_token_id=self._eos_token_id))
+                                          eos_token_id=self._eos_token_id, cache_salt=item.cache_salt))
             self._processor.add_request(item.request_id, item.prompt_token_ids, item.params, now)
 
 
@@ -246,12 +257,37 @@ def _result(item: _Pending) -> CompletionResult:
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
-    if isinstance(prompts, str):
+    if isinstance(prompts, (str, Mapping)):
         return [prompts]
     items = list(prompts)
     if items and all(isinstance(t, int) for t in items):
         return [list(items)]  # a single prompt given as token ids
-    return [p if isinstance(p, str) else list(p) for p in items]
+    return [p if isinstance(p, (str, Mapping)) else list(p) for p in items]
+
+
+def _unpack_prompts(prompts: list[Prompt]) -> tuple[list[str | list[int]], list[str | None]]:
+    """(texts or token ids, cache salts), one each per prompt."""
+    unpacked = [_unpack_prompt(prompt) for prompt in prompts]
+    return [prompt for prompt, _ in unpacked], [salt for _, salt in unpacked]
+
+
+def _unpack_prompt(prompt: Prompt) -> tuple[str | list[int], str | None]:
+    """(text or token ids, cache_salt); a prompt dict is checked as vLLM checks it (ValueError naming the key)."""
+    if not isinstance(prompt, Mapping):
+        return prompt, None
+    if set(prompt) - _PROMPT_KEYS or ("prompt" in prompt) == ("prompt_token_ids" in prompt):
+        raise ValueError(f"prompt: a dict needs 'prompt' or 'prompt_token_ids' (and optionally 'cache_salt'), "
+                         f"got keys {sorted(prompt)}")
+    salt = prompt.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ValueError("cache_salt: must be a non-empty string if provided")
+    text = prompt.get("prompt")
+    if isinstance(text, str):
+        return text, salt
+    ids = prompt.get("prompt_token_ids", text)
+    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+        raise ValueError("prompt: 'prompt' must be a string and 'prompt_token_ids' a list of ints")
+    return list(ids), salt
 
 
 def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None, num: int) -> list[SamplingParams]:

@@ -55,11 +55,12 @@ class ShutdownEngine(msgspec.Struct, tag="shutdown", array_like=True):
 
 
 class ResetPrefixCache(msgspec.Struct, tag="reset_prefix_cache", array_like=True):
-    """Forget every prefix-cache block no request holds; the core answers `PrefixCacheReset(token)`."""
+    """vLLM's reset_prefix_cache (see EngineCore.reset_prefix_cache); the core answers `PrefixCacheReset`."""
 
     client_index: int
     token: int
     """Pairs the answer with the call."""
+    reset_running_requests: bool = False
 
 
 EngineInput = ClientHello | AddRequest | AbortRequests | ShutdownEngine | ResetPrefixCache
@@ -88,10 +89,10 @@ class EngineDead(msgspec.Struct, tag="dead", array_like=True):
 
 
 class PrefixCacheReset(msgspec.Struct, tag="prefix_cache_reset", array_like=True):
-    """The answer to ResetPrefixCache: how many cached blocks were forgotten."""
+    """The answer to ResetPrefixCache: False if requests held KV blocks (nothing was reset)."""
 
     token: int
-    num_blocks: int
+    reset: bool
 
 
 EngineOutput = EngineStepOutputs | EngineDead | PrefixCacheReset

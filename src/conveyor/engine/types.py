@@ -191,8 +191,9 @@ class EngineClient(Protocol):
         """End a request; its stream receives a final ABORT output."""
         ...
 
-    async def reset_prefix_cache(self) -> int:
-        """Forget every prefix-cache block no request holds, in the engine core; returns how many."""
+    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """vLLM's: forget the engine core's prefix cache; False (nothing reset) while requests hold KV
+        blocks, unless `reset_running_requests` preempts them first (recomputed, outputs unchanged)."""
         ...
 
     def add_stats_listener(self, listener: StatsListener) -> None: ...

@@ -14,6 +14,7 @@ Error contract (body always `{"error": {"message", "type", "param", "code"}}`):
 | 401 | `--api-key` set and `Authorization: Bearer <key>` missing or wrong (/v1/* only) |
 | 404 | unknown `model` ("The model `x` does not exist."), unknown route |
 | 413 | body over `ServerConfig.max_request_body_bytes` |
+| 409 | POST /reset_prefix_cache refused: requests hold KV blocks (`param`: reset_running_requests) |
 | 503 + Retry-After | in-flight cap (--max-num-queued-reqs) or prefill-token cap (--max-num-queued-tokens) reached; queue timeout (--queue-timeout, `timeout_error`), also for `stream: true` |
 | 503 | draining after SIGTERM; engine dead (also /health) |
 | 500 | the engine failed while running the request |
@@ -140,10 +141,18 @@ def _add_admin_routes(app: FastAPI, ctx: ServingContext, config: ServerConfig) -
         return JSONResponse({"server_load": ctx.gate.num_in_flight})
 
     @app.post("/reset_prefix_cache")
-    async def reset_prefix_cache() -> JSONResponse:
-        """Forget every prefix-cache block no request holds, in the engine core (between benchmark runs)."""
-        num_blocks = await ctx.engine.reset_prefix_cache()
-        return JSONResponse({"num_blocks_reset": num_blocks})
+    async def reset_prefix_cache(request: Request) -> Response:
+        """vLLM's (always exposed here): forget the engine core's prefix cache, e.g. between benchmark runs.
+        Refused while requests hold KV blocks unless ?reset_running_requests=true preempts them; vLLM then
+        answers 200 all the same, conveyor 409 so that a caller never believes in a reset that did not
+        happen. ?reset_external is accepted: no external (connector) cache exists to reset."""
+        force = _query_flag(request, "reset_running_requests")
+        _query_flag(request, "reset_external")
+        if not await ctx.engine.reset_prefix_cache(force):
+            raise APIError(409, "reset_running_requests: the prefix cache was not reset, requests hold KV "
+                                "blocks; retry when idle or pass reset_running_requests=true to preempt them",
+                           param="reset_running_requests", reason=None)
+        return Response(status_code=200)
 
     @app.get("/version")
     async def version() -> JSONResponse:
@@ -191,6 +200,17 @@ def _is_healthy(ctx: ServingContext) -> bool:
     if not ctx.engine.is_running:
         ctx.gate.engine_dead = True
     return not (ctx.gate.draining or ctx.gate.engine_dead)
+
+
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def _query_flag(request: Request, name: str) -> bool:
+    """A boolean query parameter spelled as FastAPI's bool (vLLM's routes) accepts; else a 400 naming it."""
+    value = request.query_params.get(name, "false").lower()
+    if value not in _TRUE + _FALSE:
+        raise bad_request(f"{name}: must be a boolean (true or false), got {value!r}", name)
+    return value in _TRUE
 
 
 def _error_response(error: APIError) -> JSONResponse:

@@ -64,7 +64,9 @@ class SamplingRequest(BaseModel):
     request_id: str | None = None
     """The response id's suffix (the X-Request-Id header wins, as vLLM)."""
     priority: Int64 = 0
-    cache_salt: str | None = None
+    cache_salt: Annotated[str, Field(min_length=1)] | None = None
+    """vLLM's prefix-cache namespace: mixed into the hash of the prompt's first KV block, so requests with
+    different salts share no cached blocks (benchmark runs, tenants). "" is refused, as vLLM does."""
     n: Int64 | None = 1
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
