@@ -28,7 +28,7 @@ def test_runs_group_by_config_and_rate() -> None:
     assert sorted(points) == ["cheap_breaking", "continuous", "static"]
     assert [p.offered_rate for p in points["continuous"]] == [1.0, 2.0, 4.0, 8.0]
     assert all(len(p.runs) == 3 for p in points["continuous"])
-    assert find_study_file([STUDY])["main_rate"] == 2.0
+    assert find_study_file([STUDY]).main_rate == 2.0
     assert len(discover_runs([STUDY, STUDY / "static"])) == len(discover_runs([STUDY])) == 30
 
 

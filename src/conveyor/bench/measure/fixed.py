@@ -17,6 +17,7 @@ import pathlib
 from dataclasses import dataclass
 from typing import Any
 
+from conveyor.bench.jsonvalue import JSON, Fields
 from conveyor.bench.measure.prom_text import Snapshot
 from conveyor.bench.measure.server_metrics import NvmlReading
 from conveyor.file_digest import file_sha256, model_digests
@@ -33,9 +34,9 @@ MODEL_INFO_HASH_LABELS = {"model_config_sha256": "config_sha256", "weights_sha25
 class ServerView:
     """What the run learned about the server."""
 
-    models: Any
+    models: JSON
     """GET /v1/models (None: not answered)."""
-    version: Any
+    version: JSON
     """GET /version (None: not answered)."""
     snapshot: Snapshot | None
     """A /metrics scrape."""
@@ -43,6 +44,17 @@ class ServerView:
     """The server runs on this host (its files and GPUs are ours to read)."""
     nvml: NvmlReading | None = None
     """NVML on this host (None: no pynvml or no GPU)."""
+
+
+def _object(value: JSON, where: str) -> Fields:
+    """A server answer read as an object; anything else (no answer, an error page) as an empty one."""
+    return Fields.of(value if isinstance(value, dict) else None, where)
+
+
+def _first_model(view: ServerView) -> Fields:
+    """The first entry of /v1/models' `data` (the served model), empty when there is none."""
+    data = _object(view.models, "/v1/models").raw("data")
+    return _object(data[0] if isinstance(data, list) and data else None, "/v1/models data[0]")
 
 
 def _known(value: str | None) -> str | None:
@@ -53,8 +65,7 @@ def _server_name(view: ServerView) -> str | None:
     families = set(view.snapshot.by_name) if view.snapshot is not None else set()
     if any(name.startswith("conveyor:") for name in families):
         return "conveyor"
-    data = view.models.get("data") if isinstance(view.models, dict) else None
-    owner = str(data[0].get("owned_by")) if data else None
+    owner = _first_model(view).opt_text("owned_by")
     if _known(owner):
         return owner
     return "vllm" if any(name.startswith("vllm:") for name in families) else None
@@ -65,8 +76,7 @@ def _model_path(view: ServerView, info: dict[str, str], flags: dict[str, str]) -
         return info["model_path"]
     if _known(flags.get("model")):
         return flags["model"]
-    data = view.models.get("data") if isinstance(view.models, dict) else None
-    root = str(data[0].get("root")) if data else None
+    root = _first_model(view).opt_text("root")
     return root if root and ("/" in root or root.endswith(".gguf")) else None
 
 
@@ -94,13 +104,13 @@ def _gpu(view: ServerView, flags: dict[str, str]) -> tuple[str | None, int | Non
 def collect_fixed(view: ServerView, flags: dict[str, str], trace_path: str) -> dict[str, Any]:
     """summary.json `fixed`: every key of FIXED_KEYS (null when unknown) plus `server_flags`."""
     info = (view.snapshot.labels(MODEL_INFO) if view.snapshot is not None else None) or {}
-    version = view.version.get("version") if isinstance(view.version, dict) else None
+    version = _object(view.version, "/version").opt_text("version")
     model_path = _model_path(view, info, flags)
     hashes = _local_hashes(model_path, _known(flags.get("tokenizer"))) if view.local else {}
     gpu_name, gpu_count = _gpu(view, flags)
     trace = pathlib.Path(trace_path)
     fixed: dict[str, Any] = {
-        "server_name": _server_name(view), "server_version": None if version is None else str(version),
+        "server_name": _server_name(view), "server_version": version,
         "model_path": model_path, "dtype": _known(info.get("dtype")) or _known(flags.get("dtype")),
         "gpu_name": gpu_name, "gpu_count": gpu_count,
         "trace_sha256": file_sha256(trace) if trace.is_file() else None,

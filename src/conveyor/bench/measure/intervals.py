@@ -30,6 +30,8 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import stats
 
+from conveyor.bench.jsonvalue import JSON, Fields, JsonShapeError
+
 FloatArray = NDArray[np.float64]
 
 
@@ -87,11 +89,12 @@ class Interval:
                 "confidence": self.confidence, "method": self.method.value, "n": self.num_samples}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Interval:
-        high = data.get("high")
-        return cls(float(data["estimate"]), float(data["low"]), math.inf if high in (None, "inf") else float(high),
-                   float(data.get("confidence", 0.95)), IntervalMethod(data.get("method", "none")),
-                   int(data.get("n", 0)))
+    def from_json(cls, data: JSON, where: str = "ci") -> Interval:
+        f = Fields.of(data, where)
+        if f.opt_number("estimate") is None or f.opt_number("low") is None:
+            raise JsonShapeError(f"{where}: an interval needs an estimate and a low end")
+        return cls(f.number("estimate"), f.number("low"), f.number("high", math.inf), f.number("confidence", 0.95),
+                   IntervalMethod(f.text("method", "none")), f.integer("n"))
 
     @classmethod
     def exact(cls, value: float, num_samples: int = 1) -> Interval:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from conveyor.bench.jsonvalue import JSON, Fields
 from conveyor.bench.measure.intervals import (
     Interval,
     IntervalConfig,
@@ -61,19 +61,15 @@ class RequestSample:
     """Why it failed, as the client saw it."""
 
     @classmethod
-    def from_json(cls, row: dict[str, Any]) -> RequestSample:
+    def from_json(cls, row: JSON, where: str = "requests.jsonl") -> RequestSample:
         """From a requests.jsonl row (or RequestRecord.to_json())."""
-        def opt(key: str) -> float | None:
-            value = row.get(key)
-            return None if value is None else float(value)
-
-        return cls(status=str(row.get("status")), sent_s=float(row.get("sent_s") or 0.0), end_s=opt("end_s"),
-                   ttft_s=opt("ttft_s"), tpot_s=opt("tpot_s"), e2e_s=opt("e2e_s"),
-                   itl_s=tuple(float(v) for v in row.get("itl_s") or ()),
-                   output_tokens=int(row.get("output_tokens") or 0), prompt_tokens=int(row.get("prompt_tokens") or 0),
-                   request_class=str(row.get("request_class", "")),
-                   request_id=str(row.get("request_id", "")), in_window=bool(row.get("in_window", True)),
-                   error_message=None if row.get("error_message") is None else str(row.get("error_message")))
+        f = Fields.of(row, where)
+        return cls(status=f.text("status", "None"), sent_s=f.number("sent_s"), end_s=f.opt_number("end_s"),
+                   ttft_s=f.opt_number("ttft_s"), tpot_s=f.opt_number("tpot_s"), e2e_s=f.opt_number("e2e_s"),
+                   itl_s=f.number_list("itl_s"), output_tokens=f.integer("output_tokens"),
+                   prompt_tokens=f.integer("prompt_tokens"), request_class=f.text("request_class"),
+                   request_id=f.text("request_id"), in_window=f.flag("in_window", True),
+                   error_message=f.opt_text("error_message"))
 
     @property
     def completed(self) -> bool:

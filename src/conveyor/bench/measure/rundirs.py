@@ -12,10 +12,11 @@ import json
 import pathlib
 import shutil
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.bench.jsonvalue import Fields, JsonShapeError
+from conveyor.bench.jsonvalue import JSON, Fields, JsonShapeError
 from conveyor.bench.measure.run_stats import RequestSample
 from conveyor.bench.measure.server_summary import ServerSummary
 from conveyor.bench.measure.summary import RunSummary, summary_from_json
@@ -185,13 +186,55 @@ def group_points(runs: list[RunResult]) -> dict[str, list[Point]]:
     }
 
 
-def find_study_file(paths: list[pathlib.Path]) -> dict[str, Any]:
-    """The study.json of the first path that has one ({} if none): configs' prices, SLO, main rate."""
+@dataclass(frozen=True)
+class StudyConfig:
+    """One configuration of a study, as study.json records it."""
+
+    changed: str | None = None
+    """The one parameter it changes from the baseline (None: the baseline)."""
+    price_per_gpu_hour: float | None = None
+    """Its price (None: the report's default)."""
+    num_gpus: int | None = None
+    """GPUs it occupies (None: the report's default)."""
+    varies: tuple[str, ...] = ()
+    """Fixed things it changes on purpose (e.g. the trace): not a mixed comparison."""
+
+    @classmethod
+    def from_json(cls, f: Fields) -> StudyConfig:
+        return cls(f.opt_text("changed"), f.opt_number("price_per_gpu_hour"), f.opt_integer("num_gpus"),
+                   f.text_list("varies"))
+
+
+@dataclass(frozen=True)
+class StudyFile:
+    """study.json read back: the objective, the main rate and the configurations in study order."""
+
+    slo: Mapping[str, float | None] = field(default_factory=dict)
+    """The objective's bounds by SLO field name (checked by decide/slo.py)."""
+    main_rate: float | None = None
+    """Offered rate of the main traffic scenario."""
+    planned_context_len: int | None = None
+    """The context length the deployment plans for."""
+    configs: Mapping[str, StudyConfig] = field(default_factory=dict)
+    """Configuration name -> its record, in study order (the baseline first)."""
+
+    @classmethod
+    def from_json(cls, data: JSON, where: str) -> StudyFile:
+        f = Fields.of(data, where)
+        return cls(f.child("slo").numbers(), f.opt_number("main_rate"), f.opt_integer("planned_context_len"),
+                   {name: StudyConfig.from_json(c) for name, c in f.child("configs").children().items()})
+
+
+def find_study_file(paths: list[pathlib.Path]) -> StudyFile:
+    """The study.json of the first path that has one (empty if none): configs' prices, SLO, main rate."""
     for path in paths:
         for candidate in (path / STUDY_FILE, path.parent / STUDY_FILE):
             if candidate.is_file():
-                return dict(json.loads(candidate.read_text()))
-    return {}
+                try:
+                    return StudyFile.from_json(json.loads(candidate.read_text()), str(candidate))
+                except (json.JSONDecodeError, JsonShapeError) as error:
+                    raise RunDirError(f"{candidate}: {error}") from None
+    return StudyFile()
 
 
 def prepare_out_dir(path: pathlib.Path, force: bool) -> None:

@@ -19,7 +19,7 @@ from conveyor.bench.measure.intervals import Interval
 
 def intervals_from(f: Fields) -> dict[str, Interval]:
     """A `ci` table: key -> interval."""
-    return {key: Interval.from_json(dict(entry.data)) for key, entry in f.children().items()}
+    return {key: Interval.from_json(dict(entry.data), entry.where) for key, entry in f.children().items()}
 
 
 def intervals_to_json(table: Mapping[str, Interval]) -> dict[str, JSON]:

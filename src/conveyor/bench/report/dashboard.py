@@ -16,7 +16,6 @@ import io
 import pathlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from conveyor.bench.decide.decision import (
     ConfigEval,
@@ -33,7 +32,7 @@ from conveyor.bench.decide.point_verdict import PointStatus
 from conveyor.bench.decide.slo import SLO, SLOVerdict, describe_objective, slo_from_mapping
 from conveyor.bench.measure.fixed import FixedDifference, FixedRecord, differences, unknown_keys
 from conveyor.bench.measure.intervals import IntervalConfig
-from conveyor.bench.measure.rundirs import Point, RunResult, discover_runs, find_study_file, group_points
+from conveyor.bench.measure.rundirs import Point, RunResult, StudyFile, discover_runs, find_study_file, group_points
 from conveyor.bench.report.report_format import fmt_interval, summary_cell
 from conveyor.bench.units import fmt_bytes, fmt_count, fmt_percent, fmt_rate
 
@@ -79,8 +78,8 @@ class Analysis:
     """The guide's five questions."""
     findings: list[Finding]
     """Diagnosis (on valid runs only)."""
-    study: dict[str, Any]
-    """study.json ({} for loose runs)."""
+    study: StudyFile
+    """study.json (empty for loose runs)."""
     main_rate: float | None
     """Main-scenario rate used."""
     fixed_differences: list[FixedDifference] = field(default_factory=list)
@@ -92,17 +91,17 @@ class Analysis:
         return [r for pts in self.points.values() for p in pts for r in p.runs]
 
 
-def _costs(study: dict[str, Any], default: CostModel) -> dict[str, CostModel]:
-    return {name: CostModel(float(c.get("price_per_gpu_hour", default.price_per_gpu_hour)),
-                            int(c.get("num_gpus", default.num_gpus)))
-            for name, c in (study.get("configs") or {}).items()}
+def _costs(study: StudyFile, default: CostModel) -> dict[str, CostModel]:
+    return {name: CostModel(default.price_per_gpu_hour if c.price_per_gpu_hour is None else c.price_per_gpu_hour,
+                            default.num_gpus if c.num_gpus is None else c.num_gpus)
+            for name, c in study.configs.items()}
 
 
-def check_fixed(runs: list[RunResult], study: dict[str, Any],
+def check_fixed(runs: list[RunResult], study: StudyFile,
                 allow_mixed: bool) -> tuple[list[FixedDifference], list[str]]:
     """Fixed things that differ, and those unknown; raises MixedRunsError on a difference unless allowed."""
     records = [FixedRecord(r.label, r.config_name, dict(r.summary.fixed)) for r in runs]
-    varied = {name: set(c.get("varies") or []) for name, c in (study.get("configs") or {}).items()}
+    varied = {name: set(c.varies) for name, c in study.configs.items()}
     found = differences(records, varied)
     if found and not allow_mixed:
         raise MixedRunsError("these runs differ in what must stay fixed between compared runs: "
@@ -113,18 +112,18 @@ def check_fixed(runs: list[RunResult], study: dict[str, Any],
 
 def analyze(inputs: ReportInputs) -> Analysis:
     study = find_study_file(list(inputs.paths))
-    slo = inputs.slo or slo_from_mapping(dict(study.get("slo") or {}), "study.json [slo]")
-    main_rate = inputs.main_rate if inputs.main_rate is not None else study.get("main_rate")
+    slo = inputs.slo or slo_from_mapping({k: v for k, v in study.slo.items() if v is not None}, "study.json [slo]")
+    main_rate = inputs.main_rate if inputs.main_rate is not None else study.main_rate
     runs = discover_runs(list(inputs.paths))
     mixed, unknown = check_fixed(runs, study, inputs.allow_mixed)
     points = group_points(runs)
-    order = list(study.get("configs") or {})
+    order = list(study.configs)
     points = dict(sorted(points.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order))))
     decision = DecisionInputs(slo=slo, default_cost=inputs.default_cost,
                               costs=_costs(study, inputs.default_cost), main_rate=main_rate)
     configs = evaluate_configs(points, decision)
     recommendation = recommend(configs)
-    checklist_inputs = ChecklistInputs(main_rate, study.get("planned_context_len"), mixed, unknown)
+    checklist_inputs = ChecklistInputs(main_rate, study.planned_context_len, mixed, unknown)
     return Analysis(slo, points, configs, recommendation, answer_checklist(configs, recommendation, checklist_inputs),
                     diagnose(points), study, main_rate, mixed, unknown)
 
@@ -170,10 +169,10 @@ def point_rows(analysis: Analysis) -> list[list[str]]:
 
 def config_rows(analysis: Analysis) -> list[list[str]]:
     """One row per configuration: what it changed, capacity, cost, whether recommended."""
-    configs = analysis.study.get("configs") or {}
+    configs = analysis.study.configs
     rows = []
     for config in analysis.configs:
-        changed = (configs.get(config.name) or {}).get("changed") or "-"
+        changed = (configs[config.name].changed if config.name in configs else None) or "-"
         mark = ""
         if config.name == analysis.recommendation.recommended:
             mark = "recommended"
