@@ -83,7 +83,7 @@ def test_vllm_grafana_dashboard_panels_all_have_data() -> None:
 
 def bench_names() -> set[str]:
     """Every `conveyor:` name the benchmark's sources quote (what it reads from /metrics)."""
-    return {m for path in BENCH.glob("*.py") for m in re.findall(r"[\"'](conveyor:[a-z_]+)[\"']", path.read_text())}
+    return {m for path in BENCH.rglob("*.py") for m in re.findall(r"[\"'](conveyor:[a-z_]+)[\"']", path.read_text())}
 
 
 class FakeNvml(Nvml):
