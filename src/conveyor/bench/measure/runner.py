@@ -20,12 +20,12 @@ import shlex
 import sys
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from conveyor.bench.load.client import ClientConfig, Endpoint
 from conveyor.bench.load.loadgen import LoadPlan, new_session
 from conveyor.bench.load.profiles import LoadFlags, LoadProfile, LoadShape, resolve_load
-from conveyor.bench.load.retry import RetryLog, new_retrying_session
+from conveyor.bench.load.retry import RetryLog, RetryPolicy, new_retrying_session
 from conveyor.bench.load.workers import run_async
 from conveyor.bench.measure.fixed import ServerView, collect_fixed
 from conveyor.bench.measure.load_summary import LoadOutcome, drive, load_fields, load_validity
@@ -89,8 +89,8 @@ class BenchRunConfig:
     """Per-request timeout."""
     scrape_interval_s: float = 1.0
     """Gauge sampling period for server_timeseries.jsonl."""
-    slo: Any = None
-    """GoodputBounds, or any object with ttft_ms/tpot_ms/itl_ms/e2el_ms attributes (bench/decide/slo.py's SLO)."""
+    slo: PerRequestBounds | None = None
+    """Per-request bounds for goodput: GoodputBounds, or bench/decide/slo.py's SLO (it has the same fields)."""
     api_key: str | None = None
     """Bearer token for the server."""
     num_requests: int | None = None
@@ -111,8 +111,8 @@ class BenchRunConfig:
     """The command line to record in command.txt (default: this process's argv)."""
     max_client_cpu: float = 0.9
     """The run is invalid if the benchmark process used this much of a core or more."""
-    retry: Any = None
-    """bench/load/retry.py RetryPolicy: retry 503s honouring Retry-After (None: off)."""
+    retry: RetryPolicy | None = None
+    """Retry 503s honouring Retry-After (None: off)."""
 
     def __post_init__(self) -> None:
         parts = urllib.parse.urlsplit(self.base_url)
@@ -153,10 +153,22 @@ class BenchRunConfig:
                             cooldown_requests=self.cooldown_requests, cooldown_s=self.cooldown_s)
 
 
-def goodput_bounds(slo: Any) -> GoodputBounds | None:
+class PerRequestBounds(Protocol):
+    """What goodput needs of an objective: its per-request bounds in ms (None: no bound)."""
+
+    @property
+    def ttft_ms(self) -> float | None: ...
+    @property
+    def tpot_ms(self) -> float | None: ...
+    @property
+    def e2el_ms(self) -> float | None: ...
+
+
+def goodput_bounds(slo: PerRequestBounds | None) -> GoodputBounds | None:
     if slo is None or isinstance(slo, GoodputBounds):
         return slo
-    return GoodputBounds(**{k: getattr(slo, k, None) for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")})
+    # An objective bounds ITL only as a p95 over the run, never per request: no per-request ITL bound.
+    return GoodputBounds(ttft_ms=slo.ttft_ms, tpot_ms=slo.tpot_ms, e2el_ms=slo.e2el_ms)
 
 
 def _jsonable(value: Any) -> Any:
