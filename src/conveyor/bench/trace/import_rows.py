@@ -34,9 +34,9 @@ class ChatMessage:
         return {"role": self.role, "content": self.content}
 
 
-def chat_message(role: JSON, content: str) -> ChatMessage:
+def chat_message(role: str | None, content: str) -> ChatMessage:
     """A message whose role is kept only when it is a known one."""
-    return ChatMessage(role=role if isinstance(role, str) and role in ROLES else "user", content=content)
+    return ChatMessage(role=role if role in ROLES else "user", content=content)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +88,24 @@ def timestamp_s(value: JSON, where: str) -> float:
         except ValueError:
             pass
     raise TraceError(f"{where}: timestamp must be seconds or ISO-8601, got {value!r}")
+
+
+def str_field(row: JSONObject, key: str) -> str | None:
+    """row[key] when it is a string."""
+    value = row.get(key)
+    return value if isinstance(value, str) else None
+
+
+def int_field(row: JSONObject, key: str) -> int | None:
+    """row[key] when it is an integer."""
+    value = row.get(key)
+    return value if isinstance(value, int) else None
+
+
+def list_field(row: JSONObject, key: str) -> list[JSON] | None:
+    """row[key] when it is a list."""
+    value = row.get(key)
+    return value if isinstance(value, list) else None
 
 
 def first_value(row: JSONObject, keys: tuple[str, ...], default: JSON) -> JSON:
@@ -142,28 +160,28 @@ def log_row(obj: JSONObject, where: str, output_len: int | None) -> ImportedRow:
     turn = obj.get("turn")
     if turn is not None and not isinstance(turn, int):
         raise TraceError(f"{where}: turn must be an integer and needs a session_id")
-    session, logged = obj.get("session_id"), obj.get("prompt_tokens")
+    session, logged = obj.get("session_id"), int_field(obj, "prompt_tokens")
     return ImportedRow(
         where=where, prompt=prompt, messages=messages, timestamp_s=stamp, turn=turn,
         output_tokens=output_len if output_len is not None else _output_count(obj),
         request_class=first_str(obj, "class", "request_class"), request_id=first_str(obj, "request_id"),
         session_id=str_or_none(session),
-        prompt_tokens=logged if isinstance(logged, int) and logged >= 0 else None)
+        prompt_tokens=logged if logged is not None and logged >= 0 else None)
 
 
 def _log_text(obj: JSONObject, where: str) -> tuple[str | None, tuple[ChatMessage, ...] | None]:
     """(prompt, None) or (None, messages): a string prompt wins over messages."""
-    prompt, messages = obj.get("prompt"), obj.get("messages")
-    if isinstance(prompt, str):
+    prompt, messages = str_field(obj, "prompt"), list_field(obj, "messages")
+    if prompt is not None:
         return prompt, None
-    if not isinstance(messages, list) or not messages:
+    if not messages:
         raise TraceError(f"{where}: needs a string 'prompt' or a non-empty 'messages' list")
     out = []
     for i, m in enumerate(messages):
-        content = m.get("content") if isinstance(m, dict) else None
-        if not isinstance(m, dict) or not isinstance(content, str):
+        content = str_field(m, "content") if isinstance(m, dict) else None
+        if not isinstance(m, dict) or content is None:
             raise TraceError(f"{where}: messages[{i}] needs a string 'content'")
-        out.append(chat_message(m.get("role"), content))
+        out.append(chat_message(str_field(m, "role"), content))
     return None, tuple(out)
 
 

@@ -35,6 +35,9 @@ from conveyor.bench.trace.import_rows import (
     chat_message,
     first_str,
     first_value,
+    int_field,
+    list_field,
+    str_field,
     str_or_none,
     timestamp_s,
 )
@@ -143,8 +146,8 @@ def _vllm_keeps(row: ImportedRow, opts: ReaderOptions) -> bool:
 
 def sharegpt_rows(path: str, opts: ReaderOptions) -> Iterator[ImportedRow]:
     for i, row in enumerate(load_rows(path)):
-        turns = row.get("conversations")
-        if not isinstance(turns, list) or len(turns) < 2:
+        turns = list_field(row, "conversations")
+        if turns is None or len(turns) < 2:
             continue
         session = first_str(row, "id")
         found = _conversation_rows(turns, f"{path} row {i}", opts, str(i) if session is None else session)
@@ -161,14 +164,14 @@ def _column(row: JSONObject, given: str | None, candidates: tuple[str, ...], whe
 
 def _hf_row(row: JSONObject, where: str, opts: ReaderOptions, session: str) -> list[ImportedRow]:
     for shape in ("conversations", "messages"):
-        turns = row.get(shape)
-        if isinstance(turns, list) and opts.prompt_column is None:
+        turns = list_field(row, shape)
+        if turns is not None and opts.prompt_column is None:
             return _conversation_rows(turns, where, opts, session)
     prompt_key = _column(row, opts.prompt_column, PROMPT_COLUMNS, where)
     if prompt_key is None:
         raise TraceError(f"{where}: no prompt column found (columns: {', '.join(row)}); name one with --prompt-column")
-    prompt, extra = str(row[prompt_key]), row.get("input")
-    if prompt_key == "instruction" and isinstance(extra, str) and extra:
+    prompt, extra = str(row[prompt_key]), str_field(row, "input")
+    if prompt_key == "instruction" and extra:
         prompt = f"{prompt}\n{extra}"  # Alpaca
     answer_key = _column(row, opts.answer_column, ANSWER_COLUMNS, where)
     answer = str(row[answer_key]) if answer_key is not None else ""
@@ -196,25 +199,23 @@ def _openai_row(line: JSONObject, where: str, opts: ReaderOptions) -> ImportedRo
         or request.get("max_tokens")
     stamp = first_value(line, ("timestamp", "created"), response.get("created"))
     prompt, messages = _openai_text(request)
-    logged = usage.get("prompt_tokens")
+    logged = int_field(usage, "prompt_tokens")
     return ImportedRow(
         where=where, prompt=prompt, messages=messages,
         output_tokens=int(output) if isinstance(output, int) and output >= 1 else 0,
         timestamp_s=None if stamp is None else timestamp_s(stamp, where), request_class=str_or_none(line.get("class")),
         session_id=str_or_none(first_value(line, ("session_id",), request.get("user"))),
         request_id=str_or_none(first_value(line, ("request_id",), response.get("id"))),
-        prompt_tokens=logged if isinstance(logged, int) and logged >= 0 else None)
+        prompt_tokens=logged if logged is not None and logged >= 0 else None)
 
 
 def _openai_text(request: JSONObject) -> tuple[str | None, tuple[ChatMessage, ...] | None]:
     """(prompt, None) or (None, messages); list contents (text parts, images) are kept as their JSON."""
-    messages = request.get("messages")
-    if not isinstance(messages, list):
-        prompt = request.get("prompt")
-        return (prompt if isinstance(prompt, str) else None), None
-    chat = [m for m in messages if isinstance(m, dict)]
-    return None, tuple(chat_message(m.get("role"), c if isinstance(c := m.get("content"), str) else json.dumps(c))
-                       for m in chat)
+    messages = list_field(request, "messages")
+    if messages is None:
+        return str_field(request, "prompt"), None
+    chat = [(str_field(m, "role"), m.get("content")) for m in messages if isinstance(m, dict)]
+    return None, tuple(chat_message(role, c if isinstance(c, str) else json.dumps(c)) for role, c in chat)
 
 
 def openai_log_rows(path: str, opts: ReaderOptions) -> Iterator[ImportedRow]:

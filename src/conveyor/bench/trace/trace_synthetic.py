@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 import numpy as np
 
+from conveyor.bench.trace.import_rows import list_field
 from conveyor.bench.trace.prefix_trie import PrefixTrie, shared_prefix
 from conveyor.bench.trace.tokenizer_file import TokenCounter
 from conveyor.bench.trace.traces import JSON, JSONObject, Trace, TraceError, TraceRequest, make_trace
@@ -147,8 +148,8 @@ class MooncakeRow:
 def _mooncake_row(row: JSON, where: str, line: int) -> MooncakeRow:
     fields = row if isinstance(row, dict) else {}
     missing = [k for k in ("timestamp", "input_length", "output_length", "hash_ids") if k not in fields]
-    hash_ids = fields.get("hash_ids")
-    if missing or not isinstance(hash_ids, list) or _number(fields["output_length"], "output_length", where, int) < 1:
+    hash_ids = list_field(fields, "hash_ids")
+    if missing or hash_ids is None or _number(fields["output_length"], "output_length", where, int) < 1:
         raise TraceError(f"{where}: a Mooncake line needs timestamp, input_length, output_length >= 1 "
                          f"and a hash_ids list (missing: {', '.join(missing) or 'none'})")
     return MooncakeRow(line=line, timestamp_ms=_number(fields["timestamp"], "timestamp", where, float),
