@@ -184,9 +184,10 @@ def hf_rows(path: str, opts: ReaderOptions) -> Iterator[ImportedRow]:
     return (r for i, row in enumerate(load_rows(path)) for r in _hf_row(row, f"{path} row {i}", opts, str(i)))
 
 
-def _object(row: JSONObject, *keys: str) -> JSONObject:
-    """The first of keys that holds a non-empty object (an empty one when none does)."""
-    return next((v for k in keys if isinstance(v := row.get(k), dict) and v), {})
+def _object(row: JSONObject, key: str) -> JSONObject:
+    """row[key] when it is an object, else an empty one (a log line without a response, a response without usage)."""
+    value = row.get(key)
+    return value if isinstance(value, dict) else {}
 
 
 def _openai_row(line: JSONObject, where: str, opts: ReaderOptions) -> ImportedRow:
