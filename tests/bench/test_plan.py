@@ -126,3 +126,18 @@ def test_cli_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     args = parser.parse_args(["--config", str(MODELS / "llama-3.1-8b"), "--gpu", "H100"])
     assert cli_plan.run(args) == 0
     assert "H100" in capsys.readouterr().out
+
+
+def test_config_fields_are_checked_where_they_are_read(tmp_path: pathlib.Path) -> None:
+    config = json.loads((MODELS / "qwen3-0.6b" / "config.json").read_text())
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps(dict(config, num_hidden_layers=None)))
+    with pytest.raises(PlanError, match="'num_hidden_layers' must be a number"):
+        load_shape(bad)
+    bad.write_text(json.dumps([config]))
+    with pytest.raises(PlanError, match="must be a JSON object"):
+        load_shape(bad)
+    bad.write_text(json.dumps(dict(config, head_dim=None, num_key_value_heads=None)))
+    shape = load_shape(bad)  # null optional fields take their defaults, as HF configs leave them
+    assert (shape.head_dim, shape.num_kv_heads) == (config["hidden_size"] // config["num_attention_heads"],
+                                                    config["num_attention_heads"])

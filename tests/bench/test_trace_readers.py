@@ -183,3 +183,20 @@ def test_cli_random_import(tmp_path: pathlib.Path) -> None:
                  "--out", str(out)]) == 0
     lines = out.read_text().splitlines()
     assert len(lines) == 5 and json.loads(lines[1])["prompt_len"] == 16
+
+
+def test_mooncake_non_numeric_field_is_named(tmp_path: pathlib.Path) -> None:
+    bad = tmp_path / "m.jsonl"
+    bad.write_text(json.dumps({"timestamp": 0, "input_length": "many", "output_length": 2, "hash_ids": [1]}) + "\n")
+    with pytest.raises(TraceError, match="m.jsonl:1: input_length must be a number"):
+        import_trace(ImportConfig(log_path=str(bad), format=ImportFormat.MOONCAKE))
+
+
+def test_rows_are_checked_when_read_and_only_the_first_n_are_read(tmp_path: pathlib.Path) -> None:
+    log = tmp_path / "o.jsonl"
+    good = {"timestamp": 1, "request": {"prompt": "a b c", "max_tokens": 3}}
+    log.write_text(json.dumps(good) + "\n" + json.dumps({"timestamp": 2, "request": "not an object"}) + "\n")
+    with pytest.raises(TraceError, match="o.jsonl:2: needs a 'request' object"):
+        import_trace(ImportConfig(log_path=str(log), format=ImportFormat.OPENAI_LOG))
+    (r,) = import_trace(ImportConfig(log_path=str(log), format=ImportFormat.OPENAI_LOG, num_requests=1)).requests
+    assert (r.prompt, r.output_len, r.arrival_s) == ("a b c", 3, 0.0)

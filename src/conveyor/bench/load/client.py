@@ -29,7 +29,7 @@ from typing import Any
 
 import aiohttp
 
-from conveyor.bench.trace.traces import TraceRequest
+from conveyor.bench.trace.traces import JSONObject, TraceRequest
 
 
 def _json_codec() -> tuple[Callable[[bytes], Any], Callable[[Any], bytes], str]:
@@ -121,8 +121,8 @@ class RequestRecord:
     in_window: bool = True
     """Sent inside the steady-state window (after warm-up, before cool-down), so counted in the summary."""
 
-    def to_json(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+    def to_json(self) -> JSONObject:
+        out: JSONObject = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out["status"] = self.status.value
         out["error_kind"] = None if self.error_kind is None else self.error_kind.value
         return out
@@ -153,8 +153,8 @@ class ClientConfig:
     """The `temperature` of every request (None: not sent, the server's default)."""
 
 
-def build_payload(cfg: ClientConfig, req: TraceRequest) -> dict[str, Any]:
-    payload: dict[str, Any] = {"model": cfg.model, "stream": True, "stream_options": {"include_usage": True}}
+def build_payload(cfg: ClientConfig, req: TraceRequest) -> dict[str, object]:
+    payload: dict[str, object] = {"model": cfg.model, "stream": True, "stream_options": {"include_usage": True}}
     if cfg.endpoint is Endpoint.CHAT:
         if req.prompt_token_ids is not None:
             raise ValueError(f"request {req.request_id}: prompt_token_ids cannot be sent to --endpoint chat")
@@ -225,7 +225,8 @@ class _Stream:
     last_token_t: float | None = None
     num_text_chunks: int = 0
     num_token_chunks: int = 0
-    usage: dict[str, Any] | None = None
+    usage: object = None
+    """The last non-empty `usage` the stream carried (read by _count_tokens, off the per-token path)."""
     done: bool = False
 
 
@@ -266,7 +267,7 @@ def _on_event(data: bytes, st: _Stream, rec: RequestRecord, cancel_after_tokens:
 
 
 class _StreamErrorObject(Exception):
-    def __init__(self, error: Any) -> None:
+    def __init__(self, error: object) -> None:
         super().__init__(json.dumps(error)[:500] if not isinstance(error, str) else error[:500])
         self.code = error.get("code") if isinstance(error, dict) else None
 
@@ -351,11 +352,16 @@ def _finish(rec: RequestRecord, st: _Stream) -> None:
         rec.e2e_s = st.last_token_t - st.t_send
 
 
+def _usage_count(usage: object, key: str) -> int | None:
+    """An integer count of the server's usage object (None when it sent none)."""
+    value = usage.get(key) if isinstance(usage, dict) else None
+    return int(value) if isinstance(value, int) else None
+
+
 def _count_tokens(rec: RequestRecord, st: _Stream, req: TraceRequest) -> None:
-    usage = st.usage or {}
-    completion = usage.get("completion_tokens")
-    rec.output_tokens = int(completion) if isinstance(completion, int) else st.num_text_chunks
-    prompt = usage.get("prompt_tokens")
-    rec.prompt_tokens = int(prompt) if isinstance(prompt, int) else req.prompt_len
+    completion = _usage_count(st.usage, "completion_tokens")
+    rec.output_tokens = st.num_text_chunks if completion is None else completion
+    prompt = _usage_count(st.usage, "prompt_tokens")
+    rec.prompt_tokens = req.prompt_len if prompt is None else prompt
     if rec.status is RequestStatus.COMPLETED and rec.output_tokens > 1 and rec.e2e_s is not None:
         rec.tpot_s = (rec.e2e_s - (rec.ttft_s or 0.0)) / (rec.output_tokens - 1)

@@ -29,8 +29,8 @@ import dataclasses
 import json
 import math
 import pathlib
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from conveyor.bench.plan.gpu_catalog import GPU
 
@@ -79,14 +79,34 @@ class ModelShape:
     """Longest context the model was trained for."""
 
 
-def _require(config: dict[str, Any], key: str, origin: str) -> int:
+def _int(value: object, key: str, origin: str) -> int:
+    """int() of a number or numeric string, as config.json files hold them; a PlanError naming the field else."""
+    try:
+        if isinstance(value, (int, float, str)):
+            return int(value)
+    except (ValueError, OverflowError):
+        pass
+    raise PlanError(f"{origin}: config.json field {key!r} must be a number (got {value!r})")
+
+
+def _require(config: Mapping[str, object], key: str, origin: str) -> int:
     if key not in config:
         raise PlanError(f"{origin}: config.json lacks {key!r}")
-    return int(config[key])
+    return _int(config[key], key, origin)
 
 
-def shape_from_config(config: dict[str, Any], origin: str = "config.json") -> ModelShape:
-    """Read a Hugging Face decoder config (Llama/Qwen/Mistral family)."""
+def _optional(config: Mapping[str, object], key: str, origin: str) -> int:
+    """config[key], else 0 when it is absent or null (HF configs leave such fields out or null)."""
+    value = config.get(key)
+    return _int(value, key, origin) if value else 0
+
+
+def _flag(config: Mapping[str, object], key: str) -> bool:
+    return bool(config.get(key, False))
+
+
+def shape_from_config(config: Mapping[str, object], origin: str = "config.json") -> ModelShape:
+    """Read a Hugging Face decoder config (Llama/Qwen/Mistral family): the one parse of config.json."""
     hidden = _require(config, "hidden_size", origin)
     heads = _require(config, "num_attention_heads", origin)
     return ModelShape(
@@ -96,12 +116,12 @@ def shape_from_config(config: dict[str, Any], origin: str = "config.json") -> Mo
         intermediate_size=_require(config, "intermediate_size", origin),
         num_layers=_require(config, "num_hidden_layers", origin),
         num_heads=heads,
-        num_kv_heads=int(config.get("num_key_value_heads") or heads),
-        head_dim=int(config.get("head_dim") or hidden // heads),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        attention_bias=bool(config.get("attention_bias", False)),
-        mlp_bias=bool(config.get("mlp_bias", False)),
-        max_position_embeddings=int(config.get("max_position_embeddings", 0)),
+        num_kv_heads=_optional(config, "num_key_value_heads", origin) or heads,
+        head_dim=_optional(config, "head_dim", origin) or hidden // heads,
+        tie_word_embeddings=_flag(config, "tie_word_embeddings"),
+        attention_bias=_flag(config, "attention_bias"),
+        mlp_bias=_flag(config, "mlp_bias"),
+        max_position_embeddings=_optional(config, "max_position_embeddings", origin),
     )
 
 
@@ -110,7 +130,10 @@ def load_shape(path: pathlib.Path) -> ModelShape:
     file = path / "config.json" if path.is_dir() else path
     if not file.is_file():
         raise PlanError(f"--config: {file} does not exist (give a config.json or a directory with one)")
-    return shape_from_config(json.loads(file.read_text()), str(file))
+    config: object = json.loads(file.read_text())
+    if not isinstance(config, dict):
+        raise PlanError(f"{file}: config.json must be a JSON object")
+    return shape_from_config(config, str(file))
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Any
 
 import aiohttp
 
@@ -24,7 +23,7 @@ class TokenizeError(ValueError):
 
 
 async def _count(session: aiohttp.ClientSession, url: str, model: str | None, req: TraceRequest) -> int:
-    body: dict[str, Any] = {"model": model} if model else {}
+    body: dict[str, object] = {"model": model} if model else {}
     if req.messages is not None:
         body["messages"] = req.messages
     elif req.prompt is not None:

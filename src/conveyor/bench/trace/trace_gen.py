@@ -16,6 +16,7 @@ trace is stamped with arrival times only a session's first turn gets one.
 
 from __future__ import annotations
 
+import enum
 import itertools
 import math
 import zlib
@@ -27,7 +28,7 @@ import numpy as np
 from conveyor.bench.trace.agent_corpus import INSTRUCTIONS, PROSE, Passage
 from conveyor.bench.trace.agent_tasks import SEPARATOR, SEPARATOR_TOKENS, CopyTask, copy_task
 from conveyor.bench.trace.arrivals import ArrivalConfig, send_offsets_s
-from conveyor.bench.trace.traces import Trace, TraceRequest, make_trace
+from conveyor.bench.trace.traces import JSON, Trace, TraceRequest, make_trace
 from conveyor.bench.trace.wordlist import WORDS
 
 
@@ -277,11 +278,14 @@ def _stamp(requests: list[TraceRequest], offsets: list[float]) -> list[TraceRequ
     return [r for _, r in sorted(keyed, key=lambda kr: kr[0])]
 
 
-def _jsonable(value: object) -> object:
+def _jsonable(value: object) -> JSON:
+    """The config as the header's JSON: enums by value, an infinite rate as "inf"."""
     if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
+        return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, float) and math.isinf(value):
         return "inf"
-    if hasattr(value, "value"):
-        return value.value
-    return value
+    if isinstance(value, enum.Enum):
+        return _jsonable(value.value)
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise TypeError(f"trace config value {value!r} has no JSON form")

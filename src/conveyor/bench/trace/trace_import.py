@@ -3,8 +3,9 @@
 Formats (--format): `log`, conveyor's JSONL request log, one request per line: `timestamp` (seconds, or
 ISO-8601), `prompt` or `messages`, the output token count (`output_tokens` | `completion_tokens` |
 `output_len`), and optionally `class` (or `request_class`), `session_id`, `turn`, `prompt_tokens`,
-`request_id`; `openai-log`, `sharegpt` and `hf` (trace_readers.py), which become such entries first;
-`mooncake` and `random` (trace_synthetic.py), which carry no text and are built synthetic. Entries with
+`request_id` (import_rows.py); `openai-log`, `sharegpt` and `hf` (trace_readers.py). Each of these readers
+parses a row once into a checked ImportedRow, and the rest of this module works on those records only.
+`mooncake` and `random` (trace_synthetic.py) carry no text and are built synthetic. Rows with
 timestamps are sorted by them (arrival_s relative to the first); a file without any stays untimed.
 With --tokenizer every prompt_len is the tokenizer's exact count of the text written.
 
@@ -19,25 +20,23 @@ Word frequencies do not survive (the same original word at two nodes gets unrela
 
 from __future__ import annotations
 
-import datetime as dt
 import enum
-import json
-import pathlib
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 
 from conveyor.bench.trace import trace_readers, trace_synthetic
+from conveyor.bench.trace.import_rows import ImportedRow, log_rows
 from conveyor.bench.trace.prefix_trie import PrefixTrie, shared_prefix
 from conveyor.bench.trace.tokenizer_file import TokenCounter, load_tokenizer
 from conveyor.bench.trace.trace_synthetic import RandomParams
-from conveyor.bench.trace.traces import Trace, TraceError, TraceRequest, make_trace
+from conveyor.bench.trace.traces import JSONObject, Trace, TraceError, TraceRequest, make_trace
 from conveyor.bench.trace.wordlist import WORDS
 
-ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 Unit = tuple[int, str, str]  # (message index, role, word); prompts use (0, "", word)
+Text = tuple[str | None, list[dict[str, str]] | None]  # a request's (prompt, messages): one is None
 
 
 class ImportFormat(str, enum.Enum):
@@ -98,37 +97,10 @@ class ImportConfig:
             raise TraceError("--block-size must be >= 1")
 
 
-def _timestamp_s(value: Any, where: str) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            pass
-    raise TraceError(f"{where}: timestamp must be seconds or ISO-8601, got {value!r}")
-
-
-def _units(entry: dict[str, Any], where: str) -> list[Unit]:
-    if isinstance(entry.get("prompt"), str):
-        return [(0, "", w) for w in entry["prompt"].split()]
-    messages = entry.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise TraceError(f"{where}: needs a string 'prompt' or a non-empty 'messages' list")
-    units: list[Unit] = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
-            raise TraceError(f"{where}: messages[{i}] needs a string 'content'")
-        role = m.get("role") if m.get("role") in ROLES else "user"
-        units.extend((i, str(role), w) for w in m["content"].split())
-    return units
-
-
-def _output_len(entry: dict[str, Any], where: str) -> int:
-    for key in ("output_tokens", "completion_tokens", "output_len"):
-        if isinstance(entry.get(key), int) and entry[key] >= 1:
-            return int(entry[key])
-    raise TraceError(f"{where}: needs an output token count >= 1 (output_tokens | completion_tokens | output_len)")
+def _units(row: ImportedRow) -> list[Unit]:
+    if row.prompt is not None:
+        return [(0, "", w) for w in row.prompt.split()]
+    return [(i, m.role, w) for i, m in enumerate(row.messages or ()) for w in m.content.split()]
 
 
 def _synthetic_words(trie: PrefixTrie, originals: set[str], seed: int) -> list[str]:
@@ -146,59 +118,36 @@ def _synthetic_words(trie: PrefixTrie, originals: set[str], seed: int) -> list[s
     return word_of
 
 
-def _rebuild(entry: dict[str, Any], units: list[Unit], new_words: list[str] | None) -> dict[str, Any]:
-    """The request's text: the synthetic words (anonymized), else the original text unchanged."""
-    if "prompt" in entry and isinstance(entry["prompt"], str):
-        return {"prompt": entry["prompt"] if new_words is None else " ".join(new_words)}
+def _rebuild(row: ImportedRow, units: list[Unit], new_words: list[str] | None) -> Text:
+    """The request's (prompt, messages): the synthetic words (anonymized), else the original text unchanged."""
+    if row.prompt is not None:
+        return row.prompt if new_words is None else " ".join(new_words), None
     messages = []
-    for i, m in enumerate(entry["messages"]):
-        role = m.get("role") if m.get("role") in ROLES else "user"
-        content = m["content"] if new_words is None else " ".join(w for u, w in zip(units, new_words) if u[0] == i)
-        messages.append({"role": str(role), "content": content})
-    return {"messages": messages}
+    for i, m in enumerate(row.messages or ()):
+        content = m.content if new_words is None else " ".join(w for u, w in zip(units, new_words) if u[0] == i)
+        messages.append({"role": m.role, "content": content})
+    return None, messages
 
 
-def read_log(path: str | pathlib.Path) -> list[dict[str, Any]]:
-    p = pathlib.Path(path)
-    if not p.is_file():
-        raise TraceError(f"log file {p} does not exist")
-    entries = []
-    for lineno, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"{p}:{lineno}: not JSON: {exc}") from exc
-        if not isinstance(entry, dict):
-            raise TraceError(f"{p}:{lineno}: each line must be a JSON object")
-        entry["_where"] = f"{p}:{lineno}"
-        entries.append(entry)
-    if not entries:
-        raise TraceError(f"{p}: no requests in the log")
-    return entries
-
-
-def _order_and_stamps(entries: list[dict[str, Any]]) -> tuple[list[int], list[float | None]]:
-    """Entries by timestamp (stable), arrival_s from the first; a file without timestamps keeps its order."""
-    timed = [e.get("timestamp") is not None for e in entries]
-    if not any(timed):
-        return list(range(len(entries))), [None] * len(entries)
-    if not all(timed):
-        missing = entries[timed.index(False)]["_where"]
+def _order_and_stamps(rows: list[ImportedRow]) -> tuple[list[int], list[float | None]]:
+    """Rows by timestamp (stable), arrival_s from the first; a file without timestamps keeps its order."""
+    stamps = [r.timestamp_s for r in rows if r.timestamp_s is not None]
+    if not stamps:
+        return list(range(len(rows))), [None] * len(rows)
+    if len(stamps) < len(rows):
+        missing = next(r.where for r in rows if r.timestamp_s is None)
         raise TraceError(f"{missing}: no timestamp, while other requests have one (give all or none)")
-    stamps = [_timestamp_s(e["timestamp"], e["_where"]) for e in entries]
-    order = sorted(range(len(entries)), key=lambda i: stamps[i])
+    order = sorted(range(len(rows)), key=lambda i: stamps[i])
     t0 = stamps[order[0]]
     return order, [stamps[i] - t0 for i in order]
 
 
-def entries_to_trace(entries: list[dict[str, Any]], cfg: ImportConfig, generator: dict[str, Any]) -> Trace:
-    """Log entries -> trace, anonymized through the trie when asked (the module docstring's guarantees)."""
-    if not entries:
+def rows_to_trace(rows: list[ImportedRow], cfg: ImportConfig, generator: JSONObject) -> Trace:
+    """Imported rows -> trace, anonymized through the trie when asked (the module docstring's guarantees)."""
+    if not rows:
         raise TraceError(f"{cfg.log_path}: no requests in the input")
-    order, arrivals = _order_and_stamps(entries)
-    units = [_units(entries[i], entries[i]["_where"]) for i in order]
+    order, arrivals = _order_and_stamps(rows)
+    units = [_units(rows[i]) for i in order]
     trie = PrefixTrie()
     paths = [trie.insert(u) for u in units]
     originals = {w for us in units for (_, _, w) in us} | {w.lower().strip(".,;:!?\"'()") for us in units
@@ -206,11 +155,12 @@ def entries_to_trace(entries: list[dict[str, Any]], cfg: ImportConfig, generator
     word_of = _synthetic_words(trie, originals, cfg.seed) if cfg.anonymize else []
     sessions: dict[str, str] = {}
     for i in order:  # anonymized session ids: numbered by first appearance, never derived from the original
-        if entries[i].get("session_id") is not None:
-            sessions.setdefault(str(entries[i]["session_id"]), f"s{len(sessions)}")
+        session = rows[i].session_id
+        if session is not None:
+            sessions.setdefault(session, f"s{len(sessions)}")
     ctx = _Context(word_of=word_of, trie=trie, sessions=sessions)
-    requests = [_to_request(cfg, entries[i], (units[k], paths[k]), arrivals[k], ctx) for k, i in enumerate(order)]
-    keep_ids = [not cfg.anonymize and "request_id" in entries[i] for i in order]
+    requests = [_to_request(cfg, rows[i], (units[k], paths[k]), arrivals[k], ctx) for k, i in enumerate(order)]
+    keep_ids = [not cfg.anonymize and rows[i].request_id is not None for i in order]
     requests = [r if keep else _renumber(r, k) for k, (r, keep) in enumerate(zip(requests, keep_ids))]
     return make_trace(requests, seed=cfg.seed if cfg.anonymize else None, generator=generator)
 
@@ -221,29 +171,28 @@ def _reader_options(cfg: ImportConfig, counter: TokenCounter | None) -> trace_re
                                        prompt_column=cfg.prompt_column, answer_column=cfg.answer_column)
 
 
-def _read_entries(cfg: ImportConfig, counter: TokenCounter | None) -> list[dict[str, Any]]:
+def _read_rows(cfg: ImportConfig, counter: TokenCounter | None) -> list[ImportedRow]:
+    """The first --num-requests rows of the input; rows after them are never checked."""
     path, opts = str(cfg.log_path), _reader_options(cfg, counter)
-    readers: dict[ImportFormat, Callable[[str, trace_readers.ReaderOptions], list[dict[str, Any]]]] = {
-        ImportFormat.LOG: lambda path, _: read_log(path), ImportFormat.OPENAI_LOG: trace_readers.openai_log_entries,
-        ImportFormat.SHAREGPT: trace_readers.sharegpt_entries, ImportFormat.HF: trace_readers.hf_entries}
-    entries = readers[cfg.format](path, opts)
-    if cfg.format is ImportFormat.LOG and cfg.output_len is not None:
-        entries = [dict(e, output_tokens=cfg.output_len) for e in entries]
-    return entries[: cfg.num_requests] if cfg.num_requests else entries
+    readers: dict[ImportFormat, Callable[[str, trace_readers.ReaderOptions], Iterator[ImportedRow]]] = {
+        ImportFormat.LOG: lambda path, opts: log_rows(path, opts.output_len),
+        ImportFormat.OPENAI_LOG: trace_readers.openai_log_rows,
+        ImportFormat.SHAREGPT: trace_readers.sharegpt_rows, ImportFormat.HF: trace_readers.hf_rows}
+    return list(itertools.islice(readers[cfg.format](path, opts), cfg.num_requests))
 
 
 def import_trace(cfg: ImportConfig) -> Trace:
     """Input file (or --format random) -> trace."""
     counter = load_tokenizer(cfg.tokenizer_path) if cfg.tokenizer_path else None
-    generator: dict[str, Any] = {"name": "import", "format": cfg.format.value, "log": cfg.log_path,
+    generator: JSONObject = {"name": "import", "format": cfg.format.value, "log": cfg.log_path,
                                  "anonymize": cfg.anonymize, "prompt_len": _length_source(counter)}
     if cfg.format is ImportFormat.RANDOM:
-        return trace_synthetic.random_trace(cfg.random, cfg.num_requests or 1000, counter, dict(generator, seed=cfg.seed))
+        return trace_synthetic.random_trace(cfg.random, cfg.num_requests or 1000, counter, cfg.seed, generator)
     if cfg.format is ImportFormat.MOONCAKE:
         source = trace_synthetic.MooncakeSource(path=str(cfg.log_path), block_size=cfg.block_size, seed=cfg.seed,
                                                 num_requests=cfg.num_requests)
         return trace_synthetic.mooncake_trace(source, counter, generator)
-    trace = entries_to_trace(_read_entries(cfg, counter), cfg, generator)
+    trace = rows_to_trace(_read_rows(cfg, counter), cfg, generator)
     return trace if counter is None else with_counted_lengths(trace, counter)
 
 
@@ -275,23 +224,18 @@ def _renumber(r: TraceRequest, k: int) -> TraceRequest:
     return replace(r, request_id=f"r{k:06d}")
 
 
-def _to_request(cfg: ImportConfig, entry: dict[str, Any], units_path: tuple[list[Unit], list[int]],
+def _to_request(cfg: ImportConfig, row: ImportedRow, units_path: tuple[list[Unit], list[int]],
                 arrival_s: float | None, ctx: _Context) -> TraceRequest:
     units, path = units_path
-    where = entry["_where"]
     shared = shared_prefix(ctx.trie, path)
-    text = _rebuild(entry, units, [ctx.word_of[n] for n in path] if cfg.anonymize else None)
-    logged = entry.get("prompt_tokens")
-    prompt_tokens = logged if not cfg.anonymize and isinstance(logged, int) and logged >= 0 else len(units)
-    klass = entry.get("class", entry.get("request_class", cfg.default_class))
-    session = entry.get("session_id")
-    turn = entry.get("turn")
-    if turn is not None and (not isinstance(turn, int) or session is None):
-        raise TraceError(f"{where}: turn must be an integer and needs a session_id")
+    prompt, messages = _rebuild(row, units, [ctx.word_of[n] for n in path] if cfg.anonymize else None)
+    logged = None if cfg.anonymize else row.prompt_tokens
+    session = row.session_id
     return TraceRequest(
-        request_id=str(entry.get("request_id", where)),
-        request_class=str(klass), prompt_len=prompt_tokens,
-        output_len=_output_len(entry, where), arrival_s=None if arrival_s is None else round(arrival_s, 6),
+        request_id=row.where if row.request_id is None else row.request_id,
+        request_class=cfg.default_class if row.request_class is None else row.request_class,
+        prompt_len=len(units) if logged is None else logged, output_len=row.output_tokens,
+        arrival_s=None if arrival_s is None else round(arrival_s, 6),
         prefix_group=f"p{path[shared - 1]}" if shared else None, shared_prefix_len=shared,
-        session_id=None if session is None else (ctx.sessions[str(session)] if cfg.anonymize else str(session)),
-        turn=turn, ignore_eos=cfg.ignore_eos, **text)
+        session_id=None if session is None else (ctx.sessions[session] if cfg.anonymize else session),
+        turn=row.turn, ignore_eos=cfg.ignore_eos, prompt=prompt, messages=messages)

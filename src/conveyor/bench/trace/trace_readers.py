@@ -1,9 +1,9 @@
-"""Readers of other tools' request files, each turning its rows into the importer's log entries.
+"""Readers of other tools' request files, each parsing its rows once into the importer's ImportedRow.
 
-A log entry (trace_import.py) is a dict: `prompt` or `messages`, `output_tokens`, and optionally
-`timestamp`, `class`, `session_id`, `turn`, `prompt_tokens`, `request_id`, plus `_where` (file:row,
-for errors). Every reader ends there, so every format goes through the same trie anonymizer and keeps
-its guarantees. Output lengths come from the reference answer the row carries (tokens with a
+An ImportedRow (import_rows.py) is one checked request: `prompt` or `messages`, the output count, and
+optionally a timestamp, class, session and turn, logged prompt length and request id, plus where it came
+from (file and row, for errors). Every reader ends there, so every format goes through the same trie
+anonymizer and keeps its guarantees. Output lengths come from the reference answer the row carries (tokens with a
 tokenizer, else words, as vLLM counts ShareGPT completions with its tokenizer) unless a fixed length
 is given. Readers:
 
@@ -26,22 +26,32 @@ from __future__ import annotations
 
 import json
 import pathlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
-from conveyor.bench.trace.traces import TraceError
+from conveyor.bench.trace.import_rows import (
+    ChatMessage,
+    ImportedRow,
+    chat_message,
+    first_str,
+    first_value,
+    int_field,
+    list_field,
+    str_field,
+    str_or_none,
+    timestamp_s,
+)
+from conveyor.bench.trace.traces import JSON, JSONObject, TraceError
 
 PROMPT_COLUMNS = ("prompt", "instruction", "question", "query", "input", "text")
 ANSWER_COLUMNS = ("completion", "response", "output", "answer", "chosen")
 ROLE_OF = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
            "bard": "assistant", "bing": "assistant", "system": "system"}
-Entry = dict[str, Any]
 
 
 @dataclass(frozen=True)
 class ReaderOptions:
-    """How rows become entries."""
+    """How rows become requests."""
 
     count: Callable[[str], int]
     """Tokens (or words) of a text: the output length of a reference answer."""
@@ -55,7 +65,7 @@ class ReaderOptions:
     """hf: the reference-answer column (default: detected)."""
 
 
-def _load_json_rows(path: pathlib.Path) -> list[Any]:
+def _load_json_rows(path: pathlib.Path) -> list[JSON]:
     """A JSON list, a {"data": [...]} object, or JSON Lines."""
     text = path.read_text(encoding="utf-8")
     try:
@@ -69,12 +79,11 @@ def _load_json_rows(path: pathlib.Path) -> list[Any]:
                 except json.JSONDecodeError as exc:
                     raise TraceError(f"{path}:{lineno}: neither a JSON document nor JSON Lines: {exc}") from exc
         return rows
-    if isinstance(data, dict) and isinstance(data.get("data"), list):
-        return list(data["data"])
-    return data if isinstance(data, list) else [data]
+    inner = data.get("data") if isinstance(data, dict) else data
+    return list(inner) if isinstance(inner, list) else [data]
 
 
-def load_rows(path: str) -> list[dict[str, Any]]:
+def load_rows(path: str) -> list[JSONObject]:
     """The rows of a .json / .jsonl / .parquet file, as dicts."""
     p = pathlib.Path(path)
     if not p.is_file():
@@ -84,63 +93,68 @@ def load_rows(path: str) -> list[dict[str, Any]]:
             import pyarrow.parquet as pq  # type: ignore[import-untyped]
         except ImportError as exc:
             raise TraceError(f"{p}: reading Parquet needs pyarrow: pip install 'conveyor[datasets]'") from exc
-        rows: list[Any] = pq.read_table(p).to_pylist()
+        rows: list[JSON] = pq.read_table(p).to_pylist()
     else:
         rows = _load_json_rows(p)
-    bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
-    if bad is not None:
+    objects = [r for r in rows if isinstance(r, dict)]
+    if len(objects) < len(rows):
+        bad = next(i for i, r in enumerate(rows) if not isinstance(r, dict))
         raise TraceError(f"{p}: row {bad} is not an object")
-    return rows
+    return objects
 
 
 def _answer_len(text: str, opts: ReaderOptions) -> int:
     return opts.output_len if opts.output_len is not None else max(1, opts.count(text))
 
 
-def _conversation_entries(turns: list[Any], where: str, opts: ReaderOptions, session: str) -> list[Entry]:
-    """ShareGPT- or chat-shaped messages -> one entry per human message (all) or the first one only. System
+def _message(m: JSONObject) -> tuple[str, str]:
+    """(role, text) of a ShareGPT ({from, value}) or chat ({role, content}) message; unknown roles are users."""
+    speaker = first_str(m, "from", "role")
+    text = first_str(m, "value", "content")
+    return ROLE_OF.get((speaker or "").lower(), "user"), "" if text is None else text
+
+
+def _conversation_rows(turns: list[JSON], where: str, opts: ReaderOptions, session: str) -> list[ImportedRow]:
+    """ShareGPT- or chat-shaped messages -> one row per human message (all) or the first one only. System
     messages before it go with it as chat messages (the shared system prompt is what a prefix cache sees)."""
-    messages = [(ROLE_OF.get(str(m.get("from", m.get("role", ""))).lower(), "user"),
-                 str(m.get("value", m.get("content", "")))) for m in turns if isinstance(m, dict)]
-    out: list[Entry] = []
-    system: list[dict[str, str]] = []
+    messages = [_message(m) for m in turns if isinstance(m, dict)]
+    out: list[ImportedRow] = []
+    system: list[ChatMessage] = []
     for i, (role, text) in enumerate(messages):
         if role == "system":
-            system.append({"role": "system", "content": text})
+            system.append(ChatMessage(role="system", content=text))
         if role != "user":
             continue
         reply = messages[i + 1][1] if i + 1 < len(messages) and messages[i + 1][0] == "assistant" else ""
-        entry: Entry = {"output_tokens": _answer_len(reply, opts), "_where": f"{where} message {i}"}
-        entry.update({"messages": system + [{"role": "user", "content": text}]} if system else {"prompt": text})
+        user = ChatMessage(role="user", content=text)
+        out.append(ImportedRow(
+            where=f"{where} message {i}", output_tokens=_answer_len(reply, opts),
+            prompt=None if system else text, messages=(*system, user) if system else None,
+            session_id=session if opts.all_turns else None, turn=len(out) if opts.all_turns else None))
         system = []
-        if opts.all_turns:
-            entry.update(session_id=session, turn=len(out))
-        out.append(entry)
         if not opts.all_turns:
             break
     return out
 
 
-def _vllm_keeps(entry: Entry, opts: ReaderOptions) -> bool:
+def _vllm_keeps(row: ImportedRow, opts: ReaderOptions) -> bool:
     """vLLM's ShareGPT filter (is_valid_sequence): prompt and output >= 4, prompt <= 1024, total <= 2048."""
-    text = entry.get("prompt") or " ".join(m["content"] for m in entry["messages"])
-    prompt_len, output_len = opts.count(str(text)), int(entry["output_tokens"])
+    prompt_len, output_len = opts.count(row.text), row.output_tokens
     output_ok = opts.output_len is not None or output_len >= 4
     return prompt_len >= 4 and output_ok and prompt_len <= 1024 and prompt_len + output_len <= 2048
 
 
-def sharegpt_entries(path: str, opts: ReaderOptions) -> list[Entry]:
-    entries: list[Entry] = []
+def sharegpt_rows(path: str, opts: ReaderOptions) -> Iterator[ImportedRow]:
     for i, row in enumerate(load_rows(path)):
-        turns = row.get("conversations")
-        if not isinstance(turns, list) or len(turns) < 2:
+        turns = list_field(row, "conversations")
+        if turns is None or len(turns) < 2:
             continue
-        found = _conversation_entries(turns, f"{path} row {i}", opts, str(row.get("id", i)))
-        entries.extend(found if opts.all_turns else [e for e in found if _vllm_keeps(e, opts)])
-    return entries
+        session = first_str(row, "id")
+        found = _conversation_rows(turns, f"{path} row {i}", opts, str(i) if session is None else session)
+        yield from (found if opts.all_turns else [r for r in found if _vllm_keeps(r, opts)])
 
 
-def _column(row: dict[str, Any], given: str | None, candidates: tuple[str, ...], where: str) -> str | None:
+def _column(row: JSONObject, given: str | None, candidates: tuple[str, ...], where: str) -> str | None:
     if given is not None:
         if given not in row:
             raise TraceError(f"{where}: no column {given!r} (columns: {', '.join(row)})")
@@ -148,51 +162,62 @@ def _column(row: dict[str, Any], given: str | None, candidates: tuple[str, ...],
     return next((c for c in candidates if isinstance(row.get(c), str) and row[c]), None)
 
 
-def _hf_row(row: dict[str, Any], where: str, opts: ReaderOptions, session: str) -> list[Entry]:
-    if isinstance(row.get("conversations"), list) and opts.prompt_column is None:
-        return _conversation_entries(row["conversations"], where, opts, session)
-    if isinstance(row.get("messages"), list) and opts.prompt_column is None:
-        return _conversation_entries(row["messages"], where, opts, session)
+def _hf_row(row: JSONObject, where: str, opts: ReaderOptions, session: str) -> list[ImportedRow]:
+    for shape in ("conversations", "messages"):
+        turns = list_field(row, shape)
+        if turns is not None and opts.prompt_column is None:
+            return _conversation_rows(turns, where, opts, session)
     prompt_key = _column(row, opts.prompt_column, PROMPT_COLUMNS, where)
     if prompt_key is None:
         raise TraceError(f"{where}: no prompt column found (columns: {', '.join(row)}); name one with --prompt-column")
-    prompt = str(row[prompt_key])
-    if prompt_key == "instruction" and isinstance(row.get("input"), str) and row["input"]:
-        prompt = f"{prompt}\n{row['input']}"  # Alpaca
+    prompt, extra = str(row[prompt_key]), str_field(row, "input")
+    if prompt_key == "instruction" and extra:
+        prompt = f"{prompt}\n{extra}"  # Alpaca
     answer_key = _column(row, opts.answer_column, ANSWER_COLUMNS, where)
     answer = str(row[answer_key]) if answer_key is not None else ""
     if answer_key is None and opts.output_len is None:
         raise TraceError(f"{where}: no answer column to take output lengths from; give --output-len or --answer-column")
-    return [{"prompt": prompt, "output_tokens": _answer_len(answer, opts), "_where": where}]
+    return [ImportedRow(where=where, prompt=prompt, output_tokens=_answer_len(answer, opts))]
 
 
-def hf_entries(path: str, opts: ReaderOptions) -> list[Entry]:
-    return [e for i, row in enumerate(load_rows(path)) for e in _hf_row(row, f"{path} row {i}", opts, str(i))]
+def hf_rows(path: str, opts: ReaderOptions) -> Iterator[ImportedRow]:
+    return (r for i, row in enumerate(load_rows(path)) for r in _hf_row(row, f"{path} row {i}", opts, str(i)))
 
 
-def _openai_entry(line: dict[str, Any], where: str, opts: ReaderOptions) -> Entry:
+def _object(row: JSONObject, key: str) -> JSONObject:
+    """row[key] when it is an object, else an empty one (a log line without a response, a response without usage)."""
+    value = row.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _openai_row(line: JSONObject, where: str, opts: ReaderOptions) -> ImportedRow:
     request = line.get("request") or line.get("body")
     if not isinstance(request, dict):
         raise TraceError(f"{where}: needs a 'request' object (the OpenAI request body)")
-    response: dict[str, Any] = line["response"] if isinstance(line.get("response"), dict) else {}
-    usage = response.get("usage") or {}
-    output = usage.get("completion_tokens") or request.get("max_completion_tokens") or request.get("max_tokens")
-    entry: Entry = {"timestamp": line.get("timestamp", line.get("created", response.get("created"))), "_where": where,
-                    "output_tokens": opts.output_len or output}
-    if isinstance(request.get("messages"), list):
-        entry["messages"] = [{"role": m.get("role"), "content": m.get("content") if isinstance(m.get("content"), str)
-                              else json.dumps(m.get("content"))} for m in request["messages"] if isinstance(m, dict)]
-    else:
-        entry["prompt"] = request.get("prompt")
-    if isinstance(usage.get("prompt_tokens"), int):
-        entry["prompt_tokens"] = usage["prompt_tokens"]
-    for key, value in (("class", line.get("class")), ("session_id", line.get("session_id", request.get("user"))),
-                       ("request_id", line.get("request_id", response.get("id")))):
-        if value is not None:
-            entry[key] = value
-    return entry
+    response = _object(line, "response")
+    usage = _object(response, "usage")
+    output = opts.output_len or usage.get("completion_tokens") or request.get("max_completion_tokens") \
+        or request.get("max_tokens")
+    stamp = first_value(line, ("timestamp", "created"), response.get("created"))
+    prompt, messages = _openai_text(request)
+    logged = int_field(usage, "prompt_tokens")
+    return ImportedRow(
+        where=where, prompt=prompt, messages=messages,
+        output_tokens=int(output) if isinstance(output, int) and output >= 1 else 0,
+        timestamp_s=None if stamp is None else timestamp_s(stamp, where), request_class=str_or_none(line.get("class")),
+        session_id=str_or_none(first_value(line, ("session_id",), request.get("user"))),
+        request_id=str_or_none(first_value(line, ("request_id",), response.get("id"))),
+        prompt_tokens=logged if logged is not None and logged >= 0 else None)
 
 
-def openai_log_entries(path: str, opts: ReaderOptions) -> list[Entry]:
-    rows = load_rows(path)
-    return [_openai_entry(row, f"{path}:{i + 1}", opts) for i, row in enumerate(rows)]
+def _openai_text(request: JSONObject) -> tuple[str | None, tuple[ChatMessage, ...] | None]:
+    """(prompt, None) or (None, messages); list contents (text parts, images) are kept as their JSON."""
+    messages = list_field(request, "messages")
+    if messages is None:
+        return str_field(request, "prompt"), None
+    chat = [(str_field(m, "role"), m.get("content")) for m in messages if isinstance(m, dict)]
+    return None, tuple(chat_message(role, c if isinstance(c, str) else json.dumps(c)) for role, c in chat)
+
+
+def openai_log_rows(path: str, opts: ReaderOptions) -> Iterator[ImportedRow]:
+    return (_openai_row(row, f"{path}:{i + 1}", opts) for i, row in enumerate(load_rows(path)))

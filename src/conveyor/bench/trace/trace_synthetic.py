@@ -23,17 +23,19 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
+from typing import TypeVar
 import numpy as np
 
+from conveyor.bench.trace.import_rows import list_field
 from conveyor.bench.trace.prefix_trie import PrefixTrie, shared_prefix
 from conveyor.bench.trace.tokenizer_file import TokenCounter
-from conveyor.bench.trace.traces import Trace, TraceError, TraceRequest, make_trace
+from conveyor.bench.trace.traces import JSON, JSONObject, Trace, TraceError, TraceRequest, make_trace
 from conveyor.bench.trace.wordlist import WORDS
 
 DECODE_RETRIES = 10
+N = TypeVar("N", int, float)
 
 
 @dataclass(frozen=True)
@@ -87,9 +89,10 @@ def _uniform_bounds(mean: int, ratio: float, floor_one: bool) -> tuple[int, int]
     return (max(low, 1), max(high, 1)) if floor_one else (low, high)
 
 
-def random_trace(p: RandomParams, num_requests: int, counter: TokenCounter | None, generator: dict[str, Any]) -> Trace:
-    """vLLM's random dataset as a trace (see the module docstring)."""
-    rng = np.random.default_rng(int(generator.get("seed", 0)))
+def random_trace(p: RandomParams, num_requests: int, counter: TokenCounter | None, seed: int,
+                 generator: JSONObject) -> Trace:
+    """vLLM's random dataset as a trace (see the module docstring); the header's generator gets the seed and p."""
+    rng = np.random.default_rng(seed)
     vocab = _Vocabulary(counter)
     in_low, in_high = _uniform_bounds(max(0, p.input_len - (counter.num_special_tokens if counter else 0)),
                                       p.range_ratio, floor_one=False)
@@ -107,8 +110,8 @@ def random_trace(p: RandomParams, num_requests: int, counter: TokenCounter | Non
         requests.append(TraceRequest(request_id=f"random-{i}", request_class="random", prompt=text, prompt_len=count,
                                      output_len=int(output_lens[i]), shared_prefix_len=p.prefix_len,
                                      prefix_group="random-prefix" if p.prefix_len else None))
-    return make_trace(requests, seed=int(generator.get("seed", 0)),
-                      generator=dict(generator, random={"input_len": p.input_len, "output_len": p.output_len,
+    return make_trace(requests, seed=seed,
+                      generator=dict(generator, seed=seed, random={"input_len": p.input_len, "output_len": p.output_len,
                                                         "range_ratio": p.range_ratio, "prefix_len": p.prefix_len}))
 
 
@@ -126,20 +129,53 @@ class MooncakeSource:
     """Keep the first N lines."""
 
 
-def _mooncake_rows(src: MooncakeSource) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class MooncakeRow:
+    """One line of a Mooncake trace, its fields checked."""
+
+    line: int
+    """Line number in the file (seeds the filler of a prompt longer than its blocks)."""
+    timestamp_ms: float
+    """Arrival, milliseconds."""
+    input_length: int
+    """Prompt tokens."""
+    output_length: int
+    """Output tokens, >= 1."""
+    hash_ids: tuple[int, ...]
+    """One id per block_size tokens of the prompt; equal ids, equal blocks."""
+
+
+def _mooncake_row(row: JSON, where: str, line: int) -> MooncakeRow:
+    fields = row if isinstance(row, dict) else {}
+    missing = [k for k in ("timestamp", "input_length", "output_length", "hash_ids") if k not in fields]
+    hash_ids = list_field(fields, "hash_ids")
+    if missing or hash_ids is None or _number(fields["output_length"], "output_length", where, int) < 1:
+        raise TraceError(f"{where}: a Mooncake line needs timestamp, input_length, output_length >= 1 "
+                         f"and a hash_ids list (missing: {', '.join(missing) or 'none'})")
+    return MooncakeRow(line=line, timestamp_ms=_number(fields["timestamp"], "timestamp", where, float),
+                       input_length=_number(fields["input_length"], "input_length", where, int),
+                       output_length=_number(fields["output_length"], "output_length", where, int),
+                       hash_ids=tuple(_number(h, "hash_ids", where, int) for h in hash_ids))
+
+
+def _number(value: JSON, name: str, where: str, kind: Callable[[int | float | str], N]) -> N:
+    """int() or float() as the reader always applied them; a TraceError naming the field rather than a crash."""
+    try:
+        if isinstance(value, (int, float, str)):
+            return kind(value)
+    except (ValueError, OverflowError):
+        pass
+    raise TraceError(f"{where}: {name} must be a number, got {value!r}")
+
+
+def _mooncake_rows(src: MooncakeSource) -> list[MooncakeRow]:
     p = pathlib.Path(src.path)
     if not p.is_file():
         raise TraceError(f"input file {p} does not exist")
     rows = []
     for lineno, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        missing = [k for k in ("timestamp", "input_length", "output_length", "hash_ids") if k not in row]
-        if missing or not isinstance(row["hash_ids"], list) or int(row["output_length"]) < 1:
-            raise TraceError(f"{p}:{lineno}: a Mooncake line needs timestamp, input_length, output_length >= 1 "
-                             f"and a hash_ids list (missing: {', '.join(missing) or 'none'})")
-        rows.append(dict(row, _line=lineno))
+        if line.strip():
+            rows.append(_mooncake_row(json.loads(line), f"{p}:{lineno}", lineno))
     if not rows:
         raise TraceError(f"{p}: no requests in the trace")
     return rows[: src.num_requests] if src.num_requests else rows
@@ -150,33 +186,33 @@ def _block(src: MooncakeSource, vocab: _Vocabulary, key: tuple[int, ...]) -> lis
     return [int(i) for i in vocab.ids[picks]]
 
 
-def _mooncake_ids(src: MooncakeSource, vocab: _Vocabulary, row: dict[str, Any]) -> list[int]:
+def _mooncake_ids(src: MooncakeSource, vocab: _Vocabulary, row: MooncakeRow) -> list[int]:
     """The prompt: the blocks of its hash ids (the last one cut), padded with its own ids if they run short."""
-    remaining, ids = int(row["input_length"]), []
-    for h in row["hash_ids"]:
+    remaining, ids = row.input_length, []
+    for h in row.hash_ids:
         take = min(src.block_size, remaining)
-        ids += _block(src, vocab, (0, int(h)))[:take]
+        ids += _block(src, vocab, (0, h))[:take]
         remaining -= take
         if remaining <= 0:
             break
     while remaining > 0:  # more tokens than blocks listed: unique filler
-        ids += _block(src, vocab, (1, int(row["_line"]), remaining))[: min(src.block_size, remaining)]
-        remaining = int(row["input_length"]) - len(ids)
+        ids += _block(src, vocab, (1, row.line, remaining))[: min(src.block_size, remaining)]
+        remaining = row.input_length - len(ids)
     return ids
 
 
-def mooncake_trace(src: MooncakeSource, counter: TokenCounter | None, generator: dict[str, Any]) -> Trace:
-    rows = sorted(_mooncake_rows(src), key=lambda r: float(r["timestamp"]))
+def mooncake_trace(src: MooncakeSource, counter: TokenCounter | None, generator: JSONObject) -> Trace:
+    rows = sorted(_mooncake_rows(src), key=lambda r: r.timestamp_ms)
     vocab, trie = _Vocabulary(counter), PrefixTrie()
-    paths = [trie.insert([int(h) for h in r["hash_ids"]]) for r in rows]
-    t0 = float(rows[0]["timestamp"])
+    paths = [trie.insert(list(r.hash_ids)) for r in rows]
+    t0 = rows[0].timestamp_ms
     requests = []
     for k, (row, path) in enumerate(zip(rows, paths)):
         ids, blocks = _mooncake_ids(src, vocab, row), shared_prefix(trie, path)
         text = {"prompt_token_ids": ids} if counter else {"prompt": vocab.text(ids)}
         requests.append(TraceRequest(
-            request_id=f"r{k:06d}", request_class="mooncake", prompt_len=len(ids), output_len=int(row["output_length"]),
-            arrival_s=round((float(row["timestamp"]) - t0) / 1000.0, 6),
+            request_id=f"r{k:06d}", request_class="mooncake", prompt_len=len(ids), output_len=row.output_length,
+            arrival_s=round((row.timestamp_ms - t0) / 1000.0, 6),
             shared_prefix_len=min(blocks * src.block_size, len(ids)),
             prefix_group=f"p{path[blocks - 1]}" if blocks else None, **text))
     return make_trace(requests, seed=src.seed, generator=dict(generator, block_size=src.block_size))

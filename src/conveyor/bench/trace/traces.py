@@ -13,10 +13,16 @@ import hashlib
 import json
 import pathlib
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 TRACE_FORMAT = "conveyor-trace"
 TRACE_FORMAT_VERSION = 1
+
+JSON: TypeAlias = str | int | float | bool | None | list["JSON"] | dict[str, "JSON"]
+"""Any JSON value: what a file's opaque metadata holds (the header's `generator`), and what a reader gets
+from another tool's file before it checks the fields it needs."""
+JSONObject: TypeAlias = dict[str, JSON]
+"""A JSON object."""
 
 
 class TraceError(ValueError):
@@ -112,7 +118,7 @@ class TraceHeader:
     """Request count per class."""
     seed: int | None = None
     """Seed the generator used (None for imported traces)."""
-    generator: dict[str, Any] = field(default_factory=dict)
+    generator: JSONObject = field(default_factory=dict)
     """Generator name and every parameter it used, so the trace can be regenerated."""
     format: str = TRACE_FORMAT
     """Always "conveyor-trace"."""
@@ -139,7 +145,7 @@ def content_version(lines: list[str]) -> str:
     return digest.hexdigest()
 
 
-def make_trace(requests: list[TraceRequest], seed: int | None, generator: dict[str, Any]) -> Trace:
+def make_trace(requests: list[TraceRequest], seed: int | None, generator: JSONObject) -> Trace:
     """Wrap requests in a header whose version hashes their content."""
     ids = [r.request_id for r in requests]
     if len(set(ids)) != len(ids):
