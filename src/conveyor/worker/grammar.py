@@ -37,8 +37,17 @@ def grammar_of(constraint: StructuredOutput) -> str:
             return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in choices))
         lark = gbnf_to_lark(spec) if "::=" in spec else spec
         return LLMatcher.grammar_from_lark(lark)
-    except (ValueError, TypeError) as error:
-        raise GrammarError(str(error)) from None
+    except Exception as error:  # noqa: BLE001 - GbnfToLarkError derives from Exception alone
+        raise GrammarError(one_line(str(error)) or type(error).__name__) from None
+
+
+def one_line(message: str, limit: int = 300) -> str:
+    """The message on one line, without the backtrace or parser state llguidance may append (a 400's
+    message is one line), cut to `limit` characters (a huge grammar may be quoted in it)."""
+    for marker in ("<backtrace>", "<state>"):
+        message = message.split(marker, 1)[0]
+    text = " ".join(message.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def check_grammar(constraint: StructuredOutput) -> None:
@@ -49,4 +58,4 @@ def check_grammar(constraint: StructuredOutput) -> None:
             raise GrammarError("choice must be a non-empty list of non-empty strings")
     error = LLMatcher.validate_grammar(grammar_of(constraint))
     if error:
-        raise GrammarError(error.strip())
+        raise GrammarError(one_line(error))
