@@ -73,8 +73,8 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: R
 
 
 def _check_structured_output(constraint: StructuredOutput, limits: RequestLimits) -> None:
-    from conveyor.worker.grammar import GrammarError, check_grammar  # llguidance, no torch
-
+    """Whether this server can mask at all; the grammar itself is compiled off the event loop
+    (`engine.grammar_check`), by the caller."""
     if limits.speculative:
         raise RequestRejectedError(constraint.field, f"{constraint.field}: structured outputs are not supported "
                                                      "with speculative decoding (--speculative-config) on this server")
@@ -82,10 +82,6 @@ def _check_structured_output(constraint: StructuredOutput, limits: RequestLimits
         raise RequestRejectedError(constraint.field, f"{constraint.field}: structured outputs are not supported "
                                                      "with tensor parallelism (--tensor-parallel-size > 1) on this "
                                                      "server")
-    try:
-        check_grammar(constraint)
-    except GrammarError as error:
-        raise RequestRejectedError(constraint.field, f"{constraint.field}: the grammar does not compile: {error}") from None
 
 
 @dataclass(frozen=True)
