@@ -109,6 +109,31 @@ def test_structured_json_parses_and_follows_the_schema(server: Server) -> None:
         assert isinstance(json.loads(text), (dict, list))
 
 
+LOOP = {"$ref": "#/definitions/a", "definitions": {"a": {"$ref": "#/definitions/a"}}}
+
+
+def test_an_output_that_cannot_follow_its_grammar_is_an_error_never_a_stop(server: Server) -> None:
+    """Issue 34's cases: each was a 200 "stop" with text outside the grammar ("aaaa", "", "")."""
+    for field, name in (({"guided_regex": "a{1000000}"}, "guided_regex"), ({"guided_json": LOOP}, "guided_json"),
+                        ({"structured_outputs": {"json": LOOP}}, "structured_outputs.json")):
+        for stream in (False, True):
+            body = {"model": "smol", "prompt": "hi", "max_tokens": 8, "stream": stream, **field}
+            answer = post(server, "/v1/completions", body)
+            if answer.status_code == 200:  # a stream whose first token went out before the grammar failed
+                assert stream and "[DONE]" not in answer.text and '"finish_reason":"stop"' not in answer.text
+                error = json.loads(answer.text.strip().split("\n\n")[-1].removeprefix("data: "))["error"]
+            else:
+                assert answer.status_code == 400, answer.text
+                error = answer.json()["error"]
+            assert error["param"] == name and "can no longer follow the grammar" in error["message"]
+    choices = [f"c{i}x" for i in range(100_000)]  # one regex: checked in about a second, then served
+    answer = post(server, "/v1/completions", {"model": "smol", "prompt": "pick", "max_tokens": 12,
+                                              "guided_choice": choices})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["text"] in set(choices)
+    assert answer.json()["choices"][0]["finish_reason"] == "stop"
+
+
 def test_vllm_endpoints(server: Server) -> None:
     base = server.url
     assert httpx.get(base + "/ping", timeout=10).status_code == 200

@@ -10,6 +10,9 @@ from fake_engine import FakeEngine, FakeEngineConfig
 from server_helpers import app_client, run
 
 from conveyor.engine.grammar_check import GrammarLimits
+from conveyor.engine.types import RequestOutput
+from conveyor.request import FinishReason
+from conveyor.server.generation import failed_output_error
 
 COMP = "/v1/completions"
 HUGE = [f"option-{i}" for i in range(100_000)]
@@ -53,3 +56,12 @@ def test_constraints_over_the_size_limits_are_400_naming_the_field() -> None:
             assert fits.status_code == 200
             assert engine.admission.num_in_flight == 0
     run(main())
+
+
+def test_a_grammar_failure_is_a_400_naming_the_field_and_an_engine_fault_stays_a_500() -> None:
+    message = "guided_json: the output can no longer follow the grammar: no next token is possible"
+    grammar = RequestOutput("r", "", [], 2, 0, FinishReason.ERROR, error_message=message, error_param="guided_json")
+    error = failed_output_error(grammar)
+    assert error is not None and (error.status_code, error.param, error.message) == (400, "guided_json", message)
+    fault = failed_output_error(RequestOutput("r", "", [], 2, 0, FinishReason.ERROR, error_message="boom"))
+    assert fault is not None and fault.status_code == 500

@@ -11,6 +11,7 @@ runs it on its own thread.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -105,12 +106,22 @@ class EngineCore:
         return self._apply(scheduler_output, self.runner.execute(scheduler_output))
 
     def _apply(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> StepResult:
-        """The scheduler takes the step's output (append, stop, free); invariants checked if asked."""
+        """The scheduler takes the step's output (append, stop, free); invariants checked if asked.
+        Requests whose grammar failed end first, as errors: the EOS the worker forced for them this step
+        would otherwise finish them as a plain stop."""
+        failed = self._fail_grammars(runner_output.grammar_errors)
         outputs, stats = self.scheduler.update_from_output(scheduler_output, runner_output)
+        outputs.finished_outputs.extend(failed)
         if self.config.check_invariants:
             self.scheduler.check_invariants()
         self.num_steps += 1
         return StepResult(outputs, stats)
+
+    def _fail_grammars(self, errors: dict[str, str]) -> list[EngineCoreOutput]:
+        if not errors:
+            return []
+        finished = self.scheduler.finish_requests(list(errors), FinishReason.ERROR)
+        return [dataclasses.replace(output, error_message=errors[output.request_id]) for output in finished]
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

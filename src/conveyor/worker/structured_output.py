@@ -9,10 +9,13 @@ admission, but the rule would hold), or a preempted request that comes back with
 (its matcher was dropped with its state, and the new one consumes them all) all land the same way.
 Under async scheduling the runner collects the step in flight first, so no placeholder is consumed.
 
-A matcher that falls into an error (a token it refuses, e.g. forced by `min_tokens` or a bias), or
-that cannot be built for this request, allows only EOS from then on, so the request ends instead of
-running on unconstrained; the error is logged. Nothing here may raise into the step: one request's
-grammar must never stop the engine for every other request.
+A matcher that falls into an error (a token it refuses, e.g. forced by `min_tokens` or a bias; a mask
+it cannot compute, e.g. a JSON schema whose `$ref` loops), or that cannot be built for this request,
+allows only EOS from then on, so the request never runs on unconstrained. That EOS would read as a
+normal "stop" with text that does not follow the grammar, so the failure is also reported:
+`take_failures` hands the step's new failures (request id -> a message naming the field) to the
+runner's output, and the engine ends those requests with an error instead. Nothing here may raise into
+the step: one request's grammar must never stop the engine for every other request.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import torch
 from llguidance import LLMatcher, LLTokenizer
 
 from conveyor.sampling_params import StructuredOutput
-from conveyor.worker.grammar import grammar_of
+from conveyor.worker.grammar import grammar_of, one_line
 from conveyor.worker.request_state import RequestState
 from conveyor.worker.sampling_metadata import GrammarMask, host_to_device
 
@@ -52,6 +55,8 @@ class _Matcher:
     num_consumed: int = 0
     """Output tokens this matcher has consumed."""
     failed: bool = False
+    error: str = ""
+    """Why it could not be built (one line), when `matcher` is None."""
 
 
 def make_tokenizer(vocab: GrammarVocab) -> LLTokenizer:
@@ -85,6 +90,8 @@ class StructuredOutputs:
         self._vocab = vocab
         self._tokenizer: LLTokenizer | None = None
         self._matchers: dict[str, _Matcher] = {}
+        self._failures: dict[str, str] = {}
+        """Requests whose grammar failed since the last `take_failures`, with the message for the client."""
         self._num_words = (vocab.vocab_size + 31) // 32
 
     @property
@@ -92,6 +99,11 @@ class StructuredOutputs:
         if self._tokenizer is None:
             self._tokenizer = make_tokenizer(self._vocab)
         return self._tokenizer
+
+    def take_failures(self) -> dict[str, str]:
+        """The grammar failures found since the last call (request id -> message naming the field)."""
+        failures, self._failures = self._failures, {}
+        return failures
 
     def drop(self, request_ids: Iterable[str]) -> None:
         """Forget finished and preempted requests (a preempted one is rebuilt from its outputs)."""
@@ -112,14 +124,26 @@ class StructuredOutputs:
 
     def _fill(self, state: RequestState, bitmask: np.ndarray, index: int) -> None:
         entry = self._level(state)
-        if entry.failed:
-            words = bitmask.view(np.uint32)
-            for eos in self._vocab.eos_token_ids:
-                words[index, eos // 32] |= np.uint32(1 << (eos % 32))
-            return
-        assert entry.matcher is not None  # only a failed entry has none
-        row = bitmask[index]
-        entry.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+        if not entry.failed:
+            assert entry.matcher is not None  # only a failed entry has none
+            row = bitmask[index]
+            entry.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+            if not entry.matcher.is_error():
+                return
+            self._fail(state, entry, f"no next token is possible ({one_line(entry.matcher.get_error())})")
+        bitmask[index] = 0
+        words = bitmask.view(np.uint32)
+        for eos in self._vocab.eos_token_ids:
+            words[index, eos // 32] |= np.uint32(1 << (eos % 32))
+
+    def _fail(self, state: RequestState, entry: _Matcher, reason: str) -> None:
+        """From now on EOS only, and the failure is reported once, naming the request's field."""
+        entry.failed = True
+        constraint = state.sampling_params.structured_output
+        field = constraint.field if constraint is not None else "structured_outputs"
+        message = f"{field}: the output can no longer follow the grammar: {reason}"
+        self._failures[state.request_id] = message
+        logger.warning("request %s: %s; only EOS is allowed now", state.request_id, message)
 
     def _level(self, state: RequestState) -> _Matcher:
         """The request's matcher, having consumed every known output token."""
@@ -129,6 +153,8 @@ class StructuredOutputs:
             assert constraint is not None
             entry = self._build(state.request_id, constraint)
             self._matchers[state.request_id] = entry
+            if entry.failed:
+                self._fail(state, entry, f"it could not be built for this model's vocabulary ({entry.error})")
         outputs = state.token_ids[state.num_prompt_tokens:]
         if entry.failed or entry.num_consumed == len(outputs):
             return entry
@@ -137,17 +163,16 @@ class StructuredOutputs:
         accepted = entry.matcher.try_consume_tokens(new)
         entry.num_consumed = len(outputs)
         if accepted < len(new) or entry.matcher.is_error():
-            entry.failed = True
-            logger.warning("request %s left its grammar at output token %d (%s); only EOS is allowed now",
-                           state.request_id, entry.num_consumed - len(new) + accepted,
-                           entry.matcher.get_error() or "token refused")
+            refused = f"token {new[accepted]} refused" if accepted < len(new) else "matcher error"
+            reason = one_line(entry.matcher.get_error()) or refused
+            self._fail(state, entry, f"output token {entry.num_consumed - len(new) + accepted}: {reason}")
         return entry
 
     def _build(self, request_id: str, constraint: StructuredOutput) -> _Matcher:
         """A new matcher, or a failed entry (EOS only) if this grammar or tokenizer cannot make one."""
         try:
             return _Matcher(LLMatcher(self.tokenizer, grammar_of(constraint), log_level=0))
-        except Exception:  # noqa: BLE001 - whatever llguidance raises, the step must go on
+        except Exception as error:  # noqa: BLE001 - whatever llguidance raises, the step must go on
             logger.exception("request %s: its %s constraint could not be built; only EOS is allowed",
                              request_id, constraint.field)
-            return _Matcher(None, failed=True)
+            return _Matcher(None, failed=True, error=one_line(str(error)) or type(error).__name__)
