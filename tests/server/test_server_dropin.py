@@ -9,6 +9,7 @@ endpoints, the request surface (n, logit_bias, X-Request-Id, unknown fields), CO
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import signal
@@ -132,6 +133,40 @@ def test_an_output_that_cannot_follow_its_grammar_is_an_error_never_a_stop(serve
     assert answer.status_code == 200, answer.text
     assert answer.json()["choices"][0]["text"] in set(choices)
     assert answer.json()["choices"][0]["finish_reason"] == "stop"
+
+
+def test_streams_and_health_go_on_while_a_huge_choice_compiles(server: Server) -> None:
+    """Issue 34's proof: the grammar was compiled on the API server's event loop (6 s for 100,000
+    choices, every stream and /health frozen) and its matcher built inside an engine step. With 100,000
+    choices in flight a concurrent stream's largest gap and /health stay under a (generous) second."""
+    choices = [f"c{i}x" for i in range(100_000)]
+
+    async def main() -> tuple[list[float], list[float], httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=300) as client:
+            body = {"model": "smol", "prompt": "Count", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+            async with client.stream("POST", "/v1/completions", json=body) as stream:
+                chunks = stream.aiter_lines()
+                await chunks.__anext__()  # the stream runs
+                big = asyncio.ensure_future(client.post("/v1/completions", json={
+                    "model": "smol", "prompt": "pick", "max_tokens": 12, "guided_choice": choices}))
+                gaps, health = [], []
+                last = time.monotonic()
+                async for _ in chunks:
+                    gaps.append(time.monotonic() - last)
+                    if big.done():
+                        break
+                    if len(gaps) % 20 == 0:
+                        start = time.monotonic()
+                        assert (await client.get("/health")).status_code == 200
+                        health.append(time.monotonic() - start)
+                    last = time.monotonic()
+                answer = await big
+            return gaps, health, answer
+
+    gaps, health, answer = asyncio.run(main())
+    assert answer.status_code == 200 and answer.json()["choices"][0]["text"] in set(choices), answer.text
+    assert len(gaps) > 20, gaps  # the stream went on during the compile
+    assert max(gaps) < 1.0 and max(health, default=0) < 1.0, (sorted(gaps)[-5:], health)
 
 
 def test_vllm_endpoints(server: Server) -> None:

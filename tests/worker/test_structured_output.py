@@ -98,3 +98,24 @@ def test_llguidance_releases_that_take_one_eos_id(monkeypatch: pytest.MonkeyPatc
     ids = allowed(outputs, constrained("r", GrammarKind.CHOICE, '["yes", "no"]'))
     assert calls == [[2, 0], 2]
     assert ids and len(ids) < 50 and ids != {2}  # a real mask, not "EOS only"
+
+
+def test_a_prepared_matcher_is_built_off_the_step_and_used_by_it() -> None:
+    """`prepare` builds on the compile thread; the engine core schedules the request once `is_ready`, and
+    its first mask uses that matcher (no build in the step). A dropped request's build is abandoned."""
+    import time
+
+    outputs = StructuredOutputs(GrammarVocab(tokenizer_json, 49_152, (2,)))
+    state = constrained("r", GrammarKind.CHOICE, '["yes", "no"]', "guided_choice")
+    assert state.sampling_params.structured_output is not None
+    outputs.prepare("r", state.sampling_params.structured_output)
+    deadline = time.monotonic() + 60
+    while not outputs.is_ready("r"):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert 1 < len(allowed(outputs, state)) < 50
+    assert outputs.is_ready("never-prepared")
+    outputs.prepare("gone", state.sampling_params.structured_output)
+    outputs.drop(["gone"])
+    assert outputs.is_ready("gone")
+    outputs.shutdown()

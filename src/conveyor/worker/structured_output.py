@@ -1,6 +1,12 @@
 """Structured outputs in the worker: one llguidance matcher per constrained request, its next-token
 bitmask filled on the host each step, applied to the logits by the sampler (worker/sampler.py).
 
+Building a matcher (the grammar against the whole vocabulary; the tokenizer's index on first use) may
+take a second or more, so it never runs in the step: `prepare` starts it on a compile thread when the
+request arrives, and the engine core hands the request to the scheduler only once `is_ready` (vLLM's
+WAITING_FOR_FSM); meanwhile every other request steps on. Only a preempted request, whose matcher is
+dropped with its state, builds its new one in the step.
+
 Model: a matcher's state is a function of the request's output tokens alone. Before each mask the
 matcher is brought level with the request's known output (`RequestState.token_ids` past the prompt):
 it consumes the tokens it has not seen. So nothing else has to tell it what was accepted: a decode
@@ -21,7 +27,10 @@ the step: one request's grammar must never stop the engine for every other reque
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +43,9 @@ from conveyor.worker.request_state import RequestState
 from conveyor.worker.sampling_metadata import GrammarMask, host_to_device
 
 logger = logging.getLogger(__name__)
+
+COMPILE_NICE = 10
+"""How much lower the compile thread's CPU priority is: it must not take a core from the step loop."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,9 @@ class StructuredOutputs:
         self._matchers: dict[str, _Matcher] = {}
         self._failures: dict[str, str] = {}
         """Requests whose grammar failed since the last `take_failures`, with the message for the client."""
+        self._building: dict[str, Future[_Matcher]] = {}
+        """Matchers being built on the compile thread, by request id."""
+        self._compiler: ThreadPoolExecutor | None = None
         self._num_words = (vocab.vocab_size + 31) // 32
 
     @property
@@ -99,6 +114,22 @@ class StructuredOutputs:
         if self._tokenizer is None:
             self._tokenizer = make_tokenizer(self._vocab)
         return self._tokenizer
+
+    def prepare(self, request_id: str, constraint: StructuredOutput) -> None:
+        """Start building the request's matcher on the compile thread; the step never waits for it."""
+        if self._compiler is None:
+            self._compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-build",
+                                                initializer=_lower_this_threads_priority)
+        self._building[request_id] = self._compiler.submit(self._build, request_id, constraint)
+
+    def is_ready(self, request_id: str) -> bool:
+        """Whether the request may be scheduled: its matcher is built (or was never prepared)."""
+        building = self._building.get(request_id)
+        return building is None or building.done()
+
+    def shutdown(self) -> None:
+        if self._compiler is not None:
+            self._compiler.shutdown(wait=False, cancel_futures=True)
 
     def take_failures(self) -> dict[str, str]:
         """The grammar failures found since the last call (request id -> message naming the field)."""
@@ -109,6 +140,9 @@ class StructuredOutputs:
         """Forget finished and preempted requests (a preempted one is rebuilt from its outputs)."""
         for request_id in request_ids:
             self._matchers.pop(request_id, None)
+            building = self._building.pop(request_id, None)
+            if building is not None:
+                building.cancel()
 
     def mask(self, rows: Sequence[RequestState], device: torch.device) -> GrammarMask | None:
         """The bitmask for the sampling rows with a grammar (None when there are none)."""
@@ -151,7 +185,8 @@ class StructuredOutputs:
         if entry is None:
             constraint = state.sampling_params.structured_output
             assert constraint is not None
-            entry = self._build(state.request_id, constraint)
+            building = self._building.pop(state.request_id, None)
+            entry = building.result() if building is not None else self._build(state.request_id, constraint)
             self._matchers[state.request_id] = entry
             if entry.failed:
                 self._fail(state, entry, f"it could not be built for this model's vocabulary ({entry.error})")
@@ -176,3 +211,11 @@ class StructuredOutputs:
             logger.exception("request %s: its %s constraint could not be built; only EOS is allowed",
                              request_id, constraint.field)
             return _Matcher(None, failed=True, error=one_line(str(error)) or type(error).__name__)
+
+
+def _lower_this_threads_priority() -> None:
+    """Executor initializer: on Linux a thread's nice value is its own (PRIO_PROCESS with its tid)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICE)
+    except (AttributeError, OSError):  # not Linux, or refused: the thread still works, at normal priority
+        pass
