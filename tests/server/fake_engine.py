@@ -3,7 +3,8 @@
 Tokenizer: one token per character (`ord`), plus BOS = 1 with special tokens. Output token i is id
 `1000 + i` with text `" w{i}"`. `max_num_seqs` requests run at once, the rest wait (timing out after
 `queue_timeout_s`). Admission is the real one (`engine.admission`: lengths, in-flight and prefill-token
-caps), raised from `generate` as the real client does; `abort` ends a stream with a final ABORT
+caps), raised from `generate` as the real client does, and so is the grammar check (`engine.grammar_check`:
+size limits at once, the compile on its threads, a failure raised from the stream); `abort` ends a stream with a final ABORT
 output; stats listeners are called after every token and at every finish; `die()` plays the engine
 core's death.
 """
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from conveyor.config import SchedulerConfig
 from conveyor.core.lifecycle import KVPoolSize
 from conveyor.engine.admission import AdmissionControl, QueueLimits, RequestLimits, check_request
+from conveyor.engine.grammar_check import GrammarChecker, GrammarLimits, check_size
 from conveyor.engine.types import (
     EngineDeadError,
     EngineInfo,
@@ -56,6 +58,7 @@ class FakeEngineConfig:
     num_kv_blocks: int = 64
     block_size: int = 16
     vocab_size: int = 2_000_000
+    grammar: GrammarLimits = GrammarLimits()
 
 
 @dataclass
@@ -83,6 +86,7 @@ class FakeEngine:
         self._limits = RequestLimits(SchedulerConfig(max_model_len=config.max_model_len),
                                      KVPoolSize(config.num_kv_blocks, config.block_size), config.vocab_size)
         self.admission = AdmissionControl(QueueLimits(config.max_num_queued_reqs, config.max_num_queued_tokens))
+        self.grammars = GrammarChecker(config.grammar)
 
     @property
     def info(self) -> EngineInfo:
@@ -128,6 +132,7 @@ class FakeEngine:
 
     async def shutdown(self) -> None:
         self.shut_down = True
+        self.grammars.shutdown()
 
     def die(self) -> None:
         """The engine core died: live streams fail at their next token, the dead listeners run."""
@@ -139,12 +144,16 @@ class FakeEngine:
         if self.dead:
             raise EngineDeadError("fake engine is dead")
         check_request(request.prompt_token_ids, request.sampling_params, self._limits)
+        if request.sampling_params.structured_output is not None:
+            check_size(request.sampling_params.structured_output, self.config.grammar)
         self.admission.admit(request.request_id, len(request.prompt_token_ids))
         return self._admitted(request)
 
     async def _admitted(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         outputs = self._run(request)
         try:
+            if request.sampling_params.structured_output is not None:
+                await self.grammars.check(request.sampling_params.structured_output)
             async for output in outputs:
                 if self.dead:
                     raise EngineDeadError("fake engine died")

@@ -250,6 +250,18 @@ def test_models_version_tokenize_detokenize() -> None:
     run(main())
 
 
+def test_completions_max_tokens_null_is_16_as_vllm() -> None:
+    """Issue 34: an explicit `max_tokens: null` generated to the context limit (2,044 tokens); vLLM 0.33
+    answers it with its default, 16. Chat keeps "up to the context limit", as in vLLM."""
+    async def main() -> None:
+        async with app_client() as client:
+            answer = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": None})
+            assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 16
+            chat = await client.post("/v1/chat/completions", json={"messages": USER, "max_tokens": None})
+            assert chat.json()["usage"]["completion_tokens"] > 16
+    run(main())
+
+
 def test_every_request_finishes_or_is_aborted() -> None:
     async def main() -> None:
         engine = FakeEngine(FakeEngineConfig(token_delay_s=0.001))

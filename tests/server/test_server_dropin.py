@@ -9,6 +9,7 @@ endpoints, the request surface (n, logit_bias, X-Request-Id, unknown fields), CO
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import signal
@@ -107,6 +108,65 @@ def test_structured_json_parses_and_follows_the_schema(server: Server) -> None:
     assert text.lstrip()[:1] in ("{", "[")
     if answer["finish_reason"] == "stop":
         assert isinstance(json.loads(text), (dict, list))
+
+
+LOOP = {"$ref": "#/definitions/a", "definitions": {"a": {"$ref": "#/definitions/a"}}}
+
+
+def test_an_output_that_cannot_follow_its_grammar_is_an_error_never_a_stop(server: Server) -> None:
+    """Issue 34's cases: each was a 200 "stop" with text outside the grammar ("aaaa", "", "")."""
+    for field, name in (({"guided_regex": "a{1000000}"}, "guided_regex"), ({"guided_json": LOOP}, "guided_json"),
+                        ({"structured_outputs": {"json": LOOP}}, "structured_outputs.json")):
+        for stream in (False, True):
+            body = {"model": "smol", "prompt": "hi", "max_tokens": 8, "stream": stream, **field}
+            answer = post(server, "/v1/completions", body)
+            if answer.status_code == 200:  # a stream whose first token went out before the grammar failed
+                assert stream and "[DONE]" not in answer.text and '"finish_reason":"stop"' not in answer.text
+                error = json.loads(answer.text.strip().split("\n\n")[-1].removeprefix("data: "))["error"]
+            else:
+                assert answer.status_code == 400, answer.text
+                error = answer.json()["error"]
+            assert error["param"] == name and "can no longer follow the grammar" in error["message"]
+    choices = [f"c{i}x" for i in range(100_000)]  # one regex: checked in about a second, then served
+    answer = post(server, "/v1/completions", {"model": "smol", "prompt": "pick", "max_tokens": 12,
+                                              "guided_choice": choices})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["text"] in set(choices)
+    assert answer.json()["choices"][0]["finish_reason"] == "stop"
+
+
+def test_streams_and_health_go_on_while_a_huge_choice_compiles(server: Server) -> None:
+    """Issue 34's proof: the grammar was compiled on the API server's event loop (6 s for 100,000
+    choices, every stream and /health frozen) and its matcher built inside an engine step. With 100,000
+    choices in flight a concurrent stream's largest gap and /health stay under a (generous) second."""
+    choices = [f"c{i}x" for i in range(100_000)]
+
+    async def main() -> tuple[list[float], list[float], httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=300) as client:
+            body = {"model": "smol", "prompt": "Count", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+            async with client.stream("POST", "/v1/completions", json=body) as stream:
+                chunks = stream.aiter_lines()
+                await chunks.__anext__()  # the stream runs
+                big = asyncio.ensure_future(client.post("/v1/completions", json={
+                    "model": "smol", "prompt": "pick", "max_tokens": 12, "guided_choice": choices}))
+                gaps, health = [], []
+                last = time.monotonic()
+                async for _ in chunks:
+                    gaps.append(time.monotonic() - last)
+                    if big.done():
+                        break
+                    if len(gaps) % 20 == 0:
+                        start = time.monotonic()
+                        assert (await client.get("/health")).status_code == 200
+                        health.append(time.monotonic() - start)
+                    last = time.monotonic()
+                answer = await big
+            return gaps, health, answer
+
+    gaps, health, answer = asyncio.run(main())
+    assert answer.status_code == 200 and answer.json()["choices"][0]["text"] in set(choices), answer.text
+    assert len(gaps) > 20, gaps  # the stream went on during the compile
+    assert max(gaps) < 1.0 and max(health, default=0) < 1.0, (sorted(gaps)[-5:], health)
 
 
 def test_vllm_endpoints(server: Server) -> None:

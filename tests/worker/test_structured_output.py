@@ -1,5 +1,6 @@
 """Structured outputs in the worker: no request's grammar may raise into the step (it would stop the
-engine for every request), and a model whose EOS ids the tokenizer does not know still gets masks."""
+engine for every request), a grammar that fails is reported (naming the field) besides allowing only
+EOS, and a model whose EOS ids the tokenizer does not know still gets masks."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ def tokenizer_json() -> str:
     return Tokenizer.from_path(tokenizer_path(ModelConfig())).backend.to_str()  # the embedded SmolLM2
 
 
-def constrained(request_id: str, kind: GrammarKind, spec: str) -> RequestState:
-    params = SamplingParams(max_tokens=4, structured_output=StructuredOutput(kind, spec))
+def constrained(request_id: str, kind: GrammarKind, spec: str, field: str = "structured_outputs") -> RequestState:
+    params = SamplingParams(max_tokens=4, structured_output=StructuredOutput(kind, spec, field))
     return RequestState(request_id, [1, 2, 3], 3, [0], params, 0)
 
 
@@ -48,9 +49,34 @@ def test_a_grammar_that_cannot_be_built_allows_only_eos(caplog: pytest.LogCaptur
     """The API server checks grammars first; should one still fail here, that request ends (EOS only) and
     the step goes on for the others."""
     outputs = StructuredOutputs(GrammarVocab(tokenizer_json, 49_152, (2,)))
-    assert allowed(outputs, constrained("bad", GrammarKind.CHOICE, "not a JSON list")) == {2}
+    assert allowed(outputs, constrained("bad", GrammarKind.CHOICE, "not a JSON list", "guided_choice")) == {2}
     assert "could not be built" in caplog.text
     assert len(allowed(outputs, constrained("good", GrammarKind.CHOICE, '["yes", "no"]'))) < 50
+    failures = outputs.take_failures()
+    assert list(failures) == ["bad"] and failures["bad"].startswith("guided_choice: the output can no longer follow")
+    assert outputs.take_failures() == {}  # reported once
+
+
+def test_a_schema_with_no_possible_output_is_reported_not_a_silent_stop() -> None:
+    """Issue 34: a JSON schema whose $ref loops compiles, but no token can start it; the worker allowed
+    EOS and the client got 200 "stop" with "". The failure is now reported, naming the field."""
+    outputs = StructuredOutputs(GrammarVocab(tokenizer_json, 49_152, (2,)))
+    loop = '{"$ref": "#/definitions/a", "definitions": {"a": {"$ref": "#/definitions/a"}}}'
+    assert allowed(outputs, constrained("loop", GrammarKind.JSON, loop, "guided_json")) == {2}
+    message = outputs.take_failures()["loop"]
+    assert message.startswith("guided_json: the output can no longer follow the grammar: no next token")
+
+
+def test_a_token_the_grammar_refuses_is_reported() -> None:
+    """A token outside the grammar (forced by min_tokens or a bias) leaves it: EOS only, and reported."""
+    outputs = StructuredOutputs(GrammarVocab(tokenizer_json, 49_152, (2,)))
+    state = constrained("r", GrammarKind.CHOICE, '["yes", "no"]', "guided_choice")
+    assert len(allowed(outputs, state)) > 1
+    assert outputs.take_failures() == {}
+    state.token_ids.append(1000)  # some token that spells neither "yes" nor "no"
+    assert allowed(outputs, state) == {2}
+    message = outputs.take_failures()["r"]
+    assert message.startswith("guided_choice: the output can no longer follow the grammar: output token 0"), message
 
 
 def test_llguidance_releases_that_take_one_eos_id(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -72,3 +98,24 @@ def test_llguidance_releases_that_take_one_eos_id(monkeypatch: pytest.MonkeyPatc
     ids = allowed(outputs, constrained("r", GrammarKind.CHOICE, '["yes", "no"]'))
     assert calls == [[2, 0], 2]
     assert ids and len(ids) < 50 and ids != {2}  # a real mask, not "EOS only"
+
+
+def test_a_prepared_matcher_is_built_off_the_step_and_used_by_it() -> None:
+    """`prepare` builds on the compile thread; the engine core schedules the request once `is_ready`, and
+    its first mask uses that matcher (no build in the step). A dropped request's build is abandoned."""
+    import time
+
+    outputs = StructuredOutputs(GrammarVocab(tokenizer_json, 49_152, (2,)))
+    state = constrained("r", GrammarKind.CHOICE, '["yes", "no"]', "guided_choice")
+    assert state.sampling_params.structured_output is not None
+    outputs.prepare("r", state.sampling_params.structured_output)
+    deadline = time.monotonic() + 60
+    while not outputs.is_ready("r"):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert 1 < len(allowed(outputs, state)) < 50
+    assert outputs.is_ready("never-prepared")
+    outputs.prepare("gone", state.sampling_params.structured_output)
+    outputs.drop(["gone"])
+    assert outputs.is_ready("gone")
+    outputs.shutdown()

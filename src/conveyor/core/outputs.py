@@ -134,6 +134,10 @@ class ModelRunnerOutput:
     max_tokens). With a draft model it must also reserve `SpeculativeConfig.num_lookahead_tokens`
     KV slots past the scheduled tokens (the draft writes its proposals' KV there); a request with
     fewer slots gets fewer drafts."""
+    grammar_errors: dict[str, str] = field(default_factory=dict)
+    """Requests whose output can no longer follow their structured-outputs grammar (request id -> a
+    message naming the request field): the engine ends them as errors, not as a stop on the EOS that
+    the worker's mask forced this step."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,9 @@ class EngineCoreOutput:
     """Prompt tokens served from the prefix cache (set on the finishing output)."""
     num_preemptions: int = 0
     """Times this request was preempted (set on the finishing output)."""
+    error_message: str | None = None
+    """Why a request finished with ERROR when its own input caused it (its grammar could not be followed),
+    for the client; None with ERROR: an engine fault."""
 
     @property
     def finished(self) -> bool:

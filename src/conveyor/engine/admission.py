@@ -68,13 +68,29 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: R
         if token_id >= vocab_size:
             raise RequestRejectedError("logit_bias", f"logit_bias: token id {token_id} is out of range "
                                                      f"[0, {vocab_size})")
+    _check_output_bounds(len(prompt_token_ids), params, limits)
     if params.structured_output is not None:
         _check_structured_output(params.structured_output, limits)
 
 
-def _check_structured_output(constraint: StructuredOutput, limits: RequestLimits) -> None:
-    from conveyor.worker.grammar import GrammarError, check_grammar  # llguidance, no torch
+def _check_output_bounds(num_prompt_tokens: int, params: SamplingParams, limits: RequestLimits) -> None:
+    """vLLM's 400s: a stop token id outside the vocabulary, and `min_tokens` past the room the context
+    leaves (with max_tokens unset; a set one already bounds it), which would otherwise run to the limit."""
+    vocab_size = limits.vocab_size
+    bad = next((t for t in params.stop_token_ids if t >= vocab_size), None)
+    if bad is not None:
+        raise RequestRejectedError("stop_token_ids", f"stop_token_ids: token id {bad} is out of range "
+                                                     f"[0, {vocab_size})")
+    room = limits.scheduler.max_model_len - num_prompt_tokens
+    if params.min_tokens > room:
+        raise RequestRejectedError("min_tokens", f"min_tokens ({params.min_tokens}) exceeds the {room} tokens "
+                                                 f"max_model_len ({limits.scheduler.max_model_len}) leaves after the "
+                                                 f"prompt ({num_prompt_tokens} tokens)")
 
+
+def _check_structured_output(constraint: StructuredOutput, limits: RequestLimits) -> None:
+    """Whether this server can mask at all; the grammar itself is compiled off the event loop
+    (`engine.grammar_check`), by the caller."""
     if limits.speculative:
         raise RequestRejectedError(constraint.field, f"{constraint.field}: structured outputs are not supported "
                                                      "with speculative decoding (--speculative-config) on this server")
@@ -82,10 +98,6 @@ def _check_structured_output(constraint: StructuredOutput, limits: RequestLimits
         raise RequestRejectedError(constraint.field, f"{constraint.field}: structured outputs are not supported "
                                                      "with tensor parallelism (--tensor-parallel-size > 1) on this "
                                                      "server")
-    try:
-        check_grammar(constraint)
-    except GrammarError as error:
-        raise RequestRejectedError(constraint.field, f"{constraint.field}: the grammar does not compile: {error}") from None
 
 
 @dataclass(frozen=True)

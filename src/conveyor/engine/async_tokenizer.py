@@ -31,7 +31,7 @@ LARGE_TEXT_NICE = 10
 """How much lower the large-text lane's CPU priority is (os.setpriority; raising nice needs no privilege)."""
 
 
-def _lower_this_threads_priority() -> None:
+def lower_this_threads_priority() -> None:
     """Executor initializer: on Linux a thread's nice value is its own (PRIO_PROCESS with its tid)."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LARGE_TEXT_NICE)
@@ -56,7 +56,7 @@ class AsyncTokenizer:
         self.tokenizer = tokenizer
         self._small = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize-small")
         self._large = ThreadPoolExecutor(max_workers=NUM_LARGE_TEXT_THREADS, thread_name_prefix="tokenize-large",
-                                         initializer=_lower_this_threads_priority)
+                                         initializer=lower_this_threads_priority)
 
     async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         encode = functools.partial(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)

@@ -2,7 +2,10 @@
 
 Model (vLLM V1's AsyncLLM + AsyncMPClient): `generate` takes the one admission decision
 (`engine.admission`), registers the request with the `OutputProcessor` and a per-request
-`asyncio.Queue`, and pushes an `AddRequest` to the core: it never waits for the core. One task, the
+`asyncio.Queue`, and pushes an `AddRequest` to the core: it never waits for the core. A request with a
+grammar first waits for it to compile on `GrammarChecker`'s threads (vLLM's WAITING_FOR_FSM, here in the
+front end): it is admitted and counted meanwhile, others are not delayed, and a grammar that fails ends
+its stream with the 400 before the core ever sees it. One task, the
 output handler, receives each step's `EngineStepOutputs`, detokenizes and checks stop strings
 (`OutputProcessor`, here in the API process), sends an abort to the core for a matched stop string,
 and puts every `RequestOutput` on its request's queue. Everything runs on the event loop except
@@ -33,6 +36,7 @@ from conveyor.core.outputs import EngineCoreOutputs
 from conveyor.engine.admission import AdmissionControl, QueueLimits, RequestLimits, SharedCounts, check_request
 from conveyor.engine.async_tokenizer import AsyncTokenizer
 from conveyor.engine.core_proc import EngineAddresses
+from conveyor.engine.grammar_check import GrammarChecker, GrammarLimits, check_size
 from conveyor.engine.messages import (
     AbortRequests,
     AddRequest,
@@ -52,6 +56,7 @@ from conveyor.engine.types import (
     GenerateRequest,
     IterationStats,
     RequestOutput,
+    RequestRejectedError,
     StatsListener,
 )
 from conveyor.request import FinishReason
@@ -75,6 +80,8 @@ class ClientConfig:
     """--queue-timeout, for the error message of a timed-out request."""
     chat_template: str | None = None
     """A Jinja chat template replacing the model's (--chat-template), else None."""
+    grammar: GrammarLimits = GrammarLimits()
+    """What a structured-outputs constraint may cost (--max-grammar-bytes, ...)."""
 
 
     @classmethod
@@ -116,6 +123,9 @@ class AsyncEngineClient:
         self._admission = admission
         self._lifeline = lifeline
         self._processor = OutputProcessor(tokenizer.tokenizer, config.queue_timeout_s)
+        self._grammars = GrammarChecker(config.grammar)
+        self._compiling: dict[str, asyncio.Task[None]] = {}
+        """Requests admitted and waiting for their grammar: not yet sent to the core."""
         self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
         self._stats_listeners: list[StatsListener] = []
         self._dead_listeners: list[Callable[[], None]] = []
@@ -164,15 +174,43 @@ class AsyncEngineClient:
         """Admit (raising before any output), submit, and return the request's output stream."""
         self._raise_if_dead()
         request_id, prompt = request.request_id, request.prompt_token_ids
+        constraint = request.sampling_params.structured_output
         check_request(prompt, request.sampling_params, self._config.limits)
+        if constraint is not None:
+            check_size(constraint, self._config.grammar)
         self._admission.admit(request_id, len(prompt))
         arrival_s = time.monotonic() if request.arrival_s is None else request.arrival_s
         outputs: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[request_id] = outputs
-        self._processor.add_request(request_id, prompt, request.sampling_params, arrival_s)
-        self._send(AddRequest(request_id, prompt, request.sampling_params, arrival_s, self._config.client_index,
-                              request.priority, request.cache_salt))
+        if constraint is None:
+            self._submit(request, arrival_s)
+        else:
+            self._compiling[request_id] = asyncio.ensure_future(self._submit_when_compiled(request, arrival_s))
         return RequestStream(self._stream(request_id, outputs), lambda: self._consumer_gone(request_id))
+
+    def _submit(self, request: GenerateRequest, arrival_s: float) -> None:
+        params = request.sampling_params
+        self._processor.add_request(request.request_id, request.prompt_token_ids, params, arrival_s)
+        self._send(AddRequest(request.request_id, request.prompt_token_ids, params, arrival_s,
+                              self._config.client_index, request.priority, request.cache_salt))
+
+    async def _submit_when_compiled(self, request: GenerateRequest, arrival_s: float) -> None:
+        """Send the request once its grammar compiled; a failed one ends its stream with the rejection."""
+        request_id = request.request_id
+        constraint = request.sampling_params.structured_output
+        assert constraint is not None
+        try:
+            await self._grammars.check(constraint)
+        except RequestRejectedError as error:
+            outputs = self._streams.pop(request_id, None)
+            self._admission.release(request_id)
+            if outputs is not None:
+                outputs.put_nowait(error)
+            return
+        finally:
+            self._compiling.pop(request_id, None)
+        if request_id in self._streams and self._dead_reason is None and not self._closed:
+            self._submit(request, arrival_s)
 
     async def abort(self, request_id: str) -> None:
         """End a request in the core; its stream receives the core's final ABORT output."""
@@ -214,6 +252,9 @@ class AsyncEngineClient:
         if self._output_task is not None:
             self._output_task.cancel()
         self._fail_everything("the server is shutting down")
+        for task in self._compiling.values():
+            task.cancel()
+        self._grammars.shutdown()
         self._input.close()
         self._output.close()
         self._context.term()
@@ -241,6 +282,10 @@ class AsyncEngineClient:
         if self._streams.pop(request_id, None) is None:
             return
         self._admission.release(request_id)
+        compiling = self._compiling.pop(request_id, None)
+        if compiling is not None:  # the core never saw it: nothing to abort there
+            compiling.cancel()
+            return
         if self._dead_reason is None and not self._closed:
             self._send(AbortRequests([request_id], FinishReason.ABORT))
 

@@ -7,14 +7,22 @@ every step, even an empty one, because that is where waiting requests time out. 
 (`AsyncEngineCore`) the runner's launch of step N+1 comes before step N's update, so the host work
 of the one overlaps the device work of the other. Everything here is single-threaded; `AsyncEngine`
 runs it on its own thread.
+
+A request with a structured-outputs grammar waits here, outside the scheduler, while the runner builds
+its matcher on a compile thread (vLLM's WAITING_FOR_FSM): a grammar that takes seconds to build never
+stalls a step. Each step first hands the scheduler those whose matcher is ready; an abort ends a waiting
+one at once.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from conveyor.config import EngineConfig
+from conveyor.core.errors import AdmissionError, QueueFullError
 from conveyor.core.outputs import EngineCoreOutput, EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
 from conveyor.core.stats import SchedulerStats
 from conveyor.request import FinishReason, Request
@@ -89,33 +97,76 @@ class EngineCore:
         self.scheduler = scheduler
         self.limits = limits
         self.num_steps = 0
+        self._grammars = getattr(runner, "structured_outputs", None)
+        """The runner's matchers, when it masks (None: constrained requests go straight to the scheduler)."""
+        self._waiting_for_grammar: dict[str, Request] = {}
+        self._released_errors: list[EngineCoreOutput] = []
+        """Waiting requests the scheduler refused when their grammar was ready: reported by the next step."""
 
     def add_request(self, request: Request) -> None:
-        """Admit a request (raises core.errors.AdmissionError / QueueFullError unchanged)."""
-        self.scheduler.add_request(request)
+        """Admit a request (raises core.errors.AdmissionError / QueueFullError unchanged); one with a
+        grammar waits for its matcher first."""
+        constraint = request.sampling_params.structured_output
+        if constraint is None or self._grammars is None:
+            self.scheduler.add_request(request)
+            return
+        if request.request_id in self._waiting_for_grammar:
+            raise AdmissionError("request_id", f"{request.request_id!r} is already in use")
+        self._grammars.prepare(request.request_id, constraint)
+        self._waiting_for_grammar[request.request_id] = request
 
     def abort(self, request_ids: list[str], reason: FinishReason = FinishReason.ABORT) -> list[EngineCoreOutput]:
         """End requests now (client gone, stop string matched); their blocks are freed."""
         if not request_ids:
             return []
-        return self.scheduler.finish_requests(request_ids, reason)
+        waiting = [self._waiting_for_grammar.pop(rid) for rid in request_ids if rid in self._waiting_for_grammar]
+        if waiting and self._grammars is not None:
+            self._grammars.drop([request.request_id for request in waiting])
+        rest = [rid for rid in request_ids if rid not in {request.request_id for request in waiting}]
+        return [_ended(request, reason) for request in waiting] + self.scheduler.finish_requests(rest, reason)
+
+    def _schedule(self) -> SchedulerOutput:
+        """The scheduler's next step, after it received the requests whose matcher is now ready."""
+        grammars = self._grammars
+        for request_id, request in list(self._waiting_for_grammar.items()):
+            if grammars is None or not grammars.is_ready(request_id):
+                continue
+            del self._waiting_for_grammar[request_id]
+            try:
+                self.scheduler.add_request(request)
+            except (AdmissionError, QueueFullError) as error:  # the queue filled up meanwhile
+                self._released_errors.append(dataclasses.replace(_ended(request, FinishReason.ERROR),
+                                                                 error_message=str(error)))
+        return self.scheduler.schedule()
 
     def step(self) -> StepResult:
-        scheduler_output = self.scheduler.schedule()
+        scheduler_output = self._schedule()
         if _nothing_for_runner(scheduler_output):
             return self._apply(scheduler_output, EMPTY_RUNNER_OUTPUT)
         return self._apply(scheduler_output, self.runner.execute(scheduler_output))
 
     def _apply(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> StepResult:
-        """The scheduler takes the step's output (append, stop, free); invariants checked if asked."""
+        """The scheduler takes the step's output (append, stop, free); invariants checked if asked.
+        Requests whose grammar failed end first, as errors: the EOS the worker forced for them this step
+        would otherwise finish them as a plain stop."""
+        failed = self._fail_grammars(runner_output.grammar_errors)
         outputs, stats = self.scheduler.update_from_output(scheduler_output, runner_output)
+        outputs.finished_outputs.extend(failed)
+        outputs.finished_outputs.extend(self._released_errors)
+        self._released_errors = []
         if self.config.check_invariants:
             self.scheduler.check_invariants()
         self.num_steps += 1
         return StepResult(outputs, stats)
 
+    def _fail_grammars(self, errors: dict[str, str]) -> list[EngineCoreOutput]:
+        if not errors:
+            return []
+        finished = self.scheduler.finish_requests(list(errors), FinishReason.ERROR)
+        return [dataclasses.replace(output, error_message=errors[output.request_id]) for output in finished]
+
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return bool(self._waiting_for_grammar or self._released_errors) or self.scheduler.has_unfinished_requests()
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """vLLM's: forget the prefix cache; False (nothing changed) while a request holds KV blocks,
@@ -127,6 +178,8 @@ class EngineCore:
         close = getattr(self.runner, "shutdown", None)
         if close is not None:
             close()
+        if self._grammars is not None:
+            self._grammars.shutdown()  # queued builds are dropped; one running finishes on its thread
 
 
 @dataclass(frozen=True)
@@ -153,7 +206,7 @@ class AsyncEngineCore(EngineCore):
         self._in_flight: _InFlight | None = None
 
     def step(self) -> StepResult:
-        scheduler_output = self.scheduler.schedule()
+        scheduler_output = self._schedule()
         if _nothing_for_runner(scheduler_output):
             previous, self._in_flight = self._in_flight, None
             if previous is None:
@@ -166,7 +219,7 @@ class AsyncEngineCore(EngineCore):
         return self._apply(previous.scheduler_output, self.runner.collect(previous.handle))
 
     def has_unfinished_requests(self) -> bool:
-        return self._in_flight is not None or self.scheduler.has_unfinished_requests()
+        return self._in_flight is not None or super().has_unfinished_requests()
 
 
 def make_engine_core(config: EngineConfig, runner: Runner, scheduler: SchedulerLike,
@@ -182,3 +235,10 @@ def _nothing_for_runner(scheduler_output: SchedulerOutput) -> bool:
     return (scheduler_output.is_empty and not scheduler_output.finished_req_ids
             and not scheduler_output.preempted_req_ids)
 
+
+
+def _ended(request: Request, reason: FinishReason) -> EngineCoreOutput:
+    """The final output of a request that ends before the scheduler ever had it (no tokens, no blocks)."""
+    request.timings.finished_s = time.monotonic()
+    return EngineCoreOutput(request.request_id, [], finish_reason=reason, timings=request.timings,
+                            num_prompt_tokens=request.num_prompt_tokens)

@@ -22,6 +22,7 @@ from conveyor.config import CacheConfig, DeviceConfig, EngineConfig, ModelConfig
 from conveyor.core.lifecycle import KVPoolSize
 from conveyor.core.stats import SchedulerStats, SpecDecodingStats
 from conveyor.engine.admission import AdmissionControl, QueueLimits, RequestLimits, check_request
+from conveyor.engine.grammar_check import compile_check
 from conveyor.engine.async_tokenizer import TextTokenizer
 from conveyor.engine.engine_core import EngineCore
 from conveyor.engine.output_processor import OutputProcessor, ProcessedOutputs
@@ -167,6 +168,8 @@ class LLM:
         for prompt, params in zip(prompt_list, params_list):
             token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             check_request(token_ids, params, self._limits)
+            if params.structured_output is not None:  # offline: no event loop to keep free
+                compile_check(params.structured_output)
             pending.append(_Pending(self._new_id(), token_ids, params))
         for item, salt in zip(pending, salts):  # from vLLM's prompt dicts
             item.cache_salt = salt

@@ -37,6 +37,8 @@ class _RequestState:
     final_sent: bool = False
     """A stop string already produced the final output; only the scheduler's finish is pending."""
     stop_reason: int | str | None = None
+    grammar_field: str | None = None
+    """The request field of its structured-outputs constraint: what a grammar failure is reported under."""
 
 
 @dataclass
@@ -60,7 +62,9 @@ class OutputProcessor:
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     arrival_s: float) -> None:
         detokenizer = IncrementalDetokenizer(self._tokenizer, prompt_token_ids, params)
-        self._states[request_id] = _RequestState(request_id, prompt_token_ids, detokenizer, arrival_s)
+        constraint = params.structured_output
+        self._states[request_id] = _RequestState(request_id, prompt_token_ids, detokenizer, arrival_s,
+                                                 grammar_field=constraint.field if constraint is not None else None)
 
     def has_request(self, request_id: str) -> bool:
         return request_id in self._states
@@ -122,7 +126,8 @@ class OutputProcessor:
             num_output_tokens=state.num_output_tokens,
             finish_reason=reasons[0],
             stop_reason=reasons[1],
-            error_message=self._error_message(reasons[0]),
+            error_message=core_output.error_message or self._error_message(reasons[0]),
+            error_param=state.grammar_field if core_output.error_message is not None else None,
             new_logprobs=[self._logprob_entry(lp) for lp in core_output.new_logprobs[:num_new]],
             prompt_token_ids=list(state.prompt_token_ids) if first else [],
             num_cached_tokens=core_output.num_cached_tokens,

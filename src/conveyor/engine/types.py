@@ -90,6 +90,9 @@ class RequestOutput:
     stop_reason: int | str | None = None
     error_message: str | None = None
     """Set when finish_reason is QUEUE_TIMEOUT or ERROR: what went wrong, for the client."""
+    error_param: str | None = None
+    """The request field an ERROR is about when the request's own input caused it (its grammar could not
+    be followed): the client gets a 400 naming it, not a 500."""
     new_logprobs: list[LogprobEntry] = field(default_factory=list)
     prompt_token_ids: list[int] = field(default_factory=list)
     """Set on the first output only (for `echo` and usage accounting)."""

@@ -183,7 +183,7 @@ async def _serve_front_end(spec: FrontEndSpec, lifeline: multiprocessing.connect
                            listener: socket.socket, ready: multiprocessing.connection.Connection) -> int:
     client_config = dataclasses.replace(
         ClientConfig.for_engine(spec.engine_config, spec.info, spec.addresses, spec.client_index),
-        chat_template=spec.server_config.chat_template)
+        chat_template=spec.server_config.chat_template, grammar=spec.server_config.grammar_limits())
     client = AsyncEngineClient.connect(client_config, spec.engine_config, spec.shared, lifeline)
     options = ServeOptions(sockets=[listener], drain_signals=(DRAIN_SIGNAL,), metrics_dir=spec.metrics_dir,
                            announce=False, on_started=lambda: ready.send(True))

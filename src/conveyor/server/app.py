@@ -179,8 +179,10 @@ def _add_admin_routes(app: FastAPI, ctx: ServingContext, config: ServerConfig) -
     async def detokenize(request: Request) -> Response:
         body = await parse_body(request, DetokenizeRequest, limit)
         ctx.check_model(body.model)
-        if any(token < 0 for token in body.tokens):
-            raise bad_request("tokens: token ids must be >= 0", "tokens")
+        vocab_size = ctx.engine.info.vocab_size
+        bad = next((token for token in body.tokens if not 0 <= token < vocab_size), None)
+        if bad is not None:  # as vLLM: an id outside the vocabulary is a 400, not "" for it
+            raise bad_request(f"tokens: token id {bad} is out of range [0, {vocab_size})", "tokens")
         try:
             text = await ctx.engine.detokenize(body.tokens)
         except Exception as error:  # the tokenizer's own error type for ids outside its vocabulary

@@ -97,6 +97,7 @@ def leave_cores_to_api_servers(engine_config: EngineConfig, api_server_count: in
 async def _serve_with_engine(engine: EngineProcess, engine_config: EngineConfig, server_config: ServerConfig) -> int:
     assert engine.info is not None
     client_config = dataclasses.replace(ClientConfig.for_engine(engine_config, engine.info, engine.addresses),
-                                        chat_template=server_config.chat_template)
+                                        chat_template=server_config.chat_template,
+                                        grammar=server_config.grammar_limits())
     client = AsyncEngineClient.connect(client_config, engine_config, lifeline=engine.lifeline)
     return await serve(client, server_config)

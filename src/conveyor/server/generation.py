@@ -67,11 +67,15 @@ def _admission_error(error: EngineError, prompt_param: str) -> APIError:
 
 
 def failed_output_error(output: RequestOutput) -> APIError | None:
-    """The error a finished output carries (queue timeout: 503; engine failure: 500), if any."""
+    """The error a finished output carries (queue timeout: 503; a grammar the output could not follow: 400
+    naming its field; engine failure: 500), if any."""
     if output.finish_reason is FinishReason.QUEUE_TIMEOUT:
         message = output.error_message or "the request waited too long in the queue"
         return APIError(503, message, ErrorType.TIMEOUT, reason=None,
                         headers={"Retry-After": str(RETRY_AFTER_S)})
+    if output.finish_reason is FinishReason.ERROR and output.error_param is not None:  # the request's grammar
+        return APIError(400, output.error_message or "the output cannot follow the grammar",
+                        param=output.error_param, reason=None)
     if output.finish_reason is FinishReason.ERROR:
         return APIError(500, output.error_message or "the engine failed while generating",
                         ErrorType.INTERNAL, reason=None)

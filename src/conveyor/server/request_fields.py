@@ -99,15 +99,17 @@ def _from_structured_outputs(spec: dict[str, Any]) -> list[StructuredOutput]:
         if spec.get(key) not in (None, False):
             raise bad_request(f"{field}.{key}: not supported by conveyor", f"{field}.{key}")
     if spec.get("json") is not None:
-        found.append(StructuredOutput(GrammarKind.JSON, _schema_text(spec["json"], f"{field}.json"), field))
+        found.append(StructuredOutput(GrammarKind.JSON, _schema_text(spec["json"], f"{field}.json"),
+                                      f"{field}.json"))
     if spec.get("regex") is not None:
-        found.append(StructuredOutput(GrammarKind.REGEX, _text(spec["regex"], f"{field}.regex"), field))
+        found.append(StructuredOutput(GrammarKind.REGEX, _text(spec["regex"], f"{field}.regex"), f"{field}.regex"))
     if spec.get("choice") is not None:
         found.append(_choice(spec["choice"], f"{field}.choice"))
     if spec.get("grammar") is not None:
-        found.append(StructuredOutput(GrammarKind.GRAMMAR, _text(spec["grammar"], f"{field}.grammar"), field))
+        found.append(StructuredOutput(GrammarKind.GRAMMAR, _text(spec["grammar"], f"{field}.grammar"),
+                                      f"{field}.grammar"))
     if spec.get("json_object"):
-        found.append(StructuredOutput(GrammarKind.JSON_OBJECT, "", field))
+        found.append(StructuredOutput(GrammarKind.JSON_OBJECT, "", f"{field}.json_object"))
     if not found and not spec.get("disable_any_whitespace"):
         raise bad_request(f"{field}: give one of json, regex, choice, grammar or json_object", field)
     return found
@@ -122,7 +124,7 @@ def _text(value: object, field: str) -> str:
 def _choice(value: object, field: str) -> StructuredOutput:
     if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
         raise bad_request(f"{field}: must be a non-empty list of non-empty strings", field)
-    return StructuredOutput(GrammarKind.CHOICE, json.dumps(value), field.split(".")[0])
+    return StructuredOutput(GrammarKind.CHOICE, json.dumps(value), field)
 
 
 def _from_response_format(spec: dict[str, Any]) -> list[StructuredOutput]:
@@ -136,8 +138,8 @@ def _from_response_format(spec: dict[str, Any]) -> list[StructuredOutput]:
         inner = spec.get("json_schema")
         if not isinstance(inner, dict) or "schema" not in inner:
             raise bad_request(f"{field}.json_schema: must be an object with a `schema`", f"{field}.json_schema")
-        return [StructuredOutput(GrammarKind.JSON, _schema_text(inner["schema"], f"{field}.json_schema.schema"),
-                                 field)]
+        schema_field = f"{field}.json_schema.schema"
+        return [StructuredOutput(GrammarKind.JSON, _schema_text(inner["schema"], schema_field), schema_field)]
     raise bad_request(f"{field}.type: must be text, json_object or json_schema (got {kind!r})", f"{field}.type")
 
 

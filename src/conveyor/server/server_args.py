@@ -23,7 +23,8 @@ _SERVER_FLAGS = {
     "timeout_keep_alive": "timeout_keep_alive_s", "header_timeout": "header_timeout_s",
     "max_logprobs": "max_logprobs", "enable_force_include_usage": "force_include_usage",
     "enable_prompt_tokens_details": "prompt_tokens_details", "enable_log_requests": "log_requests",
-    "max_log_len": "max_log_len",
+    "max_log_len": "max_log_len", "max_grammar_bytes": "max_grammar_bytes",
+    "max_grammar_choices": "max_grammar_choices", "grammar_compile_timeout": "grammar_compile_timeout_s",
 }
 """argparse dest -> ServerConfig field."""
 _UVICORN_FLAGS = {
@@ -103,6 +104,12 @@ def _add_response_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction, default=None,
                        help="log one line per request")
     group.add_argument("--max-log-len", type=int, help="longest prompt excerpt a request log line prints")
+    group.add_argument("--max-grammar-bytes", type=int, metavar="BYTES",
+                       help="largest structured-outputs constraint a request may send (default 2 MiB)")
+    group.add_argument("--max-grammar-choices", type=int, metavar="N",
+                       help="most strings a guided_choice may list (default 100000)")
+    group.add_argument("--grammar-compile-timeout", type=float, metavar="SECONDS",
+                       help="a grammar that takes longer to compile is a 400 (default 30)")
     group.add_argument("--enable-request-id-headers", action=argparse.BooleanOptionalAction, default=None,
                        help="X-Request-Id is always echoed (accepted for vLLM)")
     group.add_argument("--enable-server-load-tracking", action=argparse.BooleanOptionalAction, default=None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from conveyor.config import ConfigError
+from conveyor.engine.grammar_check import GrammarLimits
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,12 @@ class ServerConfig:
     """Longest prompt excerpt a request log line prints (None: the whole prompt)."""
     chat_template: str | None = None
     """A Jinja chat template (the text) replacing the model's (vLLM's --chat-template)."""
+    max_grammar_bytes: int = GrammarLimits.max_bytes
+    """Largest structured-outputs constraint in UTF-8 bytes; larger is a 400 naming the field."""
+    max_grammar_choices: int = GrammarLimits.max_choices
+    """Most strings a choice constraint may list; more is a 400 naming the field."""
+    grammar_compile_timeout_s: float = GrammarLimits.compile_timeout_s
+    """A grammar that takes longer to compile is a 400 naming the field (it is compiled off the event loop)."""
     uvicorn: UvicornOptions = field(default_factory=lambda: UvicornOptions())
     """How uvicorn listens (TLS, Unix socket, root path, logging, h11 limits)."""
 
@@ -101,3 +108,12 @@ class ServerConfig:
                 raise ConfigError(f"{name} must be > 0 (got {getattr(self, name)})")
         if not 0 <= self.max_logprobs <= 1024:
             raise ConfigError(f"max_logprobs must be in 0..1024 (got {self.max_logprobs})")
+        for name in ("max_grammar_bytes", "max_grammar_choices"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if not self.grammar_compile_timeout_s > 0:
+            raise ConfigError(f"grammar_compile_timeout_s must be > 0 (got {self.grammar_compile_timeout_s})")
+
+    def grammar_limits(self) -> GrammarLimits:
+        """What one request's structured-outputs constraint may cost the API server."""
+        return GrammarLimits(self.max_grammar_bytes, self.max_grammar_choices, self.grammar_compile_timeout_s)

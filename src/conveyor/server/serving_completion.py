@@ -60,7 +60,8 @@ async def prepare_completion(ctx: ServingContext, body: CompletionRequest, http_
     body.check_supported()
     check_logprobs(ctx, body.logprobs, "logprobs")
     prompt = body.single_prompt()
-    params = body.to_sampling_params(body.max_tokens, body.logprobs)
+    # An explicit `max_tokens: null` is the default 16, as vLLM 0.33 answers it (not "to the context limit").
+    params = body.to_sampling_params(16 if body.max_tokens is None else body.max_tokens, body.logprobs)
     request_id = engine_request_id("cmpl", http_request, body.request_id)
     log_request(ctx, request_id, prompt, body)
     if isinstance(prompt, str):

@@ -250,7 +250,16 @@ class ModelRunner:
         return handle
 
     def collect(self, handle: StepHandle) -> ModelRunnerOutput:
-        """The step's tokens (waiting for them if needed), written over their placeholders. Idempotent."""
+        """The step's tokens (waiting for them if needed), written over their placeholders, and the grammar
+        failures found since the last collect. Idempotent (a failure is reported once)."""
+        result = self._collect_tokens(handle)
+        failures = self.structured_outputs.take_failures() if self.structured_outputs is not None else {}
+        if failures:
+            result = dataclasses.replace(result, grammar_errors={**result.grammar_errors, **failures})
+            handle.result = result
+        return result
+
+    def _collect_tokens(self, handle: StepHandle) -> ModelRunnerOutput:
         if handle.result is not None:
             return handle.result
         if handle.copied is not None:

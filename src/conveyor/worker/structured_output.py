@@ -1,6 +1,12 @@
 """Structured outputs in the worker: one llguidance matcher per constrained request, its next-token
 bitmask filled on the host each step, applied to the logits by the sampler (worker/sampler.py).
 
+Building a matcher (the grammar against the whole vocabulary; the tokenizer's index on first use) may
+take a second or more, so it never runs in the step: `prepare` starts it on a compile thread when the
+request arrives, and the engine core hands the request to the scheduler only once `is_ready` (vLLM's
+WAITING_FOR_FSM); meanwhile every other request steps on. Only a preempted request, whose matcher is
+dropped with its state, builds its new one in the step.
+
 Model: a matcher's state is a function of the request's output tokens alone. Before each mask the
 matcher is brought level with the request's known output (`RequestState.token_ids` past the prompt):
 it consumes the tokens it has not seen. So nothing else has to tell it what was accepted: a decode
@@ -9,16 +15,22 @@ admission, but the rule would hold), or a preempted request that comes back with
 (its matcher was dropped with its state, and the new one consumes them all) all land the same way.
 Under async scheduling the runner collects the step in flight first, so no placeholder is consumed.
 
-A matcher that falls into an error (a token it refuses, e.g. forced by `min_tokens` or a bias), or
-that cannot be built for this request, allows only EOS from then on, so the request ends instead of
-running on unconstrained; the error is logged. Nothing here may raise into the step: one request's
-grammar must never stop the engine for every other request.
+A matcher that falls into an error (a token it refuses, e.g. forced by `min_tokens` or a bias; a mask
+it cannot compute, e.g. a JSON schema whose `$ref` loops), or that cannot be built for this request,
+allows only EOS from then on, so the request never runs on unconstrained. That EOS would read as a
+normal "stop" with text that does not follow the grammar, so the failure is also reported:
+`take_failures` hands the step's new failures (request id -> a message naming the field) to the
+runner's output, and the engine ends those requests with an error instead. Nothing here may raise into
+the step: one request's grammar must never stop the engine for every other request.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,11 +38,14 @@ import torch
 from llguidance import LLMatcher, LLTokenizer
 
 from conveyor.sampling_params import StructuredOutput
-from conveyor.worker.grammar import grammar_of
+from conveyor.worker.grammar import grammar_of, one_line
 from conveyor.worker.request_state import RequestState
 from conveyor.worker.sampling_metadata import GrammarMask, host_to_device
 
 logger = logging.getLogger(__name__)
+
+COMPILE_NICE = 10
+"""How much lower the compile thread's CPU priority is: it must not take a core from the step loop."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +67,8 @@ class _Matcher:
     num_consumed: int = 0
     """Output tokens this matcher has consumed."""
     failed: bool = False
+    error: str = ""
+    """Why it could not be built (one line), when `matcher` is None."""
 
 
 def make_tokenizer(vocab: GrammarVocab) -> LLTokenizer:
@@ -85,6 +102,11 @@ class StructuredOutputs:
         self._vocab = vocab
         self._tokenizer: LLTokenizer | None = None
         self._matchers: dict[str, _Matcher] = {}
+        self._failures: dict[str, str] = {}
+        """Requests whose grammar failed since the last `take_failures`, with the message for the client."""
+        self._building: dict[str, Future[_Matcher]] = {}
+        """Matchers being built on the compile thread, by request id."""
+        self._compiler: ThreadPoolExecutor | None = None
         self._num_words = (vocab.vocab_size + 31) // 32
 
     @property
@@ -93,10 +115,34 @@ class StructuredOutputs:
             self._tokenizer = make_tokenizer(self._vocab)
         return self._tokenizer
 
+    def prepare(self, request_id: str, constraint: StructuredOutput) -> None:
+        """Start building the request's matcher on the compile thread; the step never waits for it."""
+        if self._compiler is None:
+            self._compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-build",
+                                                initializer=_lower_this_threads_priority)
+        self._building[request_id] = self._compiler.submit(self._build, request_id, constraint)
+
+    def is_ready(self, request_id: str) -> bool:
+        """Whether the request may be scheduled: its matcher is built (or was never prepared)."""
+        building = self._building.get(request_id)
+        return building is None or building.done()
+
+    def shutdown(self) -> None:
+        if self._compiler is not None:
+            self._compiler.shutdown(wait=False, cancel_futures=True)
+
+    def take_failures(self) -> dict[str, str]:
+        """The grammar failures found since the last call (request id -> message naming the field)."""
+        failures, self._failures = self._failures, {}
+        return failures
+
     def drop(self, request_ids: Iterable[str]) -> None:
         """Forget finished and preempted requests (a preempted one is rebuilt from its outputs)."""
         for request_id in request_ids:
             self._matchers.pop(request_id, None)
+            building = self._building.pop(request_id, None)
+            if building is not None:
+                building.cancel()
 
     def mask(self, rows: Sequence[RequestState], device: torch.device) -> GrammarMask | None:
         """The bitmask for the sampling rows with a grammar (None when there are none)."""
@@ -112,14 +158,26 @@ class StructuredOutputs:
 
     def _fill(self, state: RequestState, bitmask: np.ndarray, index: int) -> None:
         entry = self._level(state)
-        if entry.failed:
-            words = bitmask.view(np.uint32)
-            for eos in self._vocab.eos_token_ids:
-                words[index, eos // 32] |= np.uint32(1 << (eos % 32))
-            return
-        assert entry.matcher is not None  # only a failed entry has none
-        row = bitmask[index]
-        entry.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+        if not entry.failed:
+            assert entry.matcher is not None  # only a failed entry has none
+            row = bitmask[index]
+            entry.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+            if not entry.matcher.is_error():
+                return
+            self._fail(state, entry, f"no next token is possible ({one_line(entry.matcher.get_error())})")
+        bitmask[index] = 0
+        words = bitmask.view(np.uint32)
+        for eos in self._vocab.eos_token_ids:
+            words[index, eos // 32] |= np.uint32(1 << (eos % 32))
+
+    def _fail(self, state: RequestState, entry: _Matcher, reason: str) -> None:
+        """From now on EOS only, and the failure is reported once, naming the request's field."""
+        entry.failed = True
+        constraint = state.sampling_params.structured_output
+        field = constraint.field if constraint is not None else "structured_outputs"
+        message = f"{field}: the output can no longer follow the grammar: {reason}"
+        self._failures[state.request_id] = message
+        logger.warning("request %s: %s; only EOS is allowed now", state.request_id, message)
 
     def _level(self, state: RequestState) -> _Matcher:
         """The request's matcher, having consumed every known output token."""
@@ -127,8 +185,11 @@ class StructuredOutputs:
         if entry is None:
             constraint = state.sampling_params.structured_output
             assert constraint is not None
-            entry = self._build(state.request_id, constraint)
+            building = self._building.pop(state.request_id, None)
+            entry = building.result() if building is not None else self._build(state.request_id, constraint)
             self._matchers[state.request_id] = entry
+            if entry.failed:
+                self._fail(state, entry, f"it could not be built for this model's vocabulary ({entry.error})")
         outputs = state.token_ids[state.num_prompt_tokens:]
         if entry.failed or entry.num_consumed == len(outputs):
             return entry
@@ -137,17 +198,24 @@ class StructuredOutputs:
         accepted = entry.matcher.try_consume_tokens(new)
         entry.num_consumed = len(outputs)
         if accepted < len(new) or entry.matcher.is_error():
-            entry.failed = True
-            logger.warning("request %s left its grammar at output token %d (%s); only EOS is allowed now",
-                           state.request_id, entry.num_consumed - len(new) + accepted,
-                           entry.matcher.get_error() or "token refused")
+            refused = f"token {new[accepted]} refused" if accepted < len(new) else "matcher error"
+            reason = one_line(entry.matcher.get_error()) or refused
+            self._fail(state, entry, f"output token {entry.num_consumed - len(new) + accepted}: {reason}")
         return entry
 
     def _build(self, request_id: str, constraint: StructuredOutput) -> _Matcher:
         """A new matcher, or a failed entry (EOS only) if this grammar or tokenizer cannot make one."""
         try:
             return _Matcher(LLMatcher(self.tokenizer, grammar_of(constraint), log_level=0))
-        except Exception:  # noqa: BLE001 - whatever llguidance raises, the step must go on
+        except Exception as error:  # noqa: BLE001 - whatever llguidance raises, the step must go on
             logger.exception("request %s: its %s constraint could not be built; only EOS is allowed",
                              request_id, constraint.field)
-            return _Matcher(None, failed=True)
+            return _Matcher(None, failed=True, error=one_line(str(error)) or type(error).__name__)
+
+
+def _lower_this_threads_priority() -> None:
+    """Executor initializer: on Linux a thread's nice value is its own (PRIO_PROCESS with its tid)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICE)
+    except (AttributeError, OSError):  # not Linux, or refused: the thread still works, at normal priority
+        pass

@@ -1,0 +1,140 @@
+"""Grammars are checked off the event loop (issue 34): size limits refuse at once, a compile runs on the
+checker's threads under a timeout, and the client sends a constrained request to the core only once its
+grammar compiled -- a failure ends the stream with the rejection, a client that leaves meanwhile leaves
+nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+from engine_fakes import FakeRunner, FakeScheduler, make_fake_core
+from proc_harness import serving
+
+from conveyor.engine import grammar_check
+from conveyor.engine.grammar_check import GrammarChecker, GrammarLimits
+from conveyor.engine.types import GenerateRequest, RequestRejectedError
+from conveyor.request import FinishReason
+from conveyor.sampling_params import GrammarKind, SamplingParams, StructuredOutput
+
+
+def choice(*options: str, field: str = "guided_choice") -> StructuredOutput:
+    return StructuredOutput(GrammarKind.CHOICE, json.dumps(list(options)), field)
+
+
+def req(request_id: str, constraint: StructuredOutput) -> GenerateRequest:
+    return GenerateRequest(request_id, [105, 106], SamplingParams(max_tokens=3, structured_output=constraint))
+
+
+def slow_compile(monkeypatch: pytest.MonkeyPatch, seconds: float) -> threading.Event:
+    """Replace the compile by a sleep (which, like llguidance, releases the GIL); the event says it began."""
+    began = threading.Event()
+
+    def compile_check(constraint: StructuredOutput) -> None:
+        began.set()
+        time.sleep(seconds)
+
+    monkeypatch.setattr(grammar_check, "compile_check", compile_check)
+    return began
+
+
+def test_size_limits_refuse_naming_the_field() -> None:
+    limits = GrammarLimits(max_bytes=40, max_choices=3)
+    with pytest.raises(RequestRejectedError, match=r"guided_choice: 4 choices, over .* limit of 3") as many:
+        grammar_check.check_size(choice("a", "b", "c", "d"), limits)
+    assert many.value.field == "guided_choice"
+    regex = StructuredOutput(GrammarKind.REGEX, "x" * 41, "structured_outputs.regex")
+    with pytest.raises(RequestRejectedError, match=r"41 bytes, over .* 40 \(--max-grammar-bytes\)") as big:
+        grammar_check.check_size(regex, limits)
+    assert big.value.field == "structured_outputs.regex"
+
+
+def test_a_bad_grammar_is_refused_naming_the_field() -> None:
+    async def main() -> None:
+        checker = GrammarChecker()
+        bad = StructuredOutput(GrammarKind.GRAMMAR, "root ::= (", "guided_grammar")
+        with pytest.raises(RequestRejectedError, match="guided_grammar: the grammar does not compile") as error:
+            await checker.check(bad)
+        assert error.value.field == "guided_grammar"
+        await checker.check(choice("yes", "no"))
+        checker.shutdown()
+    asyncio.run(main())
+
+
+def test_a_compile_over_its_timeout_is_refused_and_never_oversubscribes(monkeypatch: pytest.MonkeyPatch) -> None:
+    slow_compile(monkeypatch, 1.0)
+
+    async def main() -> None:
+        checker = GrammarChecker(GrammarLimits(compile_timeout_s=0.1, num_threads=1))
+        start = time.monotonic()
+        with pytest.raises(RequestRejectedError, match=r"did not compile within 0.1 s \(--grammar-compile-timeout\)"):
+            await checker.check(choice("a"))
+        assert time.monotonic() - start < 0.9  # answered before the compile ended
+        # The timed-out compile still holds the one thread: the next waits for it rather than start its
+        # own clock behind it, so it is refused for its own compile's length, not the wait.
+        with pytest.raises(RequestRejectedError, match="did not compile"):
+            await checker.check(choice("b"))
+        assert time.monotonic() - start >= 0.9
+        checker.shutdown()
+    asyncio.run(main())
+
+
+def test_the_event_loop_stays_free_while_a_huge_choice_compiles() -> None:
+    """100,000 choices compile (for real) on a checker thread while the loop keeps ticking."""
+    huge = choice(*(f"option-{i}" for i in range(100_000)))
+
+    async def main() -> None:
+        checker = GrammarChecker()
+        gaps: list[float] = []
+        done = asyncio.Event()
+
+        async def tick() -> None:
+            last = time.monotonic()
+            while not done.is_set():
+                await asyncio.sleep(0.01)
+                gaps.append(time.monotonic() - last)
+                last = time.monotonic()
+
+        ticker = asyncio.ensure_future(tick())
+        await asyncio.gather(*(checker.check(huge) for _ in range(3)))
+        done.set()
+        await ticker
+        checker.shutdown()
+        assert len(gaps) > 10 and max(gaps) < 1.0  # generous: a loaded 2-core machine
+    asyncio.run(main())
+
+
+def test_the_client_sends_a_constrained_request_once_its_grammar_compiled() -> None:
+    async def main() -> None:
+        async with serving(make_fake_core(runner=FakeRunner(delay_s=0.001))) as served:
+            outputs = [o async for o in served.client.generate(req("ok", choice("yes", "no")))]
+            assert outputs[-1].finish_reason is FinishReason.LENGTH
+            stream = served.client.generate(req("bad", StructuredOutput(GrammarKind.REGEX, "a)", "guided_regex")))
+            with pytest.raises(RequestRejectedError, match="guided_regex: the grammar does not compile") as error:
+                await stream.__anext__()
+            assert error.value.field == "guided_regex"
+            assert served.client.num_unfinished_requests() == 0
+    asyncio.run(main())
+
+
+def test_a_client_that_leaves_during_the_compile_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    began = slow_compile(monkeypatch, 0.5)
+
+    async def main() -> None:
+        scheduler = FakeScheduler()
+        async with serving(make_fake_core(scheduler=scheduler, runner=FakeRunner(delay_s=0.001))) as served:
+            stream = served.client.generate(req("gone", choice("a")))
+            reading = asyncio.ensure_future(stream.__anext__())
+            while not began.is_set():
+                await asyncio.sleep(0.01)
+            reading.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await reading
+            await stream.aclose()
+            assert served.client.num_unfinished_requests() == 0
+            await asyncio.sleep(0.7)  # the compile ends: the request must not reach the core now
+            assert not scheduler.has_unfinished_requests()
+    asyncio.run(main())
