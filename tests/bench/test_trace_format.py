@@ -146,3 +146,16 @@ def test_stamped_arrivals_rate_duration_and_sessions() -> None:
     position = {r.request_id: i for i, r in enumerate(trace.requests)}
     for unit in dispatch_units(trace.requests):  # turns are written in order
         assert [position[r.request_id] for r in unit] == sorted(position[r.request_id] for r in unit)
+
+
+def test_request_lines_are_type_checked_field_by_field() -> None:
+    from conveyor.bench.trace import traces
+
+    assert set(traces._FIELD_TYPES) == set(TraceRequest.__dataclass_fields__)  # a new field needs its JSON type
+    good = {"request_id": "a", "request_class": "chat", "prompt_len": 2, "output_len": 3, "prompt": "x y"}
+    assert TraceRequest.from_dict(dict(good, arrival_s=1)).arrival_s == 1
+    for bad, message in (({"prompt_len": "2"}, "field prompt_len must be int"),
+                         ({"request_id": None}, "field request_id must be str"),
+                         ({"prompt": None, "prompt_token_ids": [1, "2"]}, "field prompt_token_ids must be list")):
+        with pytest.raises(TraceError, match=message):
+            TraceRequest.from_dict(dict(good, **bad))

@@ -12,8 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import pathlib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 TRACE_FORMAT = "conveyor-trace"
 TRACE_FORMAT_VERSION = 1
@@ -95,15 +96,40 @@ class TraceRequest:
         return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TraceRequest:
-        known = set(cls.__dataclass_fields__)
-        unknown = set(data) - known
+    def from_dict(cls, data: Mapping[str, object]) -> TraceRequest:
+        """A request line's object: each field's JSON type checked here, the values' rules in __post_init__."""
+        unknown = set(data) - set(cls.__dataclass_fields__)
         if unknown:
             raise TraceError(f"unknown request field(s) {sorted(unknown)}")
+        for key, value in data.items():
+            if not _has_json_type(key, value, cls.__dataclass_fields__[key].default is None):
+                kinds = " or ".join(k.__name__ for k in _FIELD_TYPES[key])
+                raise TraceError(f"field {key} must be {kinds}, got {value!r}")
         try:
-            return cls(**data)
+            return cls(**cast(dict[str, Any], data))  # every value's type checked above
         except TypeError as exc:
             raise TraceError(str(exc)) from exc
+
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "request_id": (str,), "request_class": (str,), "prompt_len": (int,), "output_len": (int,), "prompt": (str,),
+    "messages": (list,), "prompt_token_ids": (list,), "arrival_s": (int, float), "prefix_group": (str,),
+    "shared_prefix_len": (int,), "cancel_after_s": (int, float), "cancel_after_tokens": (int,),
+    "session_id": (str,), "turn": (int,), "think_time_s": (int, float), "ignore_eos": (bool,)}
+"""The JSON types a request line may give each TraceRequest field."""
+
+
+def _has_json_type(key: str, value: object, nullable: bool) -> bool:
+    """Messages must be objects and token ids integers; a null only where the field defaults to None."""
+    if value is None:
+        return nullable
+    if not isinstance(value, _FIELD_TYPES[key]):
+        return False
+    if key == "messages" and isinstance(value, list):
+        return all(isinstance(m, dict) for m in value)
+    if key == "prompt_token_ids" and isinstance(value, list):
+        return all(isinstance(i, int) for i in value)
+    return True
 
 
 @dataclass(frozen=True)
