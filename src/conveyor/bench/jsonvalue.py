@@ -14,7 +14,10 @@ from dataclasses import dataclass
 from typing import TypeAlias, Union
 
 JSON: TypeAlias = Union[str, int, float, bool, None, list["JSON"], dict[str, "JSON"]]
-"""Any JSON value, as json.loads returns it."""
+"""Any JSON value, as json.loads returns it: what a file's opaque metadata holds (a trace header's
+`generator`), and what a reader gets from another tool's file before it checks the fields it needs."""
+JSONObject: TypeAlias = dict[str, JSON]
+"""A JSON object."""
 
 
 class JsonShapeError(ValueError):

@@ -29,7 +29,8 @@ from typing import Any
 
 import aiohttp
 
-from conveyor.bench.trace.traces import JSONObject, TraceRequest
+from conveyor.bench.jsonvalue import JSONObject
+from conveyor.bench.trace.traces import TraceRequest
 
 
 def _json_codec() -> tuple[Callable[[bytes], Any], Callable[[Any], bytes], str]:

@@ -14,7 +14,8 @@ import pathlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from conveyor.bench.trace.traces import JSON, JSONObject, TraceError
+from conveyor.bench.jsonvalue import JSON, JSONObject
+from conveyor.bench.trace.traces import TraceError
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 OUTPUT_KEYS = ("output_tokens", "completion_tokens", "output_len")

@@ -25,10 +25,11 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
+from conveyor.bench.jsonvalue import JSON
 from conveyor.bench.trace.agent_corpus import INSTRUCTIONS, PROSE, Passage
 from conveyor.bench.trace.agent_tasks import SEPARATOR, SEPARATOR_TOKENS, CopyTask, copy_task
 from conveyor.bench.trace.arrivals import ArrivalConfig, send_offsets_s
-from conveyor.bench.trace.traces import JSON, Trace, TraceRequest, make_trace
+from conveyor.bench.trace.traces import Trace, TraceRequest, make_trace
 from conveyor.bench.trace.wordlist import WORDS
 
 

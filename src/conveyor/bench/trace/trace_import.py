@@ -27,12 +27,13 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from conveyor.bench.jsonvalue import JSONObject
 from conveyor.bench.trace import trace_readers, trace_synthetic
 from conveyor.bench.trace.import_rows import ImportedRow, log_rows
 from conveyor.bench.trace.prefix_trie import PrefixTrie, shared_prefix
 from conveyor.bench.trace.tokenizer_file import TokenCounter, load_tokenizer
 from conveyor.bench.trace.trace_synthetic import RandomParams
-from conveyor.bench.trace.traces import JSONObject, Trace, TraceError, TraceRequest, make_trace
+from conveyor.bench.trace.traces import Trace, TraceError, TraceRequest, make_trace
 from conveyor.bench.trace.wordlist import WORDS
 
 Unit = tuple[int, str, str]  # (message index, role, word); prompts use (0, "", word)

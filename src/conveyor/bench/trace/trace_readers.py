@@ -29,6 +29,7 @@ import pathlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from conveyor.bench.jsonvalue import JSON, JSONObject
 from conveyor.bench.trace.import_rows import (
     ChatMessage,
     ImportedRow,
@@ -41,7 +42,7 @@ from conveyor.bench.trace.import_rows import (
     str_or_none,
     timestamp_s,
 )
-from conveyor.bench.trace.traces import JSON, JSONObject, TraceError
+from conveyor.bench.trace.traces import TraceError
 
 PROMPT_COLUMNS = ("prompt", "instruction", "question", "query", "input", "text")
 ANSWER_COLUMNS = ("completion", "response", "output", "answer", "chosen")

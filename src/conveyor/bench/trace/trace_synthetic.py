@@ -26,12 +26,14 @@ import pathlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
+
 import numpy as np
 
+from conveyor.bench.jsonvalue import JSON, JSONObject
 from conveyor.bench.trace.import_rows import list_field
 from conveyor.bench.trace.prefix_trie import PrefixTrie, shared_prefix
 from conveyor.bench.trace.tokenizer_file import TokenCounter
-from conveyor.bench.trace.traces import JSON, JSONObject, Trace, TraceError, TraceRequest, make_trace
+from conveyor.bench.trace.traces import Trace, TraceError, TraceRequest, make_trace
 from conveyor.bench.trace.wordlist import WORDS
 
 DECODE_RETRIES = 10

@@ -14,16 +14,12 @@ import json
 import pathlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeAlias, cast
+from typing import Any, cast
+
+from conveyor.bench.jsonvalue import JSONObject
 
 TRACE_FORMAT = "conveyor-trace"
 TRACE_FORMAT_VERSION = 1
-
-JSON: TypeAlias = str | int | float | bool | None | list["JSON"] | dict[str, "JSON"]
-"""Any JSON value: what a file's opaque metadata holds (the header's `generator`), and what a reader gets
-from another tool's file before it checks the fields it needs."""
-JSONObject: TypeAlias = dict[str, JSON]
-"""A JSON object."""
 
 
 class TraceError(ValueError):
