@@ -93,8 +93,11 @@ class Interval:
         f = Fields.of(data, where)
         if f.opt_number("estimate") is None or f.opt_number("low") is None:
             raise JsonShapeError(f"{where}: an interval needs an estimate and a low end")
+        method = f.text("method", "none")
+        if method not in {m.value for m in IntervalMethod}:
+            raise JsonShapeError(f"{where}.method: {method!r} is not one of {[m.value for m in IntervalMethod]}")
         return cls(f.number("estimate"), f.number("low"), f.number("high", math.inf), f.number("confidence", 0.95),
-                   IntervalMethod(f.text("method", "none")), f.integer("n"))
+                   IntervalMethod(method), f.integer("n"))
 
     @classmethod
     def exact(cls, value: float, num_samples: int = 1) -> Interval:
