@@ -38,3 +38,14 @@ def test_a_subcommand_flag_named_command_does_not_shadow_the_dispatch(monkeypatc
                         lambda name: Fake if name == "conveyor.fake_module" else real_import(name))
     assert cli.main(["fake", "--command", "serve"]) == 0
     assert seen == {"command": "serve"}
+
+
+@pytest.mark.parametrize(("argv", "flag"), [(["serve", "-q", "fp8"], "--quantization"),
+                                             (["bench", "run", "--rate", "x"], "--rate"),
+                                             (["plan", "--concurrency", "many"], "--concurrency")])
+def test_a_bad_flag_is_one_line_naming_it(argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse prints the whole usage before its error (60 lines for serve); conveyor prints the error."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and flag in err and "usage:" not in err

@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 # name -> (module, one-line help). A module that does not exist yet is simply not offered.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -26,12 +27,20 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """A parser whose errors are one line naming the flag; argparse's default prints the whole usage first,
+    60 lines for `conveyor serve`, which buries the one that matters. Subparsers inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _available() -> dict[str, tuple[str, str]]:
     return {name: spec for name, spec in SUBCOMMANDS.items() if importlib.util.find_spec(spec[0]) is not None}
 
 
 def build_parser(selected: str | None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="conveyor", description=__doc__.splitlines()[0])
+    parser = OneLineErrors(prog="conveyor", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="conveyor_subcommand", metavar="COMMAND")
     for name, (module_name, help_text) in _available().items():
         sub = subparsers.add_parser(name, help=help_text, description=help_text)
