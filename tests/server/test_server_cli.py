@@ -95,3 +95,15 @@ def test_a_model_that_is_not_local_is_one_line_and_exit_2(model: str, expected: 
     assert result.returncode == 12, result.stderr
     assert result.stderr.count("\n") == 1 and expected in result.stderr and "Traceback" not in result.stderr
     assert "pass a local Hugging Face directory or a GGUF file" in result.stderr
+
+
+@pytest.mark.parametrize("tokenizer", ["/nonexistent/tok", "/etc/hostname"])
+def test_a_bad_tokenizer_is_one_line_before_the_engine_starts(tokenizer: str) -> None:
+    """It was a 33-line traceback once the engine had loaded the model."""
+    code = ("import sys; from conveyor.cli import main; rc = main(['serve', '--tokenizer', sys.argv[1]]); "
+            "sys.exit(10 + rc if 'torch' not in sys.modules else 99)")
+    result = subprocess.run([sys.executable, "-c", code, tokenizer], capture_output=True, text=True,
+                            env={"PYTHONPATH": str(SRC)}, timeout=120)
+    lines = result.stderr.splitlines()  # the engine's start-up would log lines of its own
+    assert result.returncode == 12 and len(lines) == 1, result.stderr
+    assert "--tokenizer" in lines[0] and tokenizer in lines[0]

@@ -34,6 +34,19 @@ def _special_content(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def tokenizer_source(path: str | pathlib.Path) -> pathlib.Path:
+    """The .gguf file or the directory holding tokenizer.json that `path` names; TokenizerError otherwise.
+    Cheap (no file is read), so `conveyor serve` checks it before the engine loads the model."""
+    path = pathlib.Path(path).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        return path
+    if path.is_dir() and (path / "tokenizer.json").is_file():
+        return path
+    if path.name == "tokenizer.json" and path.is_file():
+        return path.parent
+    raise TokenizerError(f"no tokenizer at {str(path)!r}: expected a .gguf file or a tokenizer.json (--tokenizer)")
+
+
 @dataclass
 class Tokenizer:
     """A `tokenizers.Tokenizer` plus the special ids and chat template the engine needs."""
@@ -59,14 +72,8 @@ class Tokenizer:
     @classmethod
     def from_path(cls, path: str | pathlib.Path) -> Tokenizer:
         """From a .gguf file, a tokenizer.json file, or a directory holding tokenizer.json."""
-        path = pathlib.Path(path).expanduser()
-        if path.suffix == ".gguf" and path.is_file():
-            return cls.from_gguf(path)
-        if path.is_dir() and (path / "tokenizer.json").is_file():
-            return cls.from_directory(path)
-        if path.name == "tokenizer.json" and path.is_file():
-            return cls.from_directory(path.parent)
-        raise TokenizerError(f"no tokenizer at {str(path)!r}: expected a .gguf file or a tokenizer.json (--tokenizer)")
+        source = tokenizer_source(path)
+        return cls.from_gguf(source) if source.suffix == ".gguf" else cls.from_directory(source)
 
     @classmethod
     def from_gguf(cls, path: str | pathlib.Path) -> Tokenizer:

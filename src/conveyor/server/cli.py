@@ -23,6 +23,8 @@ from conveyor.config import ConfigError, EngineConfig
 from conveyor.engine.args import add_engine_arguments, engine_config_from_args, with_overrides
 from conveyor.engine.core_client import AsyncEngineClient, ClientConfig
 from conveyor.engine.launcher import LOG_FORMAT, EngineProcess, EngineStartupError
+from conveyor.engine.model_files import tokenizer_path
+from conveyor.engine.tokenizer import TokenizerError, tokenizer_source
 from conveyor.engine.vllm_flags import check_vllm_flags, register_vllm_flags
 from conveyor.engine.vllm_flags import preprocess_argv as _vllm_preprocess
 from conveyor.server.api_servers import run_api_servers
@@ -59,6 +61,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"conveyor serve: error: {error}", file=sys.stderr)
         return 2
     engine_config = engine_config_from_args(args)
+    try:  # before the engine spends its start-up loading a model that could never be served
+        tokenizer_source(tokenizer_path(engine_config.model))
+    except (TokenizerError, FileNotFoundError) as error:
+        print(f"conveyor serve: error: {error}", file=sys.stderr)
+        return 2
     prometheus_client.disable_created_metrics()  # as vLLM: no `*_created` series
     engine_config = leave_cores_to_api_servers(engine_config, server_config.api_server_count)
     if server_config.api_server_count > 1:
