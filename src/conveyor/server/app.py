@@ -45,7 +45,7 @@ from conveyor.server.generation import ClientDisconnected
 from conveyor.server.lifecycle import AdmissionGate
 from conveyor.server.metrics import ServerMetrics
 from conveyor.server.middleware import add_middleware, request_id_of
-from conveyor.server.request_body import parse_body, read_json_object, validate_body
+from conveyor.server.request_body import BodyLimits, parse_body, read_json_object, validate_body
 from conveyor.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from conveyor.server.responses import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
 from conveyor.server.openapi import add_openapi_route
@@ -81,7 +81,7 @@ def build_app(engine: EngineClient, server_config: ServerConfig, metrics_dir: st
 
 
 def _add_generation_routes(app: FastAPI, ctx: ServingContext, config: ServerConfig) -> None:
-    limit = config.max_request_body_bytes
+    limit = BodyLimits(config.max_request_body_bytes, config.body_timeout_s)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -122,7 +122,7 @@ async def _chat(ctx: ServingContext, body: ChatCompletionRequest, request: Reque
 
 
 def _add_admin_routes(app: FastAPI, ctx: ServingContext, config: ServerConfig) -> None:
-    limit = config.max_request_body_bytes
+    limit = BodyLimits(config.max_request_body_bytes, config.body_timeout_s)
 
     @app.get("/health")
     async def health() -> Response:

@@ -5,13 +5,18 @@ cross-origin request a web page can send without a CORS preflight, so accepting 
 local user opens drive an unauthenticated server); the size limit (413); UTF-8 (400); JSON, without
 NaN/Infinity literals (400); an object (400); no lone UTF-16 surrogate in any string (`"\\ud800"` is
 valid JSON but no text: 400 naming the field, before the tokenizer sees it); then the pydantic model
-(400 naming the field). A client that goes away mid-body is `ClientDisconnected` (one log line).
+(400 naming the field). A client that goes away mid-body is `ClientDisconnected` (one log line). A body
+that has not arrived whole within `--body-timeout` seconds of the handler's first read is a 408: a body
+shorter than its Content-Length, or one sent a byte a second, would otherwise hold its connection (and a
+slot under --limit-concurrency) for as long as the client likes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+from dataclasses import dataclass
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -33,28 +38,48 @@ def check_media_type(request: Request) -> None:
         raise APIError(UNSUPPORTED_MEDIA_TYPE, f"Content-Type must be application/json (got {shown})")
 
 
-async def read_body(request: Request, limit_bytes: int) -> bytes:
-    too_large = APIError(413, f"request body is larger than the server's limit of {limit_bytes} bytes")
+REQUEST_TIMEOUT = 408
+
+
+@dataclass(frozen=True)
+class BodyLimits:
+    """How large a request body may be, and how long it may take to arrive."""
+
+    max_bytes: int
+    """Largest accepted body (413 beyond)."""
+    timeout_s: float
+    """Time for the whole body to arrive (408 beyond)."""
+
+
+async def _read_chunks(request: Request, max_bytes: int) -> bytes:
+    too_large = APIError(413, f"request body is larger than the server's limit of {max_bytes} bytes")
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit_bytes:
+    if declared.isdigit() and int(declared) > max_bytes:
         raise too_large
     chunks: list[bytes] = []
     size = 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit_bytes:
-                raise too_large
-            chunks.append(chunk)
-    except ClientDisconnect:
-        raise ClientDisconnected() from None
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise too_large
+        chunks.append(chunk)
     return b"".join(chunks)
 
 
-async def read_json_object(request: Request, limit_bytes: int) -> dict[str, object]:
+async def read_body(request: Request, limits: BodyLimits) -> bytes:
+    try:
+        return await asyncio.wait_for(_read_chunks(request, limits.max_bytes), limits.timeout_s)
+    except ClientDisconnect:
+        raise ClientDisconnected() from None
+    except asyncio.TimeoutError:  # asyncio.wait_for raises this alias of TimeoutError on Python 3.10 too
+        raise APIError(REQUEST_TIMEOUT, f"the request body did not arrive whole within {limits.timeout_s:g} s "
+                                        "(--body-timeout)") from None
+
+
+async def read_json_object(request: Request, limits: BodyLimits) -> dict[str, object]:
     """The body as a JSON object (see the module docstring for every refusal)."""
     check_media_type(request)
-    body = await read_body(request, limit_bytes)
+    body = await read_body(request, limits)
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -105,8 +130,8 @@ def _encodable(text: str) -> bool:
     return True
 
 
-async def parse_body(request: Request, model: type[BodyT], limit_bytes: int) -> BodyT:
-    value = await read_json_object(request, limit_bytes)
+async def parse_body(request: Request, model: type[BodyT], limits: BodyLimits) -> BodyT:
+    value = await read_json_object(request, limits)
     return validate_body(value, model)
 
 
