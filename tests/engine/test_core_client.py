@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import threading
 
 import pytest
 from engine_fakes import FakeRunner, FakeScheduler, make_fake_core
@@ -91,6 +92,36 @@ def test_reset_prefix_cache_travels_to_the_core_and_back() -> None:
             assert await served.client.reset_prefix_cache(reset_running_requests=True)
             await stream.aclose()
             assert scheduler.resets == [False, False, True]
+    asyncio.run(main())
+
+
+class StuckRunner(FakeRunner):
+    """A step that does not end until the test lets it: a core whose loop stopped turning."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go, self.entered = threading.Event(), threading.Event()
+
+    def execute(self, sched):  # noqa: ANN001, ANN201
+        self.entered.set()
+        self.go.wait(30)
+        return super().execute(sched)
+
+
+def test_check_health_is_false_while_the_core_is_stuck_and_true_again_after() -> None:
+    async def main() -> None:
+        runner = StuckRunner()
+        async with serving(make_fake_core(None, None, runner)) as served:
+            assert await served.client.check_health(2.0)
+            stream = served.client.generate(req("a", max_tokens=2))
+            first = asyncio.ensure_future(stream.__anext__())
+            await until(runner.entered.is_set)
+            assert not await served.client.check_health(0.3)  # the loop is inside a step that never ends
+            runner.go.set()
+            await first
+            assert await served.client.check_health(2.0)
+            await stream.aclose()
+        assert not await served.client.check_health(0.3)  # closed
     asyncio.run(main())
 
 

@@ -72,6 +72,8 @@ class _State:
     abort_requested: set[str] = field(default_factory=set)
     requests: list[GenerateRequest] = field(default_factory=list)
     num_prefix_cache_resets: int = 0
+    frozen: bool = False
+    """Stands for a stopped engine core: check_health waits out its timeout."""
 
 
 class FakeEngine:
@@ -122,6 +124,11 @@ class FakeEngine:
 
     async def abort(self, request_id: str) -> None:
         self.state.abort_requested.add(request_id)
+
+    async def check_health(self, timeout_s: float) -> bool:
+        if self.state.frozen:
+            await asyncio.sleep(timeout_s)
+        return self.is_running and not self.state.frozen
 
     async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """As the engine core: refused while requests run (they hold KV blocks), unless forced."""

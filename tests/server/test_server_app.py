@@ -223,6 +223,21 @@ def test_dead_engine_503_and_health() -> None:
     run(main())
 
 
+def test_a_frozen_engine_fails_health_after_the_check_timeout() -> None:
+    """The engine's process still exists (is_running), but its core answers nothing: /health and /ping
+    are 503 once --health-check-timeout has passed, and 200 again once it answers."""
+    async def main() -> None:
+        engine = FakeEngine()
+        async with app_client(engine, health_check_timeout_s=0.2) as client:
+            assert (await client.get("/health")).status_code == 200
+            engine.state.frozen = True
+            assert (await client.get("/health")).status_code == 503
+            assert (await client.get("/ping")).status_code == 503
+            engine.state.frozen = False
+            assert (await client.get("/health")).status_code == 200
+    run(main())
+
+
 def test_draining_refuses_new_requests_and_fails_health() -> None:
     async def main() -> None:
         async with app_client() as client:

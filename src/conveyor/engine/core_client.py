@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import multiprocessing.connection
 import time
@@ -44,6 +45,8 @@ from conveyor.engine.messages import (
     EngineDead,
     EngineInput,
     EngineStepOutputs,
+    CheckHealth,
+    HealthReply,
     PrefixCacheReset,
     ResetPrefixCache,
     encoder,
@@ -138,8 +141,9 @@ class AsyncEngineClient:
         self._input = zmq.Context(shadow=self._context.underlying).socket(zmq.PUSH)
         self._output = self._context.socket(zmq.PULL)
         self._output_task: asyncio.Task[None] | None = None
-        self._resets: dict[int, asyncio.Future[bool]] = {}
-        """Pending reset_prefix_cache calls, by token."""
+        self._replies: dict[int, asyncio.Future[bool]] = {}
+        """Pending calls the core answers (reset_prefix_cache, check_health), by token."""
+        self._tokens = itertools.count(1)
 
     def start(self) -> None:
         """Connect to the core and start the output handler (call on the event loop that will serve)."""
@@ -221,14 +225,29 @@ class AsyncEngineClient:
         """vLLM's, in the engine core: False (nothing reset) while requests hold KV blocks, unless
         `reset_running_requests` preempts them first."""
         self._raise_if_dead()
-        token = len(self._resets) + 1 + max(self._resets, default=0)
+        token = next(self._tokens)
+        return await self._answer(token, ResetPrefixCache(self._config.client_index, token, reset_running_requests))
+
+    async def check_health(self, timeout_s: float) -> bool:
+        """Whether the core answers within `timeout_s`: it answers between two steps, so a stopped or stuck
+        core (its process frozen, a step that never ends) is unhealthy while its process still exists."""
+        if self._dead_reason is not None or self._closed:
+            return False
+        token = next(self._tokens)
+        try:
+            return await asyncio.wait_for(self._answer(token, CheckHealth(self._config.client_index, token)),
+                                          timeout_s)
+        except (asyncio.TimeoutError, EngineDeadError):
+            return False
+
+    async def _answer(self, token: int, message: ResetPrefixCache | CheckHealth) -> bool:
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._resets[token] = future
-        self._send(ResetPrefixCache(self._config.client_index, token, reset_running_requests))
+        self._replies[token] = future
+        self._send(message)
         try:
             return await future
         finally:
-            self._resets.pop(token, None)
+            self._replies.pop(token, None)
 
     def add_stats_listener(self, listener: StatsListener) -> None:
         self._stats_listeners.append(listener)
@@ -300,10 +319,10 @@ class AsyncEngineClient:
                 if isinstance(message, EngineDead):
                     self._on_dead(message.message)
                     return
-                if isinstance(message, PrefixCacheReset):
-                    future = self._resets.get(message.token)
+                if isinstance(message, (PrefixCacheReset, HealthReply)):
+                    future = self._replies.get(message.token)
                     if future is not None and not future.done():
-                        future.set_result(message.reset)
+                        future.set_result(message.reset if isinstance(message, PrefixCacheReset) else True)
                     continue
                 self._process(message)
                 await asyncio.sleep(0)  # let the streams run between two steps' worth of outputs
@@ -358,7 +377,7 @@ class AsyncEngineClient:
             listener()
 
     def _fail_everything(self, reason: str) -> None:
-        for future in self._resets.values():
+        for future in self._replies.values():
             if not future.done():
                 future.set_exception(EngineDeadError(reason))
         streams, self._streams = self._streams, {}

@@ -42,6 +42,8 @@ from conveyor.engine.messages import (
     EngineInput,
     EngineOutput,
     EngineStepOutputs,
+    CheckHealth,
+    HealthReply,
     PrefixCacheReset,
     ResetPrefixCache,
     ShutdownEngine,
@@ -163,6 +165,8 @@ class EngineCoreProc:
             self._connected.add(message.client_index)
         elif isinstance(message, ShutdownEngine):
             self._stopping = True
+        elif isinstance(message, CheckHealth):
+            self._output_queue.put((message.client_index, HealthReply(message.token)))
         elif isinstance(message, ResetPrefixCache):
             reset = self._core.reset_prefix_cache(message.reset_running_requests)
             self._dirty = self._dirty or message.reset_running_requests  # a step tells the worker of its victims

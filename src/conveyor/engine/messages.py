@@ -63,7 +63,16 @@ class ResetPrefixCache(msgspec.Struct, tag="reset_prefix_cache", array_like=True
     reset_running_requests: bool = False
 
 
-EngineInput = ClientHello | AddRequest | AbortRequests | ShutdownEngine | ResetPrefixCache
+class CheckHealth(msgspec.Struct, tag="check_health", array_like=True):
+    """Is the core's loop turning? It answers `HealthReply` between two steps, so a stopped or stuck
+    process (SIGSTOP, a hung kernel) answers nothing, while a merely busy one answers within a step."""
+
+    client_index: int
+    token: int
+    """Pairs the answer with the call."""
+
+
+EngineInput = ClientHello | AddRequest | AbortRequests | ShutdownEngine | ResetPrefixCache | CheckHealth
 
 # ---- engine core -> front end ---------------------------------------------------------------------
 
@@ -95,7 +104,13 @@ class PrefixCacheReset(msgspec.Struct, tag="prefix_cache_reset", array_like=True
     reset: bool
 
 
-EngineOutput = EngineStepOutputs | EngineDead | PrefixCacheReset
+class HealthReply(msgspec.Struct, tag="health_reply", array_like=True):
+    """The answer to CheckHealth."""
+
+    token: int
+
+
+EngineOutput = EngineStepOutputs | EngineDead | PrefixCacheReset | HealthReply
 
 # ---- start-up handshake (engine core -> launcher) -------------------------------------------------
 

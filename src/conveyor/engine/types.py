@@ -194,6 +194,10 @@ class EngineClient(Protocol):
         """End a request; its stream receives a final ABORT output."""
         ...
 
+    async def check_health(self, timeout_s: float) -> bool:
+        """Whether the engine core answers within `timeout_s` (False once dead, or while it is frozen)."""
+        ...
+
     async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """vLLM's: forget the engine core's prefix cache; False (nothing reset) while requests hold KV
         blocks, unless `reset_running_requests` preempts them first (recomputed, outputs unchanged)."""

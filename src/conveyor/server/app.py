@@ -124,13 +124,15 @@ async def _chat(ctx: ServingContext, body: ChatCompletionRequest, request: Reque
 def _add_admin_routes(app: FastAPI, ctx: ServingContext, config: ServerConfig) -> None:
     limit = BodyLimits(config.max_request_body_bytes, config.body_timeout_s)
 
+    timeout_s = config.health_check_timeout_s
+
     @app.get("/health")
     async def health() -> Response:
-        return Response(status_code=200 if _is_healthy(ctx) else 503)
+        return Response(status_code=200 if await _is_healthy(ctx, timeout_s) else 503)
 
     async def ping() -> Response:
         """SageMaker's health check (vLLM's): the same answer as /health."""
-        return Response(status_code=200 if _is_healthy(ctx) else 503)
+        return Response(status_code=200 if await _is_healthy(ctx, timeout_s) else 503)
 
     for method in ("GET", "POST"):  # one route each: an OpenAPI operation id is per method
         app.add_api_route("/ping", ping, methods=[method], operation_id=f"ping_{method.lower()}")
@@ -198,10 +200,14 @@ async def _tokenize_reply(tokens: list[int], max_model_len: int) -> str:
     return build() if len(tokens) < 65536 else await asyncio.to_thread(build)
 
 
-def _is_healthy(ctx: ServingContext) -> bool:
+async def _is_healthy(ctx: ServingContext, timeout_s: float) -> bool:
+    """Not draining, and the engine core alive and answering: a core whose process exists but is
+    stopped or stuck looked healthy while every request hung."""
     if not ctx.engine.is_running:
         ctx.gate.engine_dead = True
-    return not (ctx.gate.draining or ctx.gate.engine_dead)
+    if ctx.gate.draining or ctx.gate.engine_dead:
+        return False
+    return await ctx.engine.check_health(timeout_s)
 
 
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")

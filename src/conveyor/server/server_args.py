@@ -21,6 +21,7 @@ _SERVER_FLAGS = {
     "allowed_methods": "allowed_methods", "allowed_headers": "allowed_headers",
     "allow_credentials": "allow_credentials", "limit_concurrency": "limit_concurrency",
     "timeout_keep_alive": "timeout_keep_alive_s", "header_timeout": "header_timeout_s", "body_timeout": "body_timeout_s",
+    "health_check_timeout": "health_check_timeout_s",
     "max_logprobs": "max_logprobs", "enable_force_include_usage": "force_include_usage",
     "enable_prompt_tokens_details": "prompt_tokens_details", "enable_log_requests": "log_requests",
     "max_log_len": "max_log_len", "max_grammar_bytes": "max_grammar_bytes",
@@ -79,6 +80,8 @@ def _add_http_flags(group: argparse._ArgumentGroup) -> None:
                        help="close an idle keep-alive connection after this long (default 5)")
     group.add_argument("--header-timeout", type=float, metavar="SECONDS",
                        help="close a connection that sent no complete request head in this long (default 10)")
+    group.add_argument("--health-check-timeout", type=float, metavar="SECONDS",
+                       help="/health is 503 when the engine core does not answer in this long (default 5)")
     group.add_argument("--body-timeout", type=float, metavar="SECONDS",
                        help="answer 408 to a request whose body has not arrived whole in this long (default 30)")
     group.add_argument("--uvicorn-log-level", choices=["critical", "error", "warning", "info", "debug", "trace"])

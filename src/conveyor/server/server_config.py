@@ -71,6 +71,8 @@ class ServerConfig:
     header_timeout_s: float = 10.0
     """A connection that has not sent a complete request head this long after it opened (or after its
     previous response) is closed: idle and header-only sockets cannot pile up."""
+    health_check_timeout_s: float = 5.0
+    """/health is 503 when the engine core has not answered a check this long after it was sent."""
     body_timeout_s: float = 30.0
     """A request body that has not arrived whole this long after its handler started reading is a 408."""
     served_model_names: tuple[str, ...] = ()
@@ -105,7 +107,7 @@ class ServerConfig:
             raise ConfigError(f"shutdown_grace_s must be >= 0 (got {self.shutdown_grace_s})")
         if self.limit_concurrency is not None and self.limit_concurrency < 1:
             raise ConfigError(f"limit_concurrency must be >= 1 or unset (got {self.limit_concurrency})")
-        for name in ("timeout_keep_alive_s", "header_timeout_s", "body_timeout_s"):
+        for name in ("timeout_keep_alive_s", "header_timeout_s", "body_timeout_s", "health_check_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0 (got {getattr(self, name)})")
         if not 0 <= self.max_logprobs <= 1024:
