@@ -85,6 +85,7 @@ class FakeGrammars:
         self.ready: set[str] = set()
         self.prepared: list[str] = []
         self.dropped: list[str] = []
+        self.num_waits = 0
 
     def prepare(self, request_id: str, constraint: StructuredOutput) -> None:
         self.prepared.append(request_id)
@@ -94,6 +95,9 @@ class FakeGrammars:
 
     def drop(self, request_ids: list[str]) -> None:
         self.dropped.extend(request_ids)
+
+    def wait(self, request_id: str, timeout_s: float) -> None:
+        self.num_waits += 1
 
     def shutdown(self) -> None:
         pass
@@ -118,6 +122,7 @@ def test_a_constrained_request_waits_for_its_matcher_while_others_step(async_sch
         finished.update({o.request_id: o for o in core.step().outputs.finished_outputs})
     assert set(finished) == {"plain"} and core.has_unfinished_requests()
     assert not scheduler.has_unfinished_requests()  # the waiting ones never reached the scheduler
+    assert grammars.num_waits > 0  # with nothing else to run, a step blocks on the build, not spins
     aborted = core.abort(["gone"])
     assert [(o.request_id, o.finish_reason) for o in aborted] == [("gone", FinishReason.ABORT)]
     assert grammars.dropped == ["gone"]

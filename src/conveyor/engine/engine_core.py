@@ -44,6 +44,10 @@ class PipelinedRunner(Runner, Protocol):
     def collect(self, handle: Any) -> ModelRunnerOutput: ...
 
 
+GRAMMAR_WAIT_S = 0.05
+"""Longest an idle engine blocks on a grammar being built before it steps (and reads its inputs) again."""
+
+
 class SchedulerLike(Protocol):
     """What the engine needs from `core.scheduler.Scheduler` / `StaticScheduler`."""
 
@@ -126,6 +130,8 @@ class EngineCore:
     def _schedule(self) -> SchedulerOutput:
         """The scheduler's next step, after it received the requests whose matcher is now ready."""
         grammars = self._grammars
+        if grammars is not None and self._waiting_for_grammar and not self.scheduler.has_unfinished_requests():
+            grammars.wait(next(iter(self._waiting_for_grammar)), GRAMMAR_WAIT_S)  # else only empty steps
         for request_id, request in list(self._waiting_for_grammar.items()):
             if grammars is None or not grammars.is_ready(request_id):
                 continue
