@@ -9,7 +9,7 @@ its stream with the 400 before the core ever sees it. One task, the
 output handler, receives each step's `EngineStepOutputs`, detokenizes and checks stop strings
 (`OutputProcessor`, here in the API process), sends an abort to the core for a matched stop string,
 and puts every `RequestOutput` on its request's queue. Everything runs on the event loop except
-tokenization (`AsyncTokenizer`'s worker threads).
+tokenization (`AsyncTokenizer`'s worker threads) and grammar compiles (`GrammarChecker`'s).
 
 Engine death: the core sends `EngineDead` when its loop fails; when it is killed outright, the
 lifeline pipe (whose only writer is the engine process) reads EOF. Either way every live request's
