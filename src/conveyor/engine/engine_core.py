@@ -17,6 +17,7 @@ one at once.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -43,6 +44,8 @@ class PipelinedRunner(Runner, Protocol):
 
     def collect(self, handle: Any) -> ModelRunnerOutput: ...
 
+
+logger = logging.getLogger(__name__)
 
 GRAMMAR_WAIT_S = 0.05
 """Longest an idle engine blocks on a grammar being built before it steps (and reads its inputs) again."""
@@ -122,9 +125,12 @@ class EngineCore:
         if not request_ids:
             return []
         waiting = [self._waiting_for_grammar.pop(rid) for rid in request_ids if rid in self._waiting_for_grammar]
-        if waiting and self._grammars is not None:
-            self._grammars.drop([request.request_id for request in waiting])
-        rest = [rid for rid in request_ids if rid not in {request.request_id for request in waiting}]
+        if not waiting:
+            return self.scheduler.finish_requests(request_ids, reason)
+        waiting_ids = {request.request_id for request in waiting}
+        if self._grammars is not None:
+            self._grammars.drop(waiting_ids)
+        rest = [rid for rid in request_ids if rid not in waiting_ids]
         return [_ended(request, reason) for request in waiting] + self.scheduler.finish_requests(rest, reason)
 
     def _schedule(self) -> SchedulerOutput:
@@ -138,9 +144,9 @@ class EngineCore:
             del self._waiting_for_grammar[request_id]
             try:
                 self.scheduler.add_request(request)
-            except (AdmissionError, QueueFullError) as error:  # the queue filled up meanwhile
-                self._released_errors.append(dataclasses.replace(_ended(request, FinishReason.ERROR),
-                                                                 error_message=str(error)))
+            except (AdmissionError, QueueFullError) as error:  # the front end admitted it: a bug, as in core_proc
+                logger.error("request %s refused by the scheduler after its grammar: %s", request_id, error)
+                self._released_errors.append(_ended(request, FinishReason.ERROR))
         return self.scheduler.schedule()
 
     def step(self) -> StepResult:
