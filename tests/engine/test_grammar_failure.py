@@ -119,7 +119,9 @@ def test_a_constrained_request_waits_for_its_matcher_while_others_step(async_sch
     assert grammars.prepared == ["slow", "gone"]
     finished: dict[str, EngineCoreOutput] = {}
     for _ in range(20):  # the plain request runs to its end while the grammars are still building
-        finished.update({o.request_id: o for o in core.step().outputs.finished_outputs})
+        result = core.step()
+        finished.update({o.request_id: o for o in result.outputs.finished_outputs})
+    assert result.stats.num_waiting_reqs == 2  # waiting for a matcher counts as waiting, as in vLLM
     assert set(finished) == {"plain"} and core.has_unfinished_requests()
     assert not scheduler.has_unfinished_requests()  # the waiting ones never reached the scheduler
     assert grammars.num_waits > 0  # with nothing else to run, a step blocks on the build, not spins

@@ -164,6 +164,8 @@ class EngineCore:
         outputs.finished_outputs.extend(failed)
         outputs.finished_outputs.extend(self._released_errors)
         self._released_errors = []
+        if self._waiting_for_grammar:  # waiting for their matcher is waiting (vLLM counts WAITING_FOR_FSM)
+            stats = dataclasses.replace(stats, num_waiting_reqs=stats.num_waiting_reqs + len(self._waiting_for_grammar))
         if self.config.check_invariants:
             self.scheduler.check_invariants()
         self.num_steps += 1
