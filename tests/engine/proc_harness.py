@@ -19,7 +19,8 @@ from engine_fakes import ByteTokenizer
 from conveyor.config import EngineConfig
 from conveyor.engine.admission import AdmissionControl, QueueLimits, SharedCounts
 from conveyor.engine.async_tokenizer import AsyncTokenizer
-from conveyor.engine.core_client import AsyncEngineClient, ClientConfig
+from conveyor.engine.client_config import ClientConfig
+from conveyor.engine.core_client import AsyncEngineClient
 from conveyor.engine.core_proc import EngineCoreProc
 from conveyor.engine.engine_core import EngineCore
 from conveyor.engine.launcher import make_addresses

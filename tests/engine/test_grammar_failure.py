@@ -85,6 +85,7 @@ class FakeGrammars:
         self.ready: set[str] = set()
         self.prepared: list[str] = []
         self.dropped: list[str] = []
+        self.num_waits = 0
 
     def prepare(self, request_id: str, constraint: StructuredOutput) -> None:
         self.prepared.append(request_id)
@@ -94,6 +95,9 @@ class FakeGrammars:
 
     def drop(self, request_ids: list[str]) -> None:
         self.dropped.extend(request_ids)
+
+    def wait(self, request_id: str, timeout_s: float) -> None:
+        self.num_waits += 1
 
     def shutdown(self) -> None:
         pass
@@ -115,9 +119,12 @@ def test_a_constrained_request_waits_for_its_matcher_while_others_step(async_sch
     assert grammars.prepared == ["slow", "gone"]
     finished: dict[str, EngineCoreOutput] = {}
     for _ in range(20):  # the plain request runs to its end while the grammars are still building
-        finished.update({o.request_id: o for o in core.step().outputs.finished_outputs})
+        result = core.step()
+        finished.update({o.request_id: o for o in result.outputs.finished_outputs})
+    assert result.stats.num_waiting_reqs == 2  # waiting for a matcher counts as waiting, as in vLLM
     assert set(finished) == {"plain"} and core.has_unfinished_requests()
     assert not scheduler.has_unfinished_requests()  # the waiting ones never reached the scheduler
+    assert grammars.num_waits > 0  # with nothing else to run, a step blocks on the build, not spins
     aborted = core.abort(["gone"])
     assert [(o.request_id, o.finish_reason) for o in aborted] == [("gone", FinishReason.ABORT)]
     assert grammars.dropped == ["gone"]

@@ -119,3 +119,26 @@ def test_a_prepared_matcher_is_built_off_the_step_and_used_by_it() -> None:
     outputs.drop(["gone"])
     assert outputs.is_ready("gone")
     outputs.shutdown()
+
+
+def test_choices_with_regex_metacharacters_match_exactly_themselves() -> None:
+    """Choices compile as one regex of escaped literals: each choice, whatever it holds, is accepted
+    whole, and nothing else is."""
+    import json
+
+    from llguidance import LLMatcher, LLTokenizer
+
+    from conveyor.worker.grammar import grammar_of
+
+    choices = ["a.b", "<x>", "(y)|z", "#~&-", "line\nbreak\ttab", "é ü 中", "back\\slash", "/slash/", '"q"',
+               "[a-z]*", "a", "ab", "😀", "x{2}", "^$"]
+    tokenizer = LLTokenizer(tokenizer_json(), n_vocab=49_152, eos_token=[2])
+    grammar = grammar_of(StructuredOutput(GrammarKind.CHOICE, json.dumps(choices)))
+
+    def accepts(text: str) -> bool:
+        matcher = LLMatcher(tokenizer, grammar, log_level=0)
+        tokens = tokenizer.tokenize_str(text)
+        return matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()
+
+    assert all(accepts(choice) for choice in choices)
+    assert not any(accepts(other) for other in ("a-b", "y", "xx", "[a-z]", "aab", "b"))

@@ -9,7 +9,7 @@ its stream with the 400 before the core ever sees it. One task, the
 output handler, receives each step's `EngineStepOutputs`, detokenizes and checks stop strings
 (`OutputProcessor`, here in the API process), sends an abort to the core for a matched stop string,
 and puts every `RequestOutput` on its request's queue. Everything runs on the event loop except
-tokenization (`AsyncTokenizer`'s worker threads).
+tokenization (`AsyncTokenizer`'s worker threads) and grammar compiles (`GrammarChecker`'s).
 
 Engine death: the core sends `EngineDead` when its loop fails; when it is killed outright, the
 lifeline pipe (whose only writer is the engine process) reads EOF. Either way every live request's
@@ -26,26 +26,24 @@ import logging
 import multiprocessing.connection
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
 
 from conveyor.config import EngineConfig
-from conveyor.core.lifecycle import KVPoolSize
 from conveyor.core.outputs import EngineCoreOutputs
-from conveyor.engine.admission import AdmissionControl, QueueLimits, RequestLimits, SharedCounts, check_request
+from conveyor.engine.admission import AdmissionControl, QueueLimits, SharedCounts, check_request
 from conveyor.engine.async_tokenizer import AsyncTokenizer
-from conveyor.engine.core_proc import EngineAddresses
-from conveyor.engine.grammar_check import GrammarChecker, GrammarLimits, check_size
+from conveyor.engine.client_config import ClientConfig
+from conveyor.engine.grammar_check import GrammarChecker, check_size
 from conveyor.engine.messages import (
     AbortRequests,
     AddRequest,
+    CheckHealth,
     ClientHello,
     EngineDead,
     EngineInput,
     EngineStepOutputs,
-    CheckHealth,
     HealthReply,
     PrefixCacheReset,
     ResetPrefixCache,
@@ -65,37 +63,6 @@ from conveyor.engine.types import (
 from conveyor.request import FinishReason
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ClientConfig:
-    """How one front end reaches its engine core."""
-
-    info: EngineInfo
-    """What the core resolved at start-up (its READY handshake)."""
-    limits: RequestLimits
-    """The per-request admission limits."""
-    addresses: EngineAddresses
-    """The core's sockets."""
-    client_index: int = 0
-    """This front end's identity toward the core (its output socket is addresses.outputs[i])."""
-    queue_timeout_s: float | None = None
-    """--queue-timeout, for the error message of a timed-out request."""
-    chat_template: str | None = None
-    """A Jinja chat template replacing the model's (--chat-template), else None."""
-    grammar: GrammarLimits = GrammarLimits()
-    """What a structured-outputs constraint may cost (--max-grammar-bytes, ...)."""
-
-
-    @classmethod
-    def for_engine(cls, engine_config: EngineConfig, info: EngineInfo, addresses: EngineAddresses,
-                   client_index: int = 0) -> ClientConfig:
-        """The client configuration for front end `client_index` of an engine that reported `info`."""
-        scheduler = dataclasses.replace(engine_config.scheduler, max_model_len=info.max_model_len)
-        limits = RequestLimits(scheduler, KVPoolSize(info.num_kv_blocks, info.block_size), info.vocab_size,
-                               speculative=engine_config.speculative_config is not None,
-                               tensor_parallel=engine_config.parallel.tensor_parallel_size > 1)
-        return cls(info, limits, addresses, client_index, engine_config.scheduler.queue_timeout_s)
 
 
 class AsyncEngineClient:

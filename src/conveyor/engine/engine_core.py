@@ -17,6 +17,7 @@ one at once.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -42,6 +43,12 @@ class PipelinedRunner(Runner, Protocol):
     def launch(self, scheduler_output: SchedulerOutput) -> Any: ...
 
     def collect(self, handle: Any) -> ModelRunnerOutput: ...
+
+
+logger = logging.getLogger(__name__)
+
+GRAMMAR_WAIT_S = 0.05
+"""Longest an idle engine blocks on a grammar being built before it steps (and reads its inputs) again."""
 
 
 class SchedulerLike(Protocol):
@@ -120,23 +127,28 @@ class EngineCore:
         if not request_ids:
             return []
         waiting = [self._waiting_for_grammar.pop(rid) for rid in request_ids if rid in self._waiting_for_grammar]
-        if waiting and self._grammars is not None:
-            self._grammars.drop([request.request_id for request in waiting])
-        rest = [rid for rid in request_ids if rid not in {request.request_id for request in waiting}]
+        if not waiting:
+            return self.scheduler.finish_requests(request_ids, reason)
+        waiting_ids = {request.request_id for request in waiting}
+        if self._grammars is not None:
+            self._grammars.drop(waiting_ids)
+        rest = [rid for rid in request_ids if rid not in waiting_ids]
         return [_ended(request, reason) for request in waiting] + self.scheduler.finish_requests(rest, reason)
 
     def _schedule(self) -> SchedulerOutput:
         """The scheduler's next step, after it received the requests whose matcher is now ready."""
         grammars = self._grammars
+        if grammars is not None and self._waiting_for_grammar and not self.scheduler.has_unfinished_requests():
+            grammars.wait(next(iter(self._waiting_for_grammar)), GRAMMAR_WAIT_S)  # else only empty steps
         for request_id, request in list(self._waiting_for_grammar.items()):
             if grammars is None or not grammars.is_ready(request_id):
                 continue
             del self._waiting_for_grammar[request_id]
             try:
                 self.scheduler.add_request(request)
-            except (AdmissionError, QueueFullError) as error:  # the queue filled up meanwhile
-                self._released_errors.append(dataclasses.replace(_ended(request, FinishReason.ERROR),
-                                                                 error_message=str(error)))
+            except (AdmissionError, QueueFullError) as error:  # the front end admitted it: a bug, as in core_proc
+                logger.error("request %s refused by the scheduler after its grammar: %s", request_id, error)
+                self._released_errors.append(_ended(request, FinishReason.ERROR))
         return self.scheduler.schedule()
 
     def step(self) -> StepResult:
@@ -154,6 +166,8 @@ class EngineCore:
         outputs.finished_outputs.extend(failed)
         outputs.finished_outputs.extend(self._released_errors)
         self._released_errors = []
+        if self._waiting_for_grammar:  # waiting for their matcher is waiting (vLLM counts WAITING_FOR_FSM)
+            stats = dataclasses.replace(stats, num_waiting_reqs=stats.num_waiting_reqs + len(self._waiting_for_grammar))
         if self.config.check_invariants:
             self.scheduler.check_invariants()
         self.num_steps += 1

@@ -32,13 +32,14 @@ import threading
 from dataclasses import dataclass
 
 from conveyor.config import EngineConfig
-from conveyor.server.server_config import ServerConfig
 from conveyor.engine.admission import SharedCounts, make_shared_counts
-from conveyor.engine.core_client import AsyncEngineClient, ClientConfig
+from conveyor.engine.client_config import ClientConfig
+from conveyor.engine.core_client import AsyncEngineClient
 from conveyor.engine.core_proc import EngineAddresses
 from conveyor.engine.launcher import LOG_FORMAT, EngineProcess, EngineStartupError
 from conveyor.engine.types import EngineInfo
 from conveyor.server.front_end import ServeOptions, log_startup, serve
+from conveyor.server.server_config import ServerConfig
 
 logger = logging.getLogger("conveyor.serve")
 DRAIN_SIGNAL = signal.SIGUSR1

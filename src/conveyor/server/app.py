@@ -181,15 +181,19 @@ def _add_admin_routes(app: FastAPI, ctx: ServingContext, config: ServerConfig) -
     async def detokenize(request: Request) -> Response:
         body = await parse_body(request, DetokenizeRequest, limit)
         ctx.check_model(body.model)
-        vocab_size = ctx.engine.info.vocab_size
-        bad = next((token for token in body.tokens if not 0 <= token < vocab_size), None)
-        if bad is not None:  # as vLLM: an id outside the vocabulary is a 400, not "" for it
-            raise bad_request(f"tokens: token id {bad} is out of range [0, {vocab_size})", "tokens")
+        _check_in_vocabulary(body.tokens, ctx.engine.info.vocab_size)
         try:
             text = await ctx.engine.detokenize(body.tokens)
         except Exception as error:  # the tokenizer's own error type for ids outside its vocabulary
             raise bad_request(f"tokens: cannot detokenize: {error}", "tokens") from None
         return Response(DetokenizeResponse(prompt=text).model_dump_json(), media_type="application/json")
+
+
+def _check_in_vocabulary(tokens: list[int], vocab_size: int) -> None:
+    """As vLLM: an id outside the vocabulary is a 400 naming `tokens`, not "" for it."""
+    bad = next((token for token in tokens if not 0 <= token < vocab_size), None)
+    if bad is not None:
+        raise bad_request(f"tokens: token id {bad} is out of range [0, {vocab_size})", "tokens")
 
 
 async def _tokenize_reply(tokens: list[int], max_model_len: int) -> str:

@@ -21,7 +21,8 @@ import prometheus_client
 
 from conveyor.config import ConfigError, EngineConfig
 from conveyor.engine.args import add_engine_arguments, engine_config_from_args, with_overrides
-from conveyor.engine.core_client import AsyncEngineClient, ClientConfig
+from conveyor.engine.client_config import ClientConfig
+from conveyor.engine.core_client import AsyncEngineClient
 from conveyor.engine.launcher import LOG_FORMAT, EngineProcess, EngineStartupError
 from conveyor.engine.model_files import tokenizer_path
 from conveyor.engine.tokenizer import TokenizerError, tokenizer_source

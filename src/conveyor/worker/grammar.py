@@ -44,11 +44,16 @@ def grammar_of(constraint: StructuredOutput) -> str:
         raise GrammarError(one_line(str(error)) or type(error).__name__) from None
 
 
+_ESCAPES = {code: f"\\x{{{code:X}}}" for code in range(128) if not (chr(code).isalnum() or chr(code) in " _")}
+"""Every ASCII character but letters, digits, space and `_` -> `\\x{HEX}`, which the regex syntax reads as
+that character whatever it is: no metacharacter, `/` delimiter or newline survives to be misread. The
+regex syntax's metacharacters are all ASCII, so other characters stay as they are."""
+
+
 def _literal(text: str) -> str:
-    """`text` as a regex matching exactly it: every character but ASCII letters, digits, space and `_`
-    becomes `\\x{HEX}`, which the regex syntax reads as that character whatever it is (no metacharacter,
-    delimiter or newline survives to be misread)."""
-    return "".join(c if c.isascii() and (c.isalnum() or c in " _") else f"\\x{{{ord(c):X}}}" for c in text)
+    """`text` as a regex matching exactly it (one `str.translate`: 100,000 choices in milliseconds, where
+    a Python loop per character held the GIL for 130 ms)."""
+    return text.translate(_ESCAPES)
 
 
 def one_line(message: str, limit: int = 300) -> str:

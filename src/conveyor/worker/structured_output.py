@@ -26,6 +26,7 @@ the step: one request's grammar must never stop the engine for every other reque
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import threading
@@ -126,6 +127,13 @@ class StructuredOutputs:
         """Whether the request may be scheduled: its matcher is built (or was never prepared)."""
         building = self._building.get(request_id)
         return building is None or building.done()
+
+    def wait(self, request_id: str, timeout_s: float) -> None:
+        """Block until the request's matcher is built or `timeout_s` passed (an engine with nothing else
+        to do waits here rather than spin through empty steps)."""
+        building = self._building.get(request_id)
+        if building is not None:
+            concurrent.futures.wait([building], timeout=timeout_s)
 
     def shutdown(self) -> None:
         if self._compiler is not None:
