@@ -223,9 +223,9 @@ def test_dead_engine_503_and_health() -> None:
     run(main())
 
 
-def test_a_frozen_engine_fails_health_after_the_check_timeout() -> None:
+def test_a_frozen_engine_fails_health_after_the_check_timeout(caplog: pytest.LogCaptureFixture) -> None:
     """The engine's process still exists (is_running), but its core answers nothing: /health and /ping
-    are 503 once --health-check-timeout has passed, and 200 again once it answers."""
+    are 503 once --health-check-timeout has passed, the log says why, and 200 again once it answers."""
     async def main() -> None:
         engine = FakeEngine()
         async with app_client(engine, health_check_timeout_s=0.2) as client:
@@ -233,6 +233,7 @@ def test_a_frozen_engine_fails_health_after_the_check_timeout() -> None:
             engine.state.frozen = True
             assert (await client.get("/health")).status_code == 503
             assert (await client.get("/ping")).status_code == 503
+            assert "did not answer within 0.2 s" in caplog.text
             engine.state.frozen = False
             assert (await client.get("/health")).status_code == 200
     run(main())

@@ -211,7 +211,11 @@ async def _is_healthy(ctx: ServingContext, timeout_s: float) -> bool:
         ctx.gate.engine_dead = True
     if ctx.gate.draining or ctx.gate.engine_dead:
         return False
-    return await ctx.engine.check_health(timeout_s)
+    if await ctx.engine.check_health(timeout_s):
+        return True
+    logger.warning("/health: the engine core did not answer within %g s (--health-check-timeout): its loop is "
+                   "stopped or stuck in a step; %d request(s) in flight", timeout_s, ctx.gate.num_in_flight)
+    return False
 
 
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
