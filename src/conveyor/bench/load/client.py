@@ -120,6 +120,9 @@ class RequestRecord:
     """The load-generator process that sent it (--workers)."""
     in_window: bool = True
     """Sent inside the steady-state window (after warm-up, before cool-down), so counted in the summary."""
+    cached_tokens: int | None = None
+    """usage.prompt_tokens_details.cached_tokens: prompt tokens the server's prefix cache served (None: not
+    reported; vLLM and conveyor report it with --enable-prompt-tokens-details)."""
 
     def to_json(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -151,6 +154,9 @@ class ClientConfig:
     """Give up on a request (kind timeout) after this long."""
     temperature: float | None = None
     """The `temperature` of every request (None: not sent, the server's default)."""
+    cache_salt: str | None = None
+    """vLLM's `cache_salt` of every request: one per run, so a run never hits blocks an earlier run left in
+    the prefix cache while its own requests still share among themselves (None: not sent)."""
 
 
 def build_payload(cfg: ClientConfig, req: TraceRequest) -> dict[str, Any]:
@@ -170,6 +176,8 @@ def build_payload(cfg: ClientConfig, req: TraceRequest) -> dict[str, Any]:
         payload["ignore_eos"] = True
     if cfg.temperature is not None:
         payload["temperature"] = cfg.temperature
+    if cfg.cache_salt is not None:
+        payload["cache_salt"] = cfg.cache_salt
     return payload
 
 
@@ -357,5 +365,8 @@ def _count_tokens(rec: RequestRecord, st: _Stream, req: TraceRequest) -> None:
     rec.output_tokens = int(completion) if isinstance(completion, int) else st.num_text_chunks
     prompt = usage.get("prompt_tokens")
     rec.prompt_tokens = int(prompt) if isinstance(prompt, int) else req.prompt_len
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    rec.cached_tokens = int(cached) if isinstance(cached, int) else None
     if rec.status is RequestStatus.COMPLETED and rec.output_tokens > 1 and rec.e2e_s is not None:
         rec.tpot_s = (rec.e2e_s - (rec.ttft_s or 0.0)) / (rec.output_tokens - 1)
