@@ -135,11 +135,30 @@ class SlotGate:
         self._free_since.append(now)
 
 
-class Progress:
-    """One-line progress on stderr (sent/completed/cancelled/failed), redrawn at most twice a second."""
+def eta_s(total: int, done: int, elapsed_s: float, last_due_s: float) -> float | None:
+    """Seconds until every request has ended: the later of the schedule's end (an open loop cannot finish
+    before its last request is due) and the remaining requests at the completion rate so far (a server
+    slower than the offered rate, a closed loop, session turns). None until the first request ends, unless
+    the schedule alone says more is left."""
+    schedule = max(last_due_s - elapsed_s, 0.0)
+    if done == 0 or elapsed_s <= 0:
+        return schedule or None
+    return max(schedule, (total - done) * elapsed_s / done)
 
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.enabled, self.sent = total, enabled, 0
+
+def fmt_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "ETA ?"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"ETA {minutes}:{secs:02d}"
+
+
+class Progress:
+    """One-line progress on stderr (sent/completed/cancelled/failed, elapsed, ETA), redrawn at most twice a
+    second. `last_due_s`: when the schedule's last dispatch unit is due, for the ETA."""
+
+    def __init__(self, total: int, enabled: bool, last_due_s: float = 0.0) -> None:
+        self.total, self.enabled, self.sent, self.last_due_s = total, enabled, 0, last_due_s
         self.records: list[RequestRecord] = []
         self._t_start = time.perf_counter()
 
@@ -153,8 +172,10 @@ class Progress:
         if not self.enabled:
             return
         completed, cancelled, failed = outcomes
+        elapsed = time.perf_counter() - self._t_start
+        eta = "done" if final else fmt_eta(eta_s(self.total, sum(outcomes), elapsed, self.last_due_s))
         line = (f"\r[bench{' ' + label if label else ''}] sent {sent}/{self.total}  completed {completed}  "
-                f"cancelled {cancelled}  failed {failed}  {time.perf_counter() - self._t_start:6.1f} s")
+                f"cancelled {cancelled}  failed {failed}  {elapsed:6.1f} s  {eta}   ")
         sys.stderr.write(line + ("\n" if final else ""))
         sys.stderr.flush()
 
