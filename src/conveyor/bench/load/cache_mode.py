@@ -19,6 +19,7 @@ different salts never share a cached block, and requests with one salt share as 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
 import uuid
@@ -73,7 +74,7 @@ async def probe_salt(session: aiohttp.ClientSession, cfg: ClientConfig) -> None:
                                 timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
             text = (await resp.text(errors="replace"))[:300]
             status = resp.status
-    except (aiohttp.ClientError, TimeoutError):
+    except (aiohttp.ClientError, asyncio.TimeoutError):
         return
     if 400 <= status < 500 and "cache_salt" in text:
         raise CacheSaltRefused(f"the server refuses the cache_salt field (HTTP {status}: {' '.join(text.split())}); "
