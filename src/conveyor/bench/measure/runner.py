@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.bench.load.cache_mode import CacheMode, CacheSaltRefused, new_salt, probe_salt, warm_pass
-from conveyor.bench.load.client import ClientConfig, Endpoint
+from conveyor.bench.load.client import ClientConfig, Endpoint, RequestRecord
 from conveyor.bench.load.loadgen import LoadPlan, new_session
 from conveyor.bench.load.profiles import LoadFlags, LoadProfile, LoadShape, resolve_load
 from conveyor.bench.load.retry import RetryLog, new_retrying_session
@@ -47,7 +47,7 @@ from conveyor.bench.measure.validity import ClientCpuMeter, ValidityBounds
 from conveyor.bench.measure.window import WindowConfig, apply_window
 from conveyor.bench.trace.arrivals import ArrivalProcess, send_offsets_s
 from conveyor.bench.trace.prefix_share import DEFAULT_BLOCK_SIZE, expected_hit_rate
-from conveyor.bench.trace.traces import Trace, TraceError, dispatch_units, read_trace
+from conveyor.bench.trace.traces import Trace, TraceError, TraceRequest, dispatch_units, read_trace
 from conveyor.bench.units import fmt_bytes
 
 
@@ -245,7 +245,7 @@ async def _run(cfg: BenchRunConfig, trace: Trace, plan: LoadPlan) -> RunSummary:
     return summary
 
 
-async def _prepare_cache(session: Any, client: ClientConfig, requests: list[Any]) -> int:
+async def _prepare_cache(session: Any, client: ClientConfig, requests: list[TraceRequest]) -> int:
     """Isolated: check the server takes the salt (0). Warm: replay the prompts once (how many were sent).
     Both before the "before" scrape, so the server's counters over the run exclude them."""
     if client.cache_salt is None:
@@ -257,7 +257,7 @@ async def _prepare_cache(session: Any, client: ClientConfig, requests: list[Any]
     return 0
 
 
-def _cache(cfg: BenchRunConfig, trace: Trace, measured: list[Any], obs: ServerObservation,
+def _cache(cfg: BenchRunConfig, trace: Trace, measured: list[RequestRecord], obs: ServerObservation,
            context: RunContext, server_rate: float | None) -> CacheSummary:
     """The trace's own sharing is rounded to the server's block size (its cache_config_info, else 16)."""
     sent = trace.requests[: cfg.num_requests] if cfg.num_requests else trace.requests
