@@ -128,10 +128,11 @@ def test_sleep_until_does_not_wake_early() -> None:
 
 
 def test_the_eta_is_the_later_of_the_schedule_and_the_completion_rate(capsys: pytest.CaptureFixture[str]) -> None:
-    assert eta_s(200, 0, 5.0, 100.0) == 95.0  # nothing ended yet: the schedule alone
-    assert eta_s(200, 0, 5.0, 0.0) is None  # all due at once, nothing ended: unknown
-    assert eta_s(200, 18, 10.0, 100.0) == pytest.approx(182 * 10 / 18)  # the server is the slower
-    assert eta_s(200, 150, 90.0, 100.0) == pytest.approx(max(10.0, 50 * 90 / 150))
-    assert fmt_eta(125.4) == "ETA 2:05" and fmt_eta(None) == "ETA ?"
+    assert eta_s(200, 0, 5.0, 100.0) == (95.0, False)  # nothing ended yet: the schedule, a lower bound
+    assert eta_s(200, 0, 5.0, 0.0) == (None, False)  # all due at once, nothing ended: unknown
+    assert eta_s(200, 1, 60.0, 100.0, first_done_s=59.0) == (40.0, False)  # one end predicts nothing
+    assert eta_s(200, 21, 30.0, 100.0, first_done_s=10.0) == (pytest.approx(179 * 20 / 20), True)  # server slower
+    assert eta_s(200, 150, 90.0, 100.0, first_done_s=1.0) == (pytest.approx(max(10.0, 50 * 89 / 149)), True)
+    assert fmt_eta(125.4) == "ETA 2:05" and fmt_eta(30, estimate=False) == "ETA >0:30" and fmt_eta(None) == "ETA ?"
     Progress(10, enabled=True, last_due_s=30.0).draw_counts(2, (1, 0, 0), final=False)
-    assert "ETA 0:" in capsys.readouterr().err
+    assert "ETA >0:" in capsys.readouterr().err
