@@ -98,7 +98,8 @@ def config_from_args(args: argparse.Namespace) -> BenchRunConfig:
         api_key=args.api_key, num_requests=args.num_requests, show_progress=not args.no_progress,
         profile=args.profile, max_concurrency=args.max_concurrency, num_workers=args.workers,
         warmup_requests=args.warmup_requests, warmup_s=args.warmup_s, cooldown_requests=args.cooldown_requests,
-        cooldown_s=args.cooldown_s, cache_mode=args.cache_mode or CacheMode.ISOLATED.value, command=shlex.join(["conveyor", *sys.argv[1:]]), retry=policy_from_args(args))
+        cooldown_s=args.cooldown_s, cache_mode=args.cache_mode or CacheMode.ISOLATED.value,
+        command=shlex.join(["conveyor", *sys.argv[1:]]), retry=policy_from_args(args))
 
 
 def run(args: argparse.Namespace) -> int:

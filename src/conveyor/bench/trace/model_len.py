@@ -51,7 +51,8 @@ class FitReport:
 def fit_config(cfg: TraceMakeConfig, max_model_len: int) -> TraceMakeConfig:
     """The synthetic classes' ranges narrowed so chat, long and an agent session's first turn fit."""
     if max_model_len < MIN_MODEL_LEN:
-        raise ValueError(f"--max-model-len {max_model_len} is below {MIN_MODEL_LEN}: too small for the synthetic classes")
+        raise ValueError(f"--max-model-len {max_model_len} is below {MIN_MODEL_LEN}: too small for the synthetic "
+                         "classes")
     budget = max_model_len - TOKEN_MARGIN
     chat = dataclasses.replace(cfg.chat, prompt_len_max=min(cfg.chat.prompt_len_max,
                                                             budget - cfg.chat.output_len_max))
