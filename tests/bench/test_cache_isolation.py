@@ -10,6 +10,7 @@ import pytest
 from bench_fake_server import FakeConfig, FakeServer
 
 from conveyor.bench.cli import run as cli_run
+from conveyor.bench.load.cache_mode import new_salt
 from conveyor.bench.measure.cache_summary import HIT_RATE_MARGIN, departure_warning
 from conveyor.bench.measure.runner import BenchError, BenchRunConfig, run_benchmark
 from conveyor.bench.measure.summary import RunSummary, summary_from_json, summary_to_json
@@ -156,3 +157,9 @@ def test_the_trace_own_sharing_counts_a_session_history_and_common_prefixes() ->
     # turn 1 is sent with turn 0's 20 + 12 tokens before its own 20: all 32 cached
     assert expected_hit_rate(turns, block_size=16) == pytest.approx(32 / (20 + 52))
     assert expected_hit_rate([], block_size=16) is None
+
+
+def test_a_salt_keeps_to_characters_every_server_takes() -> None:
+    salt = new_salt("continuous@4.5#0/" + "x" * 80)
+    assert salt.startswith("conveyor-continuous-4.5-0-") and len(salt) <= 64
+    assert all(c.isalnum() or c in "._-" for c in salt) and new_salt("a") != new_salt("a")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import re
 import uuid
 from collections.abc import Sequence
 
@@ -48,8 +49,10 @@ class CacheSaltRefused(ValueError):
 
 
 def new_salt(label: str) -> str:
-    """One run's salt: readable (the label) and never reused (a random part)."""
-    return f"conveyor-{label or 'run'}-{uuid.uuid4().hex[:12]}"
+    """One run's salt: readable (the label) and never reused (a random part). Only [A-Za-z0-9._-] and at
+    most 64 characters: run labels hold '@', '#' and '/', which some servers refuse in a salt."""
+    readable = re.sub(r"[^A-Za-z0-9._-]", "-", label or "run")[:40]
+    return f"conveyor-{readable}-{uuid.uuid4().hex[:12]}"
 
 
 def _probe_body(cfg: ClientConfig, salt: str) -> bytes:
