@@ -8,6 +8,12 @@ It runs on its own event loop in a thread, on a free port, and keeps vLLM-named 
 also counts the streams open at once (in_flight / max_in_flight: the proof that a client's concurrency
 cap holds) and keeps every generation request's body with its arrival and end times (`received`), so
 tests can check what a session turn carried and when.
+Prefix cache: a prompt hits the longest word prefix it shares with an earlier prompt of the same
+`cache_salt` (None is one namespace; `honour_salt=False` puts every salt in it, as a server that ignores
+the field), counted in vLLM's prefix_cache_queries/hits counters and, with `prompt_details`, reported as
+usage.prompt_tokens_details.cached_tokens. `refuse_salt` answers a salted request 400 naming cache_salt.
+The bench's one-token salt probe (a salt ending in "-probe", load/cache_mode.py) is answered but kept
+apart (state.probes), so the counts tests compare are the run's own.
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ class FakeConfig:
     send_usage: bool = True
     with_metrics: bool = True
     queue_time_s: float = 0.003
+    prompt_details: bool = False
+    honour_salt: bool = True
+    refuse_salt: bool = False
 
 
 @dataclass
@@ -47,6 +56,10 @@ class FakeState:
     in_flight: int = 0
     max_in_flight: int = 0
     received: list[Received] = field(default_factory=list)
+    probes: list[dict] = field(default_factory=list)
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    cached: dict = field(default_factory=dict)
 
 
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0)
@@ -107,7 +120,9 @@ class FakeServer:
                  'vllm:num_requests_running{model_name="fake-model"} 1',
                  'vllm:num_requests_waiting{model_name="fake-model"} 0',
                  'vllm:kv_cache_usage_perc{model_name="fake-model"} 0.25',
-                 'vllm:cache_config_info{block_size="16",model_name="fake-model"} 1']
+                 'vllm:cache_config_info{block_size="16",model_name="fake-model"} 1',
+                 f'vllm:prefix_cache_queries_total{{model_name="fake-model"}} {s.prefix_queries}',
+                 f'vllm:prefix_cache_hits_total{{model_name="fake-model"}} {s.prefix_hits}']
         for le in QUEUE_BUCKETS:
             n = sum(q <= le for q in s.queue_times)
             lines.append(f'vllm:request_queue_time_seconds_bucket{{le="{le}",model_name="fake-model"}} {n}')
@@ -118,6 +133,13 @@ class FakeServer:
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         body = await request.json()
         mode = _first_word(body)
+        salt = body.get("cache_salt")
+        if salt is not None and self.cfg.refuse_salt:
+            return web.json_response({"error": {"message": "Parameter 'cache_salt' is not supported", "code": 400}},
+                                     status=400)
+        if isinstance(salt, str) and salt.endswith("-probe"):
+            self.state.probes.append(body)
+            return web.json_response({"choices": [{"index": 0, "text": " t0"}]})
         if mode.startswith("http"):
             status = int(mode[4:])
             return web.json_response({"error": {"message": f"fake {status}", "code": status}}, status=status)
@@ -125,6 +147,7 @@ class FakeServer:
         self.state.queue_times.append(self.cfg.queue_time_s)
         prompt_len = len(str(body.get("prompt") or body.get("messages")).split())
         self.state.prompt_tokens += prompt_len
+        body["_cached_tokens"] = self._cache_lookup(body, salt)
         received = Received(body=body, arrived_s=time.perf_counter())
         self.state.received.append(received)
         self.state.in_flight += 1
@@ -162,9 +185,25 @@ class FakeServer:
                 return
         if self.cfg.send_usage:
             usage = {"prompt_tokens": prompt_len, "completion_tokens": n, "total_tokens": prompt_len + n}
+            if self.cfg.prompt_details:
+                usage["prompt_tokens_details"] = {"cached_tokens": body["_cached_tokens"]}
             await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
         if mode != "nodone":
             await resp.write(b"data: [DONE]\n\n")
+
+    def _cache_lookup(self, body: dict, salt: object) -> int:
+        """Words of the prompt an earlier prompt of the same namespace already holds (at most all but one)."""
+        words = str(body.get("prompt") or body.get("messages")).split()
+        seen = self.state.cached.setdefault(salt if self.cfg.honour_salt else None, set())
+        prefixes, h = [], 0
+        for w in words:  # a running hash names each prefix (linear in the prompt)
+            h = hash((h, w))
+            prefixes.append(h)
+        hit = max((k + 1 for k, h in enumerate(prefixes[:-1]) if h in seen), default=0)
+        seen.update(prefixes)
+        self.state.prefix_queries += len(words)
+        self.state.prefix_hits += hit
+        return hit
 
     async def _start(self) -> None:
         self._runner = web.AppRunner(self.app(), handle_signals=False, shutdown_timeout=0.2)

@@ -11,7 +11,7 @@ import pytest
 from bench_fake_server import FakeConfig, FakeServer
 
 from conveyor.bench.load.client import ClientConfig, RequestRecord, RequestStatus
-from conveyor.bench.load.loadgen import LoadPlan, SlotGate, new_session, run_load, sleep_until
+from conveyor.bench.load.loadgen import LoadPlan, Progress, SlotGate, eta_s, fmt_eta, new_session, run_load, sleep_until
 from conveyor.bench.trace.traces import TraceRequest
 
 
@@ -125,3 +125,14 @@ def test_sleep_until_does_not_wake_early() -> None:
         return time.perf_counter() - deadline
 
     assert asyncio.run(go()) >= 0
+
+
+def test_the_eta_is_the_later_of_the_schedule_and_the_completion_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    assert eta_s(200, 0, 5.0, 100.0) == (95.0, False)  # nothing ended yet: the schedule, a lower bound
+    assert eta_s(200, 0, 5.0, 0.0) == (None, False)  # all due at once, nothing ended: unknown
+    assert eta_s(200, 1, 60.0, 100.0, first_done_s=59.0) == (40.0, False)  # one end predicts nothing
+    assert eta_s(200, 21, 30.0, 100.0, first_done_s=10.0) == (pytest.approx(179 * 20 / 20), True)  # server slower
+    assert eta_s(200, 150, 90.0, 100.0, first_done_s=1.0) == (pytest.approx(max(10.0, 50 * 89 / 149)), True)
+    assert fmt_eta(125.4) == "ETA 2:05" and fmt_eta(30, estimate=False) == "ETA >0:30" and fmt_eta(None) == "ETA ?"
+    Progress(10, enabled=True, last_due_s=30.0).draw_counts(2, (1, 0, 0), final=False)
+    assert "ETA >0:" in capsys.readouterr().err

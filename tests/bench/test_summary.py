@@ -66,6 +66,8 @@ FULL: dict[str, JSON] = {
                                   "n": 9}},
     "fixed": {"gpu_name": "cpu", "server_flags": {"max_num_seqs": "8"}},
     "retries": {"max_retries": 2, "num_retried_requests": 1, "num_retries": 2, "retry_wait_s": 0.5},
+    "cache": {"mode": "isolated", "salt": "conveyor-c-2-0-0123456789ab", "prefix_cache_hit_rate": 0.7,
+              "hit_rate_source": "usage", "expected_hit_rate": 0.74, "num_warm_pass_requests": 0, "warning": None},
 }
 
 

@@ -9,6 +9,7 @@ import pathlib
 import shlex
 import sys
 
+from conveyor.bench.load.cache_mode import CacheMode
 from conveyor.bench.load.profiles import LoadProfile
 from conveyor.bench.load.retry import add_retry_arguments, policy_from_args
 from conveyor.bench.load.workers import WorkerError
@@ -81,6 +82,10 @@ def add_window_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the last N requests sent are cool-down")
     group.add_argument("--cooldown-s", type=float, default=d["cooldown_s"].default,
                        help="requests sent in the last S seconds of dispatch are cool-down")
+    group.add_argument("--cache-mode", default=None, choices=[m.value for m in CacheMode],
+                       help="isolated (default): every request of a run carries one per-run cache_salt, so no run "
+                            "hits prefix-cache blocks an earlier run left; warm: no salt, and the trace's prompts "
+                            "are replayed once before measuring (a warm-cache steady state on purpose)")
 
 
 def config_from_args(args: argparse.Namespace) -> BenchRunConfig:
@@ -93,7 +98,8 @@ def config_from_args(args: argparse.Namespace) -> BenchRunConfig:
         api_key=args.api_key, num_requests=args.num_requests, show_progress=not args.no_progress,
         profile=args.profile, max_concurrency=args.max_concurrency, num_workers=args.workers,
         warmup_requests=args.warmup_requests, warmup_s=args.warmup_s, cooldown_requests=args.cooldown_requests,
-        cooldown_s=args.cooldown_s, command=shlex.join(["conveyor", *sys.argv[1:]]), retry=policy_from_args(args))
+        cooldown_s=args.cooldown_s, cache_mode=args.cache_mode or CacheMode.ISOLATED.value,
+        command=shlex.join(["conveyor", *sys.argv[1:]]), retry=policy_from_args(args))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
         print(spec_line)
     print(f"{summary.completed} completed, {summary.cancelled} cancelled, {summary.failed} failed "
           f"of {summary.num_prompts} measured; {summary.window.get('label')}; run directory {args.out}")
+    print(summary.cache.describe())
+    if summary.cache.warning:
+        print(f"WARNING: {summary.cache.warning}", file=sys.stderr)
     if not summary.valid:
         print(f"INVALID RUN: {summary.validity.invalid_reason}", file=sys.stderr)
         return 1

@@ -34,7 +34,7 @@ from conveyor.bench.report.write import write_report
 
 _RUN_OPTIONS = ("endpoint", "model", "burstiness", "arrival", "seed", "num_requests", "request_timeout_s",
                 "max_send_lag_p99_ms", "scrape_interval_s", "api_key", "num_workers", "warmup_requests",
-                "warmup_s", "cooldown_requests", "cooldown_s")
+                "warmup_s", "cooldown_requests", "cooldown_s", "cache_mode")
 
 
 def add_run_option_arguments(parser: argparse.ArgumentParser) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.bench.trace.arrivals import ArrivalConfig, ArrivalProcess
+from conveyor.bench.trace.model_len import fit_config, fit_trace
 from conveyor.bench.trace.tokenize_lengths import with_exact_lengths
 from conveyor.bench.trace.trace_gen import CLASSES, TraceMakeConfig, make_mixed_trace
 from conveyor.bench.trace.trace_import import ImportConfig, ImportFormat, Turns, import_trace
@@ -113,6 +114,9 @@ def _import_config(args: argparse.Namespace) -> ImportConfig:
 
 
 def _add_tokenize_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-model-len", type=int, default=None, metavar="N",
+                        help="the target server's max_model_len: every request's prompt + output (a session turn "
+                             "with its history) fits in N tokens (conveyor serve's default is 2048; default: no bound)")
     parser.add_argument("--tokenize-url", default=None, metavar="BASE_URL",
                         help="count prompt tokens exactly with this server's /tokenize (default: words ≈ tokens)")
     parser.add_argument("--tokenize-model", default=None, help="model name for /tokenize (if the server needs one)")
@@ -138,7 +142,8 @@ def _make_config(args: argparse.Namespace) -> TraceMakeConfig:
     num = args.num_requests if args.num_requests is not None or args.duration is not None else 100
     cfg = TraceMakeConfig(mix=parse_mix(args.mix), num_requests=num, duration_s=args.duration, seed=args.seed,
                           arrival=arrival)
-    return apply_params(cfg, args.param)
+    cfg = apply_params(cfg, args.param)
+    return cfg if args.max_model_len is None else fit_config(cfg, args.max_model_len)
 
 
 def _quantiles(values: list[float]) -> str:
@@ -188,6 +193,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(describe(read_trace(args.trace)))
         return 0
     trace = _exact(trace, args)
+    if args.max_model_len is not None:
+        trace, report = fit_trace(trace, args.max_model_len)
+        print(report.describe())
     write_trace(trace, args.out)
     print(f"wrote {args.out}: {trace.header.num_requests} requests, version {trace.header.version[:16]}")
     print(describe(trace))

@@ -121,6 +121,9 @@ class RequestRecord:
     """The load-generator process that sent it (--workers)."""
     in_window: bool = True
     """Sent inside the steady-state window (after warm-up, before cool-down), so counted in the summary."""
+    cached_tokens: int | None = None
+    """usage.prompt_tokens_details.cached_tokens: prompt tokens the server's prefix cache served (None: not
+    reported; vLLM and conveyor report it with --enable-prompt-tokens-details)."""
 
     def to_json(self) -> JSONObject:
         out: JSONObject = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -152,6 +155,9 @@ class ClientConfig:
     """Give up on a request (kind timeout) after this long."""
     temperature: float | None = None
     """The `temperature` of every request (None: not sent, the server's default)."""
+    cache_salt: str | None = None
+    """vLLM's `cache_salt` of every request: one per run, so a run never hits blocks an earlier run left in
+    the prefix cache while its own requests still share among themselves (None: not sent)."""
 
 
 def build_payload(cfg: ClientConfig, req: TraceRequest) -> dict[str, object]:
@@ -171,6 +177,8 @@ def build_payload(cfg: ClientConfig, req: TraceRequest) -> dict[str, object]:
         payload["ignore_eos"] = True
     if cfg.temperature is not None:
         payload["temperature"] = cfg.temperature
+    if cfg.cache_salt is not None:
+        payload["cache_salt"] = cfg.cache_salt
     return payload
 
 
@@ -364,5 +372,7 @@ def _count_tokens(rec: RequestRecord, st: _Stream, req: TraceRequest) -> None:
     rec.output_tokens = st.num_text_chunks if completion is None else completion
     prompt = _usage_count(st.usage, "prompt_tokens")
     rec.prompt_tokens = req.prompt_len if prompt is None else prompt
+    details = st.usage.get("prompt_tokens_details") if isinstance(st.usage, dict) else None
+    rec.cached_tokens = _usage_count(details, "cached_tokens")
     if rec.status is RequestStatus.COMPLETED and rec.output_tokens > 1 and rec.e2e_s is not None:
         rec.tpot_s = (rec.e2e_s - (rec.ttft_s or 0.0)) / (rec.output_tokens - 1)

@@ -135,11 +135,39 @@ class SlotGate:
         self._free_since.append(now)
 
 
-class Progress:
-    """One-line progress on stderr (sent/completed/cancelled/failed), redrawn at most twice a second."""
+MIN_DONE_FOR_RATE = 5
+"""Requests that must have ended before their rate predicts the rest: the first few end at the pace of a
+cold start or a long first prefill (one end gave an ETA of hours on a run that took minutes)."""
 
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.enabled, self.sent = total, enabled, 0
+
+def eta_s(total: int, done: int, elapsed_s: float, last_due_s: float,
+          first_done_s: float | None = None) -> tuple[float | None, bool]:
+    """(seconds until every request has ended, whether that is an estimate rather than a lower bound). The
+    estimate is the later of the schedule's end (an open loop cannot finish before its last request is
+    due) and the remaining requests at the completion rate since the first one ended (a server slower
+    than the offered rate, a closed loop, session turns). Before MIN_DONE_FOR_RATE requests have ended
+    only the schedule is known: a lower bound (None once the schedule is over)."""
+    schedule = max(last_due_s - elapsed_s, 0.0)
+    if done < MIN_DONE_FOR_RATE or first_done_s is None or elapsed_s <= first_done_s:
+        return schedule or None, False
+    rate = (done - 1) / (elapsed_s - first_done_s)
+    return max(schedule, (total - done) / rate), True
+
+
+def fmt_eta(seconds: float | None, estimate: bool = True) -> str:
+    if seconds is None:
+        return "ETA ?"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"ETA {'' if estimate else '>'}{minutes}:{secs:02d}"
+
+
+class Progress:
+    """One-line progress on stderr (sent/completed/cancelled/failed, elapsed, ETA), redrawn at most twice a
+    second. `last_due_s`: when the schedule's last dispatch unit is due, for the ETA."""
+
+    def __init__(self, total: int, enabled: bool, last_due_s: float = 0.0) -> None:
+        self.total, self.enabled, self.sent, self.last_due_s = total, enabled, 0, last_due_s
+        self.first_done_s: float | None = None
         self.records: list[RequestRecord] = []
         self._t_start = time.perf_counter()
 
@@ -153,8 +181,12 @@ class Progress:
         if not self.enabled:
             return
         completed, cancelled, failed = outcomes
+        elapsed, done = time.perf_counter() - self._t_start, completed + cancelled + failed
+        if self.first_done_s is None and done > 0:
+            self.first_done_s = elapsed  # to the redraw period (0.5 s): fine for an ETA
+        eta = "done" if final else fmt_eta(*eta_s(self.total, done, elapsed, self.last_due_s, self.first_done_s))
         line = (f"\r[bench{' ' + label if label else ''}] sent {sent}/{self.total}  completed {completed}  "
-                f"cancelled {cancelled}  failed {failed}  {time.perf_counter() - self._t_start:6.1f} s")
+                f"cancelled {cancelled}  failed {failed}  {elapsed:6.1f} s  {eta}   ")
         sys.stderr.write(line + ("\n" if final else ""))
         sys.stderr.flush()
 

@@ -131,7 +131,8 @@ class WorkerPool:
 
     def __init__(self, cfg: ClientConfig, plans: list[LoadPlan], show_progress: bool) -> None:
         self.cfg, self.plans = cfg, plans
-        self.progress = Progress(sum(p.num_requests for p in plans), enabled=show_progress)
+        self.progress = Progress(sum(p.num_requests for p in plans), enabled=show_progress,
+                                 last_due_s=max((max(p.offsets_s, default=0.0) for p in plans), default=0.0))
         self._mp = multiprocessing.get_context("spawn")  # no fork of a process holding an event loop
         self.counts = self._mp.Array("q", 4 * len(plans), lock=False)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(plans))

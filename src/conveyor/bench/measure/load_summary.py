@@ -42,7 +42,8 @@ async def drive(session: aiohttp.ClientSession, cfg: ClientConfig, plan: LoadPla
     order = {r.request_id: i for i, r in enumerate(r for unit in plan.units for r in unit)}
     if num_workers == 1:
         cpu0 = time.process_time()
-        result = await run_load(session, cfg, plan, progress=Progress(plan.num_requests, show_progress))
+        progress = Progress(plan.num_requests, show_progress, max(plan.offsets_s, default=0.0))
+        result = await run_load(session, cfg, plan, progress=progress)
         stats = [WorkerStats(worker=0, num_requests=len(result.records), cpu_s=time.process_time() - cpu0)]
         records, t0 = result.records, result.t0
     else:

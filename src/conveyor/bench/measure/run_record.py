@@ -33,6 +33,10 @@ class RunContext:
     """Retry policy in force (None: off)."""
     retry_log: RetryLog | None = None
     """What the retry middleware saw."""
+    cache_salt: str | None = None
+    """The cache_salt every request carried (None: a warm run, or none sent)."""
+    num_warm_pass: int = 0
+    """Requests the warm-up pass sent before the run (warm runs)."""
 
 
 def extend_summary(summary: dict[str, Any], records: Sequence[RequestRecord], bounds: GoodputBounds | None,

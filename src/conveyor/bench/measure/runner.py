@@ -1,7 +1,8 @@
 """One benchmark run: trace + load shape + server -> a run directory (docs/RUNDIR contract).
 
 run_benchmark() reads and verifies the trace, resolves the load profile, precomputes every due time,
-asks the server who it is, scrapes /metrics before the first request, drives the load (in this process,
+asks the server who it is, isolates the run's prefix cache (a per-run cache_salt) or warms it on purpose
+(load/cache_mode.py), scrapes /metrics before the first request, drives the load (in this process,
 or split over --workers processes) while sampling gauges, scrapes again after the last request ends,
 and writes command.txt, config.json, server.json, requests.jsonl, server_timeseries.jsonl and
 summary.json. Only requests inside the steady-state window (window.py) count in the summary.
@@ -22,11 +23,13 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from conveyor.bench.load.client import ClientConfig, Endpoint
+from conveyor.bench.load.cache_mode import CacheMode, CacheSaltRefused, new_salt, probe_salt, warm_pass
+from conveyor.bench.load.client import ClientConfig, Endpoint, RequestRecord
 from conveyor.bench.load.loadgen import LoadPlan, new_session
 from conveyor.bench.load.profiles import LoadFlags, LoadProfile, LoadShape, resolve_load
 from conveyor.bench.load.retry import RetryLog, RetryPolicy, new_retrying_session
 from conveyor.bench.load.workers import run_async
+from conveyor.bench.measure.cache_summary import CacheSummary, cache_summary, hit_rate_cell
 from conveyor.bench.measure.fixed import ServerView, collect_fixed
 from conveyor.bench.measure.load_summary import LoadOutcome, drive, load_fields, load_validity
 from conveyor.bench.measure.metrics import GoodputBounds, client_summary
@@ -43,7 +46,8 @@ from conveyor.bench.measure.summary import SCHEMA_VERSION, RunSummary, summary_f
 from conveyor.bench.measure.validity import ClientCpuMeter, ValidityBounds
 from conveyor.bench.measure.window import WindowConfig, apply_window
 from conveyor.bench.trace.arrivals import ArrivalProcess, send_offsets_s
-from conveyor.bench.trace.traces import Trace, TraceError, dispatch_units, read_trace
+from conveyor.bench.trace.prefix_share import DEFAULT_BLOCK_SIZE, expected_hit_rate
+from conveyor.bench.trace.traces import Trace, TraceError, TraceRequest, dispatch_units, read_trace
 from conveyor.bench.units import fmt_bytes
 
 
@@ -113,6 +117,9 @@ class BenchRunConfig:
     """The run is invalid if the benchmark process used this much of a core or more."""
     retry: RetryPolicy | None = None
     """Retry 503s honouring Retry-After (None: off)."""
+    cache_mode: str = CacheMode.ISOLATED.value
+    """isolated (a per-run cache_salt: no run hits an earlier run's blocks) | warm (no salt, a warm-up pass
+    replaying the trace's prompts first): load/cache_mode.py."""
 
     def __post_init__(self) -> None:
         parts = urllib.parse.urlsplit(self.base_url)
@@ -122,6 +129,8 @@ class BenchRunConfig:
             raise BenchError(f"--arrival {self.arrival!r} must be one of poisson, gamma, constant, replay")
         if self.profile is not None and self.profile not in {p.value for p in LoadProfile}:
             raise BenchError(f"--profile {self.profile!r} must be one of {', '.join(p.value for p in LoadProfile)}")
+        if self.cache_mode not in {m.value for m in CacheMode}:
+            raise BenchError(f"--cache-mode {self.cache_mode!r} must be isolated or warm")
         if self.endpoint not in {e.value for e in Endpoint}:
             raise BenchError(f"--endpoint {self.endpoint!r} must be completions or chat")
         if self.temperature is not None and not self.temperature >= 0:
@@ -147,6 +156,10 @@ class BenchRunConfig:
             arrival=None if self.arrival is None else ArrivalProcess(self.arrival),
             max_concurrency=self.max_concurrency, burstiness=self.burstiness, time_scale=self.time_scale,
             seed=self.seed))
+
+    @property
+    def run_label(self) -> str:
+        return self.label or pathlib.Path(self.out_dir).name
 
     def window(self) -> WindowConfig:
         return WindowConfig(warmup_requests=self.warmup_requests, warmup_s=self.warmup_s,
@@ -217,13 +230,15 @@ async def _run(cfg: BenchRunConfig, trace: Trace, plan: LoadPlan) -> RunSummary:
     session_cm = new_retrying_session(cfg.retry, retry_log) if cfg.retry is not None else new_session()
     async with session_cm as session:
         model, identity = await _identify(cfg, session)
+        isolated = cfg.cache_mode == CacheMode.ISOLATED.value
+        client = ClientConfig(base_url=cfg.base_url, model=model, endpoint=Endpoint(cfg.endpoint),
+                              api_key=cfg.api_key, request_timeout_s=cfg.request_timeout_s,
+                              temperature=cfg.temperature, cache_salt=new_salt(cfg.run_label) if isolated else None)
+        num_warm = await _prepare_cache(session, client, [r for unit in plan.units for r in unit])
         scraper = ServerScraper(session, cfg.base_url, cfg.scrape_interval_s)
         await scraper.start()
         sampler = asyncio.create_task(scraper.run())
         started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-        client = ClientConfig(base_url=cfg.base_url, model=model, endpoint=Endpoint(cfg.endpoint),
-                              api_key=cfg.api_key, request_timeout_s=cfg.request_timeout_s,
-                              temperature=cfg.temperature)
         meter = ClientCpuMeter()  # this process only: --workers processes are gated by their send lag
         try:
             load = await drive(session, client, plan, cfg.num_workers, cfg.show_progress)
@@ -235,10 +250,32 @@ async def _run(cfg: BenchRunConfig, trace: Trace, plan: LoadPlan) -> RunSummary:
     view = ServerView(identity["models"], identity["version"], obs.after or obs.before, scraper.local,
                       nvml_reading() if scraper.local else None)
     context = RunContext(client_cpu=cpu, fixed=collect_fixed(view, identity["config_info"], cfg.trace_path),
-                         retry_policy=cfg.retry, retry_log=retry_log)
+                         retry_policy=cfg.retry, retry_log=retry_log, cache_salt=client.cache_salt,
+                         num_warm_pass=num_warm)
     summary = build_summary(cfg, trace, model, (load, obs, started_at), context)
     write_run_dir(cfg, identity, load, obs, summary)
     return summary
+
+
+async def _prepare_cache(session: Any, client: ClientConfig, requests: list[TraceRequest]) -> int:
+    """Isolated: check the server takes the salt (0). Warm: replay the prompts once (how many were sent).
+    Both before the "before" scrape, so the server's counters over the run exclude them."""
+    if client.cache_salt is None:
+        return await warm_pass(session, client, requests)
+    try:
+        await probe_salt(session, client)
+    except CacheSaltRefused as exc:
+        raise BenchError(str(exc)) from exc
+    return 0
+
+
+def _cache(cfg: BenchRunConfig, trace: Trace, measured: list[RequestRecord], obs: ServerObservation,
+           context: RunContext, server_rate: float | None) -> CacheSummary:
+    """The trace's own sharing is rounded to the server's block size (its cache_config_info, else 16)."""
+    sent = trace.requests[: cfg.num_requests] if cfg.num_requests else trace.requests
+    block = config_info(obs.after or obs.before).get("block_size", "")
+    expected = expected_hit_rate(sent, int(block) if block.isdigit() else DEFAULT_BLOCK_SIZE)
+    return cache_summary(cfg.cache_mode, context.cache_salt, measured, server_rate, expected, context.num_warm_pass)
 
 
 def build_summary(cfg: BenchRunConfig, trace: Trace, model: str,
@@ -248,7 +285,7 @@ def build_summary(cfg: BenchRunConfig, trace: Trace, model: str,
     window = apply_window(load.records, cfg.window())
     measured = [r for r in load.records if r.in_window]
     summary: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION, "label": cfg.label or pathlib.Path(cfg.out_dir).name,
+        "schema_version": SCHEMA_VERSION, "label": cfg.run_label,
         "base_url": cfg.base_url, "model": model, "endpoint": cfg.endpoint,
         "temperature": cfg.temperature, "trace_path": cfg.trace_path,
         "trace_version": trace.header.version, "request_rate": _jsonable(cfg.request_rate),
@@ -261,8 +298,10 @@ def build_summary(cfg: BenchRunConfig, trace: Trace, model: str,
     valid, reason = load_validity(load, window, cfg.max_send_lag_p99_ms)
     summary.update({"max_send_lag_p99_ms": cfg.max_send_lag_p99_ms, "valid": valid, "invalid_reason": reason,
                     "server": server_summary(obs)})
-    extend_summary(summary, measured, bounds, ValidityBounds(cfg.max_client_cpu),
-                   context or RunContext())
+    context = context or RunContext()
+    extend_summary(summary, measured, bounds, ValidityBounds(cfg.max_client_cpu), context)
+    server_rate = summary["server"].get("prefix_cache_hit_rate")
+    summary["cache"] = _cache(cfg, trace, measured, obs, context, server_rate).to_json()
     return summary_from_json(summary, summary["label"], "the run's summary")
 
 
@@ -286,7 +325,7 @@ def write_run_dir(cfg: BenchRunConfig, identity: dict[str, Any], load: LoadOutco
 
 
 DASHBOARD_COLUMNS = ("Run", "Offered req/s", "Completed req/s", "TTFT p95", "Queue p95", "E2E p95",
-                     "Error rate", "Preemptions", "Peak memory")
+                     "Error rate", "Preemptions", "Peak memory", "Prefix-cache hits")
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:
@@ -301,7 +340,7 @@ def dashboard_row(s: RunSummary) -> list[str]:
            _fmt(s.request_throughput, 2), _fmt(s.metric("p95_ttft_ms")) + " ms",
            _fmt(server.value("queue_time_p95_ms")) + " ms", _fmt(s.metric("p95_e2el_ms")) + " ms",
            f"{100.0 * s.error_rate:.1f}%", _fmt(server.value("num_preemptions"), 0),
-           fmt_bytes(server.value("peak_gpu_memory_bytes"))]
+           fmt_bytes(server.value("peak_gpu_memory_bytes")), hit_rate_cell(s.cache)]
     return [c.replace("- ms", "-") for c in row]
 
 

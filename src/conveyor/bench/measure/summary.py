@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from conveyor.bench.jsonvalue import JSON, Fields
+from conveyor.bench.measure.cache_summary import CacheSummary
 from conveyor.bench.measure.intervals import Interval
 from conveyor.bench.measure.server_summary import ServerSummary, intervals_from, intervals_to_json
 
@@ -115,7 +116,7 @@ _KNOWN = {"schema_version", *_IDENTITY_TEXT, "temperature", "request_rate", "bur
           *_COUNTS, "num_sent", *_TOTALS, *latency_keys(), "slo", "goodput", "error_rate", "errors_by_kind",
           "per_class", "send_lag_p99_ms", "max_send_lag_p99_ms", "window", "client", "num_sessions", "per_turn",
           "valid", "invalid_reason", "invalid_reasons", "client_cpu_utilization", "num_client_side_errors",
-          "server", "ci", "fixed", "retries"}
+          "server", "ci", "fixed", "retries", "cache"}
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,8 @@ class RunSummary:
     """Session turn index -> its summary."""
     retries: RetrySummary | None = None
     """Retries, when --retry was on."""
+    cache: CacheSummary = CacheSummary()
+    """The prefix-cache state the run had and the hit rate it measured (mode 'unknown' for older runs)."""
     schema_version: int = SCHEMA_VERSION
     """Layout version of the file it came from."""
     extra: Mapping[str, JSON] = field(default_factory=dict)
@@ -300,6 +303,7 @@ def summary_from_json(data: JSON, default_label: str, where: str) -> RunSummary:
         load_client=dict(f.child("client").data), num_sessions=f.opt_integer("num_sessions"),
         per_turn=_classes(f.child("per_turn")),
         retries=RetrySummary.from_json(retries) if retries.data else None,
+        cache=CacheSummary.from_json(f.child("cache")),
         schema_version=f.integer("schema_version", SCHEMA_VERSION),
         extra={k: v for k, v in f.data.items() if k not in _KNOWN})
 
@@ -325,4 +329,5 @@ def summary_to_json(s: RunSummary) -> dict[str, JSON]:
     out.update(_validity_json(s.validity), server=s.server.to_json(), ci=intervals_to_json(s.ci), fixed=dict(s.fixed))
     if s.retries is not None:
         out["retries"] = s.retries.to_json()
+    out["cache"] = s.cache.to_json()
     return {**out, **s.extra}

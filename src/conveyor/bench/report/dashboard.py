@@ -32,12 +32,13 @@ from conveyor.bench.decide.point_verdict import PointStatus
 from conveyor.bench.decide.slo import SLO, SLOVerdict, describe_objective, slo_from_mapping
 from conveyor.bench.measure.fixed import FixedDifference, FixedRecord, differences, unknown_keys
 from conveyor.bench.measure.intervals import IntervalConfig
+from conveyor.bench.measure.cache_summary import cache_report_lines, hit_rate_cell
 from conveyor.bench.measure.rundirs import Point, RunResult, StudyFile, discover_runs, find_study_file, group_points
 from conveyor.bench.report.report_format import fmt_interval, summary_cell
 from conveyor.bench.units import fmt_bytes, fmt_count, fmt_percent, fmt_rate
 
 DASHBOARD_COLUMNS = ("Config", "Run", "Offered req/s", "Completed req/s", "TTFT p95", "Queue p95",
-                     "E2E p95", "Error rate", "Preemptions", "Peak memory", "Objective")
+                     "E2E p95", "Error rate", "Preemptions", "Peak memory", "Prefix-cache hits", "Objective")
 POINT_COLUMNS = ("Config", "Offered req/s", "Valid repeats", "Completed req/s", "TTFT p95", "E2E p95",
                  "Error rate", "Verdict")
 
@@ -147,7 +148,7 @@ def dashboard_rows(analysis: Analysis) -> list[list[str]]:
                     summary_cell(s, "p95_ttft_ms"), summary_cell(s, "server.queue_time_p95_ms"),
                     summary_cell(s, "p95_e2el_ms"), summary_cell(s, "error_rate"),
                     fmt_count(run.metric("num_preemptions")), fmt_bytes(run.metric("peak_gpu_memory_bytes")),
-                    objective_cell(run, verdict),
+                    hit_rate_cell(s.cache), objective_cell(run, verdict),
                 ])
     return rows
 
@@ -245,12 +246,16 @@ def fixed_lines(analysis: Analysis) -> list[str]:
     return [f"Fixed across all runs: {shown or 'nothing recorded'}{unknown}"]
 
 
+def cache_lines(analysis: Analysis) -> list[str]:
+    return cache_report_lines([(run.label, run.summary.cache) for run in analysis.runs()])
+
+
 def decision_lines(analysis: Analysis) -> list[str]:
     """Objective, recommendation and its confidence, checklist and diagnosis as plain lines."""
     rec = analysis.recommendation
     lines = [f"Objective: {describe_objective(analysis.slo)}",
              f"Intervals: {IntervalConfig().confidence:.0%} confidence (bootstrap over requests and repeats).",
-             *fixed_lines(analysis),
+             *fixed_lines(analysis), *cache_lines(analysis),
              f"Recommendation ({rec.outcome.value}): {rec.explanation}",
              f"Confidence: {rec.confidence}", "", "Checklist:"]
     lines.extend(f"- [{i.answer.value}] {i.question} {i.evidence}" for i in analysis.checklist)

@@ -2,8 +2,8 @@
 
 Sections, each with a stable id (tests check them): recommendation (with its confidence and the
 objective as a sentence), checklist, diagnosis, configurations, points (valid repeats pooled, with
-intervals), dashboard (one row per run; invalid runs greyed out), fixed (the fixed things), plots
-(throughput, latency, timeseries, per-class), per-class table.
+intervals), dashboard (one row per run; invalid runs greyed out), fixed (the fixed things), cache (the
+runs' prefix-cache state and warnings), plots (throughput, latency, timeseries, per-class), per-class table.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from conveyor.bench.report.dashboard import (
     POINT_COLUMNS,
     SPEC_COLUMNS,
     Analysis,
+    cache_lines,
     config_rows,
     dashboard_rows,
     fixed_lines,
@@ -29,7 +30,7 @@ from conveyor.bench.report.dashboard import (
 from conveyor.bench.report.report_format import class_cell
 
 SECTION_IDS = ("recommendation", "checklist", "diagnosis", "configurations", "points", "dashboard", "fixed",
-               "plots", "per-class")
+               "cache", "plots", "per-class")
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; line-height: 1.4; }
@@ -123,6 +124,7 @@ def render_html(analysis: Analysis, plot_paths: list[pathlib.Path]) -> str:
                  _table(DASHBOARD_COLUMNS, dashboard_rows(analysis), grey_invalid=True)),
         *([_section("spec-decode", "Speculative decoding (per run)", _table(SPEC_COLUMNS, spec))] if spec else []),
         _section("fixed", "Fixed things", "".join(f"<p>{html.escape(line)}</p>" for line in fixed_lines(analysis))),
+        _section("cache", "Prefix cache", "".join(f"<p>{html.escape(line)}</p>" for line in cache_lines(analysis))),
         _section("plots", "Plots", "".join(_embedded(p) for p in plot_paths)),
         _section("per-class", "Per-class breakdown (operating point)",
                  _table(per_class_cols, _per_class_rows(analysis))),
