@@ -33,6 +33,7 @@ import zmq.asyncio
 from conveyor.config import EngineConfig
 from conveyor.core.lifecycle import KVPoolSize
 from conveyor.core.outputs import EngineCoreOutputs
+from conveyor.core.step_log import StepRecord
 from conveyor.engine.admission import AdmissionControl, QueueLimits, RequestLimits, SharedCounts, check_request
 from conveyor.engine.async_tokenizer import AsyncTokenizer
 from conveyor.engine.core_proc import EngineAddresses
@@ -41,11 +42,13 @@ from conveyor.engine.messages import (
     AbortRequests,
     AddRequest,
     ClientHello,
+    DrainStepLog,
     EngineDead,
     EngineInput,
     EngineStepOutputs,
     PrefixCacheReset,
     ResetPrefixCache,
+    StepLogRecords,
     encoder,
     output_decoder,
 )
@@ -138,8 +141,8 @@ class AsyncEngineClient:
         self._input = zmq.Context(shadow=self._context.underlying).socket(zmq.PUSH)
         self._output = self._context.socket(zmq.PULL)
         self._output_task: asyncio.Task[None] | None = None
-        self._resets: dict[int, asyncio.Future[bool]] = {}
-        """Pending reset_prefix_cache calls, by token."""
+        self._calls: dict[int, asyncio.Future[PrefixCacheReset | StepLogRecords]] = {}
+        """Pending calls answered by the core (reset_prefix_cache, drain_step_log), by token."""
 
     def start(self) -> None:
         """Connect to the core and start the output handler (call on the event loop that will serve)."""
@@ -220,15 +223,25 @@ class AsyncEngineClient:
     async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """vLLM's, in the engine core: False (nothing reset) while requests hold KV blocks, unless
         `reset_running_requests` preempts them first."""
+        client = self._config.client_index
+        answer = await self._call(lambda token: ResetPrefixCache(client, token, reset_running_requests))
+        return isinstance(answer, PrefixCacheReset) and answer.reset
+
+    async def drain_step_log(self) -> list[StepRecord] | None:
+        """The engine core's step records since the last drain, oldest first (None: --step-log-size is 0)."""
+        answer = await self._call(lambda token: DrainStepLog(self._config.client_index, token))
+        return answer.records if isinstance(answer, StepLogRecords) and answer.enabled else None
+
+    async def _call(self, make: Callable[[int], EngineInput]) -> PrefixCacheReset | StepLogRecords:
+        """Send the message `make(token)` builds and wait for the core's answer carrying that token."""
         self._raise_if_dead()
-        token = len(self._resets) + 1 + max(self._resets, default=0)
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._resets[token] = future
-        self._send(ResetPrefixCache(self._config.client_index, token, reset_running_requests))
+        token = len(self._calls) + 1 + max(self._calls, default=0)
+        self._calls[token] = future = asyncio.get_running_loop().create_future()
+        self._send(make(token))
         try:
             return await future
         finally:
-            self._resets.pop(token, None)
+            self._calls.pop(token, None)
 
     def add_stats_listener(self, listener: StatsListener) -> None:
         self._stats_listeners.append(listener)
@@ -300,10 +313,10 @@ class AsyncEngineClient:
                 if isinstance(message, EngineDead):
                     self._on_dead(message.message)
                     return
-                if isinstance(message, PrefixCacheReset):
-                    future = self._resets.get(message.token)
+                if isinstance(message, (PrefixCacheReset, StepLogRecords)):
+                    future = self._calls.get(message.token)
                     if future is not None and not future.done():
-                        future.set_result(message.reset)
+                        future.set_result(message)
                     continue
                 self._process(message)
                 await asyncio.sleep(0)  # let the streams run between two steps' worth of outputs
@@ -358,7 +371,7 @@ class AsyncEngineClient:
             listener()
 
     def _fail_everything(self, reason: str) -> None:
-        for future in self._resets.values():
+        for future in self._calls.values():
             if not future.done():
                 future.set_exception(EngineDeadError(reason))
         streams, self._streams = self._streams, {}

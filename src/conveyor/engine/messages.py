@@ -17,6 +17,7 @@ import msgspec
 
 from conveyor.core.outputs import EngineCoreOutput, TokenLogprobs
 from conveyor.core.stats import SchedulerStats
+from conveyor.core.step_log import StepRecord
 from conveyor.engine.types import EngineInfo
 from conveyor.request import FinishReason
 from conveyor.sampling_params import SamplingParams
@@ -63,7 +64,16 @@ class ResetPrefixCache(msgspec.Struct, tag="reset_prefix_cache", array_like=True
     reset_running_requests: bool = False
 
 
-EngineInput = ClientHello | AddRequest | AbortRequests | ShutdownEngine | ResetPrefixCache
+class DrainStepLog(msgspec.Struct, tag="drain_step_log", array_like=True):
+    """Take the step records logged since the last drain (see EngineCore.drain_step_log); the core answers
+    `StepLogRecords`."""
+
+    client_index: int
+    token: int
+    """Pairs the answer with the call."""
+
+
+EngineInput = ClientHello | AddRequest | AbortRequests | ShutdownEngine | ResetPrefixCache | DrainStepLog
 
 # ---- engine core -> front end ---------------------------------------------------------------------
 
@@ -95,7 +105,15 @@ class PrefixCacheReset(msgspec.Struct, tag="prefix_cache_reset", array_like=True
     reset: bool
 
 
-EngineOutput = EngineStepOutputs | EngineDead | PrefixCacheReset
+class StepLogRecords(msgspec.Struct, tag="step_log", array_like=True):
+    """The answer to DrainStepLog: the records, oldest first; `enabled` False when --step-log-size is 0."""
+
+    token: int
+    enabled: bool
+    records: list[StepRecord]
+
+
+EngineOutput = EngineStepOutputs | EngineDead | PrefixCacheReset | StepLogRecords
 
 # ---- start-up handshake (engine core -> launcher) -------------------------------------------------
 
