@@ -31,6 +31,7 @@ from conveyor.bench.measure.fixed import ServerView, collect_fixed
 from conveyor.bench.measure.load_summary import LoadOutcome, drive, load_fields, load_validity
 from conveyor.bench.measure.metrics import GoodputBounds, client_summary
 from conveyor.bench.measure.run_record import RunContext, extend_summary
+from conveyor.bench.measure.step_log import StepLogCollector, write_step_log
 from conveyor.bench.measure.server_metrics import (
     ServerObservation,
     ServerScraper,
@@ -113,6 +114,8 @@ class BenchRunConfig:
     """The run is invalid if the benchmark process used this much of a core or more."""
     retry: RetryPolicy | None = None
     """Retry 503s honouring Retry-After (None: off)."""
+    collect_step_log: bool = False
+    """Write the server's step log for the run as step_log.jsonl (bench/measure/step_log.py), if it offers one."""
 
     def __post_init__(self) -> None:
         parts = urllib.parse.urlsplit(self.base_url)
@@ -224,11 +227,15 @@ async def _run(cfg: BenchRunConfig, trace: Trace, plan: LoadPlan) -> RunSummary:
         client = ClientConfig(base_url=cfg.base_url, model=model, endpoint=Endpoint(cfg.endpoint),
                               api_key=cfg.api_key, request_timeout_s=cfg.request_timeout_s,
                               temperature=cfg.temperature)
+        steps = StepLogCollector(session, cfg.base_url, cfg.api_key)
+        if cfg.collect_step_log:
+            await steps.start()
         meter = ClientCpuMeter()  # this process only: --workers processes are gated by their send lag
         try:
             load = await drive(session, client, plan, cfg.num_workers, cfg.show_progress)
         finally:
             sampler.cancel()
+            step_rows = await steps.stop()
         cpu = meter.stop()
         obs = await scraper.stop()
     identity["config_info"] = config_info(obs.after or obs.before)
@@ -238,6 +245,7 @@ async def _run(cfg: BenchRunConfig, trace: Trace, plan: LoadPlan) -> RunSummary:
                          retry_policy=cfg.retry, retry_log=retry_log)
     summary = build_summary(cfg, trace, model, (load, obs, started_at), context)
     write_run_dir(cfg, identity, load, obs, summary)
+    write_step_log(pathlib.Path(cfg.out_dir), step_rows)
     return summary
 
 
