@@ -66,8 +66,10 @@ class StepRecord:
         return cls(**kwargs)  # type: ignore[arg-type]
 
 
-def step_record(output: SchedulerOutput, stats: SchedulerStats, start_s: float, end_s: float) -> StepRecord:
-    """The record of one step that scheduled `output` and reported `stats`."""
+def step_record(output: SchedulerOutput, stats: SchedulerStats | None = None, start_s: float = 0.0,
+                end_s: float = 0.0) -> StepRecord:
+    """The record of one step that scheduled `output` and reported `stats` (None: before its update, as the
+    simulation prices a step before applying it; no preemptions are counted then)."""
     counts = output.num_scheduled_tokens
     drafts = output.scheduled_spec_decode_tokens
     prefill_tokens = prefill_reqs = context = 0
@@ -88,7 +90,7 @@ def step_record(output: SchedulerOutput, stats: SchedulerStats, start_s: float, 
         num_prefill_tokens=prefill_tokens,
         num_decode_tokens=output.total_num_scheduled_tokens - prefill_tokens,
         num_prefill_reqs=prefill_reqs, num_decode_reqs=num_reqs - prefill_reqs, num_context_tokens=context,
-        num_draft_tokens=sum(len(d) for d in drafts.values()), num_preemptions=stats.num_preemptions,
+        num_draft_tokens=sum(len(d) for d in drafts.values()), num_preemptions=stats.num_preemptions if stats is not None else 0,
         step_time_s=end_s - start_s, start_s=start_s)
 
 
