@@ -34,3 +34,23 @@ def test_each_step_is_logged_with_its_composition_and_time() -> None:
 def test_off_by_default_nothing_is_recorded() -> None:
     core = run_two_requests(EngineConfig())
     assert core.step_log is None and core.drain_step_log() is None
+
+
+def test_the_offline_llm_accepts_the_size_by_name() -> None:
+    from conveyor.engine.llm import engine_config_from_kwargs
+
+    assert engine_config_from_kwargs(step_log_size=8).step_log_size == 8
+
+
+def test_a_negative_size_is_refused_naming_the_flag() -> None:
+    import argparse
+
+    import pytest
+
+    from conveyor.config import ConfigError
+    from conveyor.engine.args import add_engine_arguments, build_engine_config
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    with pytest.raises(ConfigError, match="step.log.size"):
+        build_engine_config(parser.parse_args(["--step-log-size", "-1"]))
