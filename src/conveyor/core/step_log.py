@@ -70,28 +70,25 @@ def step_record(output: SchedulerOutput, stats: SchedulerStats | None = None, st
                 end_s: float = 0.0) -> StepRecord:
     """The record of one step that scheduled `output` and reported `stats` (None: before its update, as the
     simulation prices a step before applying it; no preemptions are counted then)."""
-    counts = output.num_scheduled_tokens
-    drafts = output.scheduled_spec_decode_tokens
-    prefill_tokens = prefill_reqs = context = 0
-    for new in output.scheduled_new_reqs:
-        scheduled = counts.get(new.request_id, 0)
-        prefill_tokens += scheduled
-        prefill_reqs += 1
-        context += new.num_computed_tokens + scheduled
-    cached = output.scheduled_cached_reqs
-    for request_id, computed in zip(cached.req_ids, cached.num_computed_tokens):
-        scheduled = counts.get(request_id, 0)
-        context += computed + scheduled
-        if scheduled - len(drafts.get(request_id, ())) > 1:
-            prefill_tokens += scheduled
-            prefill_reqs += 1
-    num_reqs = len(output.scheduled_new_reqs) + cached.num_reqs
+    counts, drafts = output.num_scheduled_tokens, output.scheduled_spec_decode_tokens
+    new, cached = output.scheduled_new_reqs, output.scheduled_cached_reqs
+    # List comprehensions, not one loop with branches: with hundreds of decodes this is the log's whole cost.
+    scheduled = [counts.get(request_id, 0) for request_id in cached.req_ids]
+    if drafts:  # a decode verifying K drafts computes 1 + K tokens: the tokens besides its drafts tell a chunk
+        chunks = [n for request_id, n in zip(cached.req_ids, scheduled) if n - len(drafts.get(request_id, ())) > 1]
+    else:
+        chunks = [n for n in scheduled if n > 1]
+    prefill_tokens = sum(counts.get(request.request_id, 0) for request in new) + sum(chunks)
+    prefill_reqs = len(new) + len(chunks)
+    computed = sum(request.num_computed_tokens for request in new) + sum(cached.num_computed_tokens)
+    context = computed + output.total_num_scheduled_tokens
+    num_reqs = len(new) + cached.num_reqs
     return StepRecord(
         num_prefill_tokens=prefill_tokens,
         num_decode_tokens=output.total_num_scheduled_tokens - prefill_tokens,
         num_prefill_reqs=prefill_reqs, num_decode_reqs=num_reqs - prefill_reqs, num_context_tokens=context,
-        num_draft_tokens=sum(len(d) for d in drafts.values()), num_preemptions=stats.num_preemptions if stats is not None else 0,
-        step_time_s=end_s - start_s, start_s=start_s)
+        num_draft_tokens=sum(len(d) for d in drafts.values()),
+        num_preemptions=stats.num_preemptions if stats is not None else 0, step_time_s=end_s - start_s, start_s=start_s)
 
 
 class StepLog:
