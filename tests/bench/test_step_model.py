@@ -120,3 +120,21 @@ def test_bench_calibrate_cli(tmp_path: pathlib.Path, capsys: pytest.CaptureFixtu
     assert "per_step = 12 ms" in printed and "R² 1.000" in printed
     assert read_calibrations(out)[0].runs == (str(run),)
     assert main(["bench", "calibrate", str(tmp_path / "missing"), "--out", str(out)]) == 2
+
+
+def test_held_out_runs_are_measured_not_fitted(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fitted = write_run(tmp_path / "fit", synthetic_steps(200, TRUE, noise=0.02, seed=3))
+    slower = StepTimeCoefficients(*(1.2 * v for v in TRUE.values))  # the held-out run's steps are 20% slower
+    held = write_run(tmp_path / "held", synthetic_steps(100, slower, seed=4))
+    calibration = calibrate([fitted], [held])
+    assert calibration.fit.num_steps == 200 and calibration.fit.median_rel_error < 0.02  # fitted on its own run only
+    assert calibration.held_out is not None and calibration.held_out.num_steps == 100
+    assert calibration.held_out.median_rel_error == pytest.approx(1 - 1 / 1.2, abs=0.02)
+    assert calibration.held_out_runs == (str(held),)
+    assert Calibration.from_json(json.loads(json.dumps(calibration.to_json())), "x") == calibration
+    out = tmp_path / "calib.json"
+    assert main(["bench", "calibrate", str(fitted), "--held-out", str(held), "--out", str(out)]) == 0
+    assert "held out, 100 steps of 1 run(s)" in capsys.readouterr().out
+    other = write_run(tmp_path / "other", synthetic_steps(50, TRUE), {**FIXED, "dtype": "float16"})
+    with pytest.raises(CalibrationError, match="differ"):
+        calibrate([fitted], [other])

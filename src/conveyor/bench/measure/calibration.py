@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from conveyor.bench.jsonvalue import JSON
 from conveyor.bench.measure.step_log import STEP_LOG_FILE, read_step_log
-from conveyor.bench.measure.step_model import FitError, StepSample, StepTimeCoefficients, fit_step_model
+from conveyor.bench.measure.step_model import FitError, StepSample, StepTimeCoefficients, fit_error, fit_step_model
 
 CALIBRATION_SCHEMA_VERSION = 1
 COST_FLAGS = ("device", "tensor_parallel_size", "quantization", "enforce_eager", "cudagraph_mode",
@@ -80,10 +80,16 @@ class Calibration:
     """The fit's error on its own steps."""
     runs: tuple[str, ...]
     """The run directories fitted on."""
+    held_out: FitError | None = None
+    """The coefficients' error on the steps of runs not fitted on (None: none given)."""
+    held_out_runs: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, JSON]:
-        return {"key": self.key.to_json(), "coefficients": dict(self.coefficients.to_json()),
-                "fit": dict(self.fit.to_json()), "runs": list(self.runs)}
+        value: dict[str, JSON] = {"key": self.key.to_json(), "coefficients": dict(self.coefficients.to_json()),
+                                  "fit": dict(self.fit.to_json()), "runs": list(self.runs)}
+        if self.held_out is not None:
+            value.update(held_out=dict(self.held_out.to_json()), held_out_runs=list(self.held_out_runs))
+        return value
 
     @classmethod
     def from_json(cls, value: JSON, where: str) -> Calibration:
@@ -94,16 +100,32 @@ class Calibration:
         if not all(isinstance(p, dict) for p in parts) or not isinstance(runs, list):
             raise CalibrationError(f"{where}: key, coefficients and fit must be objects, runs a list")
         key, coefficients, fit = (p if isinstance(p, dict) else {} for p in parts)
+        held_out, held_out_runs = value.get("held_out"), value.get("held_out_runs", [])
         try:
             return cls(CalibrationKey.from_json(key, where + ".key"),
                        StepTimeCoefficients.from_json(coefficients, where + ".coefficients"),
-                       FitError.from_json(fit, where + ".fit"), tuple(str(r) for r in runs))
+                       FitError.from_json(fit, where + ".fit"), tuple(str(r) for r in runs),
+                       FitError.from_json(held_out, where + ".held_out") if isinstance(held_out, dict) else None,
+                       tuple(str(r) for r in held_out_runs) if isinstance(held_out_runs, list) else ())
         except ValueError as error:
             raise CalibrationError(str(error)) from None
 
 
-def calibrate(run_dirs: Sequence[pathlib.Path]) -> Calibration:
-    """Fit one step-time model to the step logs of `run_dirs`, which must share one key."""
+def calibrate(run_dirs: Sequence[pathlib.Path], held_out: Sequence[pathlib.Path] = ()) -> Calibration:
+    """Fit one step-time model to the step logs of `run_dirs`, which must share one key; its error is also
+    measured on the steps of `held_out` (same key, not fitted on): the honest number."""
+    key, _ = _steps([*run_dirs, *held_out])  # one key for all: a held-out run of another setup proves nothing
+    fitted = _steps(run_dirs)[1]
+    try:
+        coefficients, fit = fit_step_model(fitted)
+        error = fit_error(coefficients, _steps(held_out)[1]) if held_out else None
+    except ValueError as problem:
+        raise CalibrationError(str(problem)) from None
+    return Calibration(key, coefficients, fit, tuple(str(d) for d in run_dirs), error, tuple(str(d) for d in held_out))
+
+
+def _steps(run_dirs: Sequence[pathlib.Path]) -> tuple[CalibrationKey, list[StepSample]]:
+    """The key the runs share, and their logged steps (CalibrationError when they differ or lack a log)."""
     if not run_dirs:
         raise CalibrationError("no run directories to calibrate from")
     keys: dict[CalibrationKey, list[str]] = {}
@@ -118,11 +140,7 @@ def calibrate(run_dirs: Sequence[pathlib.Path]) -> Calibration:
     if len(keys) > 1:
         detail = "; ".join(f"{', '.join(runs)}: {key.to_json()}" for key, runs in keys.items())
         raise CalibrationError(f"the runs differ in hardware, model, dtype or configuration: {detail}")
-    try:
-        coefficients, fit = fit_step_model(samples)
-    except ValueError as error:
-        raise CalibrationError(str(error)) from None
-    return Calibration(next(iter(keys)), coefficients, fit, tuple(str(d) for d in run_dirs))
+    return next(iter(keys)), samples
 
 
 def _fixed(run_dir: pathlib.Path) -> Mapping[str, JSON]:
