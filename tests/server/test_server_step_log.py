@@ -46,3 +46,13 @@ def test_step_log_needs_the_api_key_when_one_is_set() -> None:
             assert (await client.get("/step_log")).status_code == 401
             assert (await client.get("/step_log", headers={"Authorization": "Bearer k"})).status_code == 200
     run(main())
+
+
+def test_a_full_ring_is_served_whole() -> None:
+    async def main() -> None:
+        engine = FakeEngine()
+        engine.step_log = [record(float(i)) for i in range(5000)]  # serialized on a worker thread
+        async with app_client(engine) as client:
+            lines = (await client.get("/step_log")).text.splitlines()
+            assert len(lines) == 5000 and json.loads(lines[-1])["start_s"] == 4999.0
+    run(main())

@@ -164,8 +164,12 @@ def _add_admin_routes(app: FastAPI, ctx: ServingContext, config: ServerConfig) -
         if records is None:
             raise APIError(404, "the step log is off: start the server with --step-log-size N", ErrorType.NOT_FOUND,
                            reason=None)
-        lines = "".join(json.dumps(record.to_json()) + "\n" for record in records)
-        return Response(lines, media_type="application/x-ndjson")
+        def lines() -> str:
+            return "".join(json.dumps(record.to_json()) + "\n" for record in records)
+
+        # A full ring (say 100 000 steps) takes a while to serialize: off the event loop, streams keep going.
+        return Response(lines() if len(records) < 4096 else await asyncio.to_thread(lines),
+                        media_type="application/x-ndjson")
 
     @app.get("/version")
     async def version() -> JSONResponse:
