@@ -12,8 +12,10 @@ from serve_process import running_server
 pytestmark = pytest.mark.slow
 
 
-def test_a_request_s_steps_reach_get_step_log() -> None:
-    with running_server(["--max-model-len", "512", "--step-log-size", "1000"]) as server:
+@pytest.mark.parametrize("flags", [[], ["--async-scheduling"]], ids=["sync", "async"])
+def test_a_request_s_steps_reach_get_step_log(flags: list[str]) -> None:
+    """With async scheduling too: a step is logged when its output is applied, one step after its launch."""
+    with running_server(["--max-model-len", "512", "--step-log-size", "1000", *flags]) as server:
         httpx.get(server.url + "/step_log", timeout=30)  # start-up steps (none expected): forgotten
         body = {"prompt": "The step log counts tokens.", "max_tokens": 4, "temperature": 0, "ignore_eos": True}
         response = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
