@@ -375,8 +375,12 @@ class EngineConfig:
     """Speculative decoding (None: off)."""
     parallel: ParallelConfig = ParallelConfig()
     """Tensor parallelism (one rank: everything in the engine's own process)."""
+    step_log_size: int = 0
+    """Steps the engine's step log keeps (core/step_log.py; the newest N, drained by GET /step_log); 0: off."""
 
     def __post_init__(self) -> None:
+        if self.step_log_size < 0:
+            raise ConfigError(f"step_log_size must be >= 0 (got {self.step_log_size})")
         if self.speculative_config is not None and self.parallel.tensor_parallel_size > 1:
             raise ConfigError("speculative decoding (speculative_config) does not run with tensor_parallel_size "
                               "> 1 yet (the draft model and its KV cache are single-process); drop one of the two")

@@ -37,6 +37,8 @@ class FakeConfig:
     prompt_details: bool = False
     honour_salt: bool = True
     refuse_salt: bool = False
+    step_log: bool = False
+    """Serve GET /step_log: one fake step record per generation request since the last drain."""
 
 
 @dataclass
@@ -60,6 +62,8 @@ class FakeState:
     prefix_queries: int = 0
     prefix_hits: int = 0
     cached: dict = field(default_factory=dict)
+    steps: list[dict] = field(default_factory=list)
+    num_step_log_drains: int = 0
 
 
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0)
@@ -96,6 +100,8 @@ class FakeServer:
         app.router.add_post("/tokenize", self._tokenize)
         if self.cfg.with_metrics:
             app.router.add_get("/metrics", self._metrics)
+        if self.cfg.step_log:
+            app.router.add_get("/step_log", self._step_log)
         return app
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
@@ -108,6 +114,11 @@ class FakeServer:
         body = await request.json()
         text = body.get("prompt") or " ".join(m["content"] for m in body.get("messages", []))
         return web.json_response({"count": len(text.split()) + 1, "max_model_len": 4096, "tokens": []})
+
+    async def _step_log(self, request: web.Request) -> web.Response:
+        steps, self.state.steps = self.state.steps, []
+        self.state.num_step_log_drains += 1
+        return web.Response(text="".join(json.dumps(s) + "\n" for s in steps), content_type="application/x-ndjson")
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
@@ -148,6 +159,8 @@ class FakeServer:
         prompt_len = len(str(body.get("prompt") or body.get("messages")).split())
         self.state.prompt_tokens += prompt_len
         body["_cached_tokens"] = self._cache_lookup(body, salt)
+        self.state.steps.append({"num_prefill_tokens": prompt_len, "num_decode_tokens": 0, "num_prefill_reqs": 1,
+                                 "num_decode_reqs": 0, "num_context_tokens": prompt_len, "step_time_s": 0.001})
         received = Received(body=body, arrived_s=time.perf_counter())
         self.state.received.append(received)
         self.state.in_flight += 1

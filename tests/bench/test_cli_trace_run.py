@@ -6,7 +6,7 @@ import json
 import pathlib
 
 import pytest
-from bench_fake_server import FakeServer
+from bench_fake_server import FakeConfig, FakeServer
 
 from conveyor.cli import main
 
@@ -82,3 +82,20 @@ def test_bench_sweep_over_concurrency(tmp_path: pathlib.Path, capsys: pytest.Cap
     summary = json.loads((tmp_path / "sw" / "concurrency-2-rep0" / "summary.json").read_text())
     assert summary["max_concurrency"] == 2 and summary["request_rate"] == "inf" and summary["completed"] == 40
     assert summary["client"]["peak_in_flight"] <= 2
+
+
+def test_bench_run_collects_the_step_log_only_when_the_server_offers_one(tmp_path: pathlib.Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    assert main(["trace", "make", "--mix", "chat=1", "--num-requests", "6", "--param", "chat.output_len_max=8",
+                 "--param", "chat.prompt_len_max=16", "--out", str(trace)]) == 0
+    common = ["bench", "run", "--trace", str(trace), "--rate", "50", "--no-progress", "--max-send-lag-ms", "1000",
+              "--collect-step-log"]
+    with FakeServer(FakeConfig(step_log=True)) as server:
+        server.state.steps.append({"num_prefill_tokens": 999})  # logged before the run: dropped
+        assert main([*common, "--base-url", server.base_url, "--out", str(tmp_path / "run")]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "run" / "step_log.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and all(row["num_prefill_reqs"] == 1 for row in rows)
+    assert server.state.num_step_log_drains >= 2  # before the run, and after it
+    with FakeServer() as server:  # no /step_log (vLLM, or --step-log-size 0): the run goes on without the file
+        assert main([*common, "--base-url", server.base_url, "--out", str(tmp_path / "plain")]) == 0
+    assert not (tmp_path / "plain" / "step_log.jsonl").exists()

@@ -254,3 +254,16 @@ def test_two_front_ends_get_their_own_outputs_and_share_the_cap() -> None:
             assert any(s.scheduler is not None for s in stats[0])
             assert all(s.scheduler is None for s in stats[1]) and any(s.finished for s in stats[1])
     asyncio.run(main())
+
+
+def test_step_log_travels_from_the_core_and_back() -> None:
+    async def main() -> None:
+        async with serving(core(EngineConfig(step_log_size=64))) as served:
+            await collect(served.client, req("a", max_tokens=3))
+            records = await served.client.drain_step_log()
+            assert records is not None and sum(r.num_decode_tokens for r in records) == 2
+            assert records[0].num_prefill_reqs == 1 and records[0].num_prefill_tokens == 2
+            assert await served.client.drain_step_log() == []
+        async with serving(core()) as served:
+            assert await served.client.drain_step_log() is None  # off by default
+    asyncio.run(main())

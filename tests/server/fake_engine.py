@@ -89,6 +89,8 @@ class FakeEngine:
                                      KVPoolSize(config.num_kv_blocks, config.block_size), config.vocab_size)
         self.admission = AdmissionControl(QueueLimits(config.max_num_queued_reqs, config.max_num_queued_tokens))
         self.grammars = GrammarChecker(config.grammar)
+        self.step_log: list | None = None
+        """The engine's step records (None: --step-log-size 0); a test fills it, GET /step_log drains it."""
 
     @property
     def info(self) -> EngineInfo:
@@ -136,6 +138,12 @@ class FakeEngine:
             return False
         self.state.num_prefix_cache_resets += 1
         return True
+
+    async def drain_step_log(self) -> list | None:
+        if self.step_log is None:
+            return None
+        records, self.step_log = self.step_log, []
+        return records
 
     async def shutdown(self) -> None:
         self.shut_down = True

@@ -3,7 +3,9 @@
 Model: requests arrive as a seeded Poisson process; each is short or long (prompt and output lengths
 per class), generates exactly its output length (ignore_eos), and never hits EOS. One engine step takes
 `step_time_base_s + step_time_per_token_s * tokens_in_step` seconds of virtual time (a fixed cost for
-reading the weights plus a cost per computed token, the first-order shape of a GPU step). The clock is
+reading the weights plus a cost per computed token, the first-order shape of a GPU step), or, with a
+calibration fitted to the engine's step log (`conveyor bench calibrate`, core/step_time.py), a cost per
+step, per sequence, per prefill and decode token and per context token attended. The clock is
 read by the scheduler for its timestamps, so TTFT, E2E and queue time come out exactly as the engine
 would report them. Running the same arrivals under continuous and static batching shows the central
 claim with numbers: refilling the batch every step beats waiting for a fixed batch's longest member.
@@ -19,6 +21,8 @@ from conveyor.config import Batching, CacheConfig, SchedulerConfig
 from conveyor.core.fake_runner import FakeModelRunner
 from conveyor.core.policies import make_scheduler
 from conveyor.core.scheduler import Scheduler
+from conveyor.core.step_log import StepRecord, step_record
+from conveyor.core.step_time import CalibratedStepTime
 from conveyor.request import Request, RequestTimings
 from conveyor.sampling_params import SamplingParams
 
@@ -73,6 +77,12 @@ class StepTimeModel:
     def step_time_s(self, num_tokens: int) -> float:
         return self.step_time_base_s + self.step_time_per_token_s * num_tokens
 
+    def batch_time_s(self, record: StepRecord) -> float:
+        return self.step_time_s(record.num_tokens)
+
+    def describe(self) -> str:
+        return f"{self.step_time_base_s * 1e3:g} ms + {self.step_time_per_token_s * 1e6:g} us/token"
+
 
 @dataclass(frozen=True)
 class SimulationConfig:
@@ -86,8 +96,8 @@ class SimulationConfig:
     """KV blocks in the pool."""
     workload: WorkloadConfig = WorkloadConfig()
     """The arrivals."""
-    step_time: StepTimeModel = StepTimeModel()
-    """Seconds per step."""
+    step_time: StepTimeModel | CalibratedStepTime = StepTimeModel()
+    """Seconds per step: the two-parameter model, or one fitted to the engine's step log (core/step_time.py)."""
     max_steps: int = 1_000_000
     """Safety bound on engine steps."""
 
@@ -165,12 +175,12 @@ def simulate(config: SimulationConfig) -> SimulationResult:
     return _summarize(config.scheduler.batching, trace, num_steps, num_tokens)
 
 
-def _step(scheduler: Scheduler, runner: FakeModelRunner, clock: _VirtualClock, model: StepTimeModel,
-          trace: _Trace) -> int:
+def _step(scheduler: Scheduler, runner: FakeModelRunner, clock: _VirtualClock,
+          model: StepTimeModel | CalibratedStepTime, trace: _Trace) -> int:
     output = scheduler.schedule()
     runner_output = runner.execute(output)
     if not output.is_empty:
-        clock.now_s += model.step_time_s(output.total_num_scheduled_tokens)
+        clock.now_s += model.batch_time_s(step_record(output))
     outputs, stats = scheduler.update_from_output(output, runner_output)
     trace.num_preemptions += stats.num_preemptions
     trace.num_output_tokens += stats.num_generation_tokens

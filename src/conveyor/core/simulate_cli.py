@@ -25,6 +25,7 @@ from conveyor.core.simulate import (
     format_table,
     simulate,
 )
+from conveyor.core.step_time import CalibratedStepTime, read_calibration
 
 _WORKLOAD_FLAGS = {"num_requests": int, "request_rate": float, "long_fraction": float, "short_prompt_tokens": int,
                    "short_output_tokens": int, "long_prompt_tokens": int, "long_output_tokens": int, "seed": int}
@@ -40,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     step = parser.add_argument_group("step time model: seconds per step = base + per_token * tokens")
     for name, kind in _STEP_FLAGS.items():
         step.add_argument(_flag(name), type=kind, help=_field_doc(StepTimeModel, name))
+    step.add_argument("--calibration", metavar="FILE",
+                      help="price each step by a model fitted to the engine's step log (conveyor bench calibrate) "
+                           "instead of base + per_token")
+    step.add_argument("--calibration-hardware", metavar="TEXT",
+                      help="the calibration whose hardware contains TEXT, when the file holds several")
     engine = parser.add_argument_group("scheduler and KV cache")
     for name, kind in _SCHEDULER_FLAGS.items():
         engine.add_argument(_flag(name), type=kind)
@@ -57,7 +63,11 @@ def build_config(args: argparse.Namespace) -> SimulationConfig:
     """The SimulationConfig the flags describe (ConfigError / ValueError on bad values)."""
     base = SimulationConfig()
     workload = replace(base.workload, **_given(args, _WORKLOAD_FLAGS))
-    step_time = replace(base.step_time, **_given(args, _STEP_FLAGS))
+    step_time: StepTimeModel | CalibratedStepTime = replace(StepTimeModel(), **_given(args, _STEP_FLAGS))
+    if getattr(args, "calibration", None) is not None:
+        if _given(args, _STEP_FLAGS):
+            raise ConfigError("--calibration replaces --step-time-base-s and --step-time-per-token-s: give one")
+        step_time = read_calibration(args.calibration, getattr(args, "calibration_hardware", None))
     scheduler_fields = _given(args, _SCHEDULER_FLAGS)
     if args.enable_chunked_prefill is not None:
         scheduler_fields["enable_chunked_prefill"] = args.enable_chunked_prefill
@@ -91,8 +101,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{workload.num_requests} requests at {workload.request_rate}/s, {workload.long_fraction:.0%} long "
           f"({workload.long_prompt_tokens}+{workload.long_output_tokens} tokens) vs short "
           f"({workload.short_prompt_tokens}+{workload.short_output_tokens}); step = "
-          f"{config.step_time.step_time_base_s * 1e3:g} ms + "
-          f"{config.step_time.step_time_per_token_s * 1e6:g} us/token; "
+          f"{config.step_time.describe()}; "
           f"max_num_seqs={config.scheduler.max_num_seqs}")
     print(format_table(results))
     if args.output_json:

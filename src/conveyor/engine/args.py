@@ -93,6 +93,7 @@ FLAGS: tuple[_Flag, ...] = (
     _Flag("--num-threads", "device", "num_threads"),
     _Flag("--tensor-parallel-size", "parallel", "tensor_parallel_size"),
     _Flag("--check-invariants", "", "check_invariants"),
+    _Flag("--step-log-size", "", "step_log_size"),
     _Flag("--speculative-config", "", "speculative_config"),
 )
 
@@ -218,6 +219,9 @@ def _add_cache_and_device_flags(group: argparse._ArgumentGroup) -> None:
                        help="ranks (processes; one GPU each on CUDA) the model is split over (default 1)")
     group.add_argument("--check-invariants", action="store_true", default=None,
                        help="check scheduler and block-pool invariants after every step (slow)")
+    group.add_argument("--step-log-size", type=int, metavar="N",
+                       help="record each step's batch and wall time, keeping the newest N steps for GET /step_log "
+                            "(the input of a fitted step-time model; default 0: off)")
     group.add_argument("--speculative-config", "-sc", type=parse_speculative_config, metavar="JSON",
                        help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 3, '
                             '"prompt_lookup_max": 4}\' or \'{"method": "draft_model", "model": PATH, '

@@ -32,6 +32,7 @@ import zmq.asyncio
 
 from conveyor.config import EngineConfig
 from conveyor.core.outputs import EngineCoreOutputs
+from conveyor.core.step_log import StepRecord
 from conveyor.engine.admission import AdmissionControl, QueueLimits, SharedCounts, check_request
 from conveyor.engine.async_tokenizer import AsyncTokenizer
 from conveyor.engine.client_config import ClientConfig
@@ -41,12 +42,14 @@ from conveyor.engine.messages import (
     AddRequest,
     CheckHealth,
     ClientHello,
+    DrainStepLog,
     EngineDead,
     EngineInput,
     EngineStepOutputs,
     HealthReply,
     PrefixCacheReset,
     ResetPrefixCache,
+    StepLogRecords,
     encoder,
     output_decoder,
 )
@@ -63,6 +66,9 @@ from conveyor.engine.types import (
 from conveyor.request import FinishReason
 
 logger = logging.getLogger(__name__)
+
+CoreAnswer = PrefixCacheReset | StepLogRecords | HealthReply
+"""What the core sends back to one call (paired by its token)."""
 
 
 class AsyncEngineClient:
@@ -108,8 +114,8 @@ class AsyncEngineClient:
         self._input = zmq.Context(shadow=self._context.underlying).socket(zmq.PUSH)
         self._output = self._context.socket(zmq.PULL)
         self._output_task: asyncio.Task[None] | None = None
-        self._replies: dict[int, asyncio.Future[bool]] = {}
-        """Pending calls the core answers (reset_prefix_cache, check_health), by token."""
+        self._calls: dict[int, asyncio.Future[CoreAnswer]] = {}
+        """Pending calls answered by the core (reset_prefix_cache, drain_step_log, check_health), by token."""
         self._tokens = itertools.count(1)
 
     def start(self) -> None:
@@ -191,30 +197,37 @@ class AsyncEngineClient:
     async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """vLLM's, in the engine core: False (nothing reset) while requests hold KV blocks, unless
         `reset_running_requests` preempts them first."""
-        self._raise_if_dead()
-        token = next(self._tokens)
-        return await self._answer(token, ResetPrefixCache(self._config.client_index, token, reset_running_requests))
+        client = self._config.client_index
+        answer = await self._call(lambda token: ResetPrefixCache(client, token, reset_running_requests))
+        return isinstance(answer, PrefixCacheReset) and answer.reset
 
     async def check_health(self, timeout_s: float) -> bool:
         """Whether the core answers within `timeout_s`: it answers between two steps, so a stopped or stuck
         core (its process frozen, a step that never ends) is unhealthy while its process still exists."""
         if self._dead_reason is not None or self._closed:
             return False
-        token = next(self._tokens)
+        client = self._config.client_index
         try:
-            return await asyncio.wait_for(self._answer(token, CheckHealth(self._config.client_index, token)),
-                                          timeout_s)
+            answer = await asyncio.wait_for(self._call(lambda token: CheckHealth(client, token)), timeout_s)
         except (asyncio.TimeoutError, EngineDeadError):
             return False
+        return isinstance(answer, HealthReply)
 
-    async def _answer(self, token: int, message: ResetPrefixCache | CheckHealth) -> bool:
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._replies[token] = future
-        self._send(message)
+    async def drain_step_log(self) -> list[StepRecord] | None:
+        """The engine core's step records since the last drain, oldest first (None: --step-log-size is 0)."""
+        answer = await self._call(lambda token: DrainStepLog(self._config.client_index, token))
+        return answer.records if isinstance(answer, StepLogRecords) and answer.enabled else None
+
+    async def _call(self, make: Callable[[int], EngineInput]) -> CoreAnswer:
+        """Send the message `make(token)` builds and wait for the core's answer carrying that token."""
+        self._raise_if_dead()
+        token = next(self._tokens)
+        self._calls[token] = future = asyncio.get_running_loop().create_future()
+        self._send(make(token))
         try:
             return await future
         finally:
-            self._replies.pop(token, None)
+            self._calls.pop(token, None)
 
     def add_stats_listener(self, listener: StatsListener) -> None:
         self._stats_listeners.append(listener)
@@ -286,10 +299,10 @@ class AsyncEngineClient:
                 if isinstance(message, EngineDead):
                     self._on_dead(message.message)
                     return
-                if isinstance(message, (PrefixCacheReset, HealthReply)):
-                    future = self._replies.get(message.token)
+                if isinstance(message, (PrefixCacheReset, StepLogRecords, HealthReply)):
+                    future = self._calls.get(message.token)
                     if future is not None and not future.done():
-                        future.set_result(message.reset if isinstance(message, PrefixCacheReset) else True)
+                        future.set_result(message)
                     continue
                 self._process(message)
                 await asyncio.sleep(0)  # let the streams run between two steps' worth of outputs
@@ -344,7 +357,7 @@ class AsyncEngineClient:
             listener()
 
     def _fail_everything(self, reason: str) -> None:
-        for future in self._replies.values():
+        for future in self._calls.values():
             if not future.done():
                 future.set_exception(EngineDeadError(reason))
         streams, self._streams = self._streams, {}

@@ -38,6 +38,7 @@ from conveyor.engine.messages import (
     AbortRequests,
     AddRequest,
     ClientHello,
+    DrainStepLog,
     EngineDead,
     EngineInput,
     EngineOutput,
@@ -47,6 +48,7 @@ from conveyor.engine.messages import (
     PrefixCacheReset,
     ResetPrefixCache,
     ShutdownEngine,
+    StepLogRecords,
     encoder,
     input_decoder,
 )
@@ -171,6 +173,10 @@ class EngineCoreProc:
             reset = self._core.reset_prefix_cache(message.reset_running_requests)
             self._dirty = self._dirty or message.reset_running_requests  # a step tells the worker of its victims
             self._output_queue.put((message.client_index, PrefixCacheReset(message.token, reset)))
+        elif isinstance(message, DrainStepLog):
+            records = self._core.drain_step_log()
+            answer = StepLogRecords(message.token, records is not None, records or [])
+            self._output_queue.put((message.client_index, answer))
 
     def _add(self, message: AddRequest) -> None:
         request = Request(message.request_id, message.prompt_token_ids, message.sampling_params,

@@ -26,6 +26,7 @@ from conveyor.config import EngineConfig
 from conveyor.core.errors import AdmissionError, QueueFullError
 from conveyor.core.outputs import EngineCoreOutput, EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
 from conveyor.core.stats import SchedulerStats
+from conveyor.core.step_log import StepLog, StepRecord
 from conveyor.request import FinishReason, Request
 
 EMPTY_RUNNER_OUTPUT = ModelRunnerOutput(sampled_token_ids={})
@@ -109,6 +110,9 @@ class EngineCore:
         self._waiting_for_grammar: dict[str, Request] = {}
         self._released_errors: list[EngineCoreOutput] = []
         """Waiting requests the scheduler refused when their grammar was ready: reported by the next step."""
+        self.step_log = StepLog(config.step_log_size) if config.step_log_size else None
+        """Each step's batch and wall time (--step-log-size; None when off: one branch per step)."""
+        self._step_start_s = 0.0
 
     def add_request(self, request: Request) -> None:
         """Admit a request (raises core.errors.AdmissionError / QueueFullError unchanged); one with a
@@ -137,6 +141,7 @@ class EngineCore:
 
     def _schedule(self) -> SchedulerOutput:
         """The scheduler's next step, after it received the requests whose matcher is now ready."""
+        self._step_start_s = time.monotonic()  # the step log's start; a clock read is noise next to a step
         grammars = self._grammars
         if grammars is not None and self._waiting_for_grammar and not self.scheduler.has_unfinished_requests():
             grammars.wait(next(iter(self._waiting_for_grammar)), GRAMMAR_WAIT_S)  # else only empty steps
@@ -170,6 +175,8 @@ class EngineCore:
             stats = dataclasses.replace(stats, num_waiting_reqs=stats.num_waiting_reqs + len(self._waiting_for_grammar))
         if self.config.check_invariants:
             self.scheduler.check_invariants()
+        if self.step_log is not None:
+            self.step_log.record(scheduler_output, stats, self._step_start_s, time.monotonic())
         self.num_steps += 1
         return StepResult(outputs, stats)
 
@@ -186,6 +193,10 @@ class EngineCore:
         """vLLM's: forget the prefix cache; False (nothing changed) while a request holds KV blocks,
         unless `reset_running_requests` preempts them first (they are recomputed, outputs unchanged)."""
         return self.scheduler.reset_prefix_cache(reset_running_requests)
+
+    def drain_step_log(self) -> list[StepRecord] | None:
+        """The step records logged since the last drain, oldest first (None: --step-log-size is 0)."""
+        return None if self.step_log is None else self.step_log.drain()
 
     def shutdown(self) -> None:
         """Release what the runner holds outside this process (tensor-parallel ranks); idempotent."""

@@ -102,6 +102,9 @@ def engine_config_from_kwargs(base: EngineConfig | None = None, **kwargs: object
         if name == "check_invariants":
             top[name] = bool(value)
             continue
+        if name == "step_log_size":
+            top[name] = int(value)  # type: ignore[call-overload]
+            continue
         if name == "speculative_config":  # vLLM's LLM(speculative_config={...}): the CLI flag's JSON keys
             top[name] = SpeculativeConfig.from_dict(value) if isinstance(value, Mapping) else value
             continue

@@ -17,6 +17,7 @@ import msgspec
 
 from conveyor.core.outputs import EngineCoreOutput, TokenLogprobs
 from conveyor.core.stats import SchedulerStats
+from conveyor.core.step_log import StepRecord
 from conveyor.engine.types import EngineInfo
 from conveyor.request import FinishReason
 from conveyor.sampling_params import SamplingParams
@@ -72,7 +73,17 @@ class CheckHealth(msgspec.Struct, tag="check_health", array_like=True):
     """Pairs the answer with the call."""
 
 
-EngineInput = ClientHello | AddRequest | AbortRequests | ShutdownEngine | ResetPrefixCache | CheckHealth
+class DrainStepLog(msgspec.Struct, tag="drain_step_log", array_like=True):
+    """Take the step records logged since the last drain (see EngineCore.drain_step_log); the core answers
+    `StepLogRecords`."""
+
+    client_index: int
+    token: int
+    """Pairs the answer with the call."""
+
+
+EngineInput = (ClientHello | AddRequest | AbortRequests | ShutdownEngine | ResetPrefixCache | CheckHealth
+               | DrainStepLog)
 
 # ---- engine core -> front end ---------------------------------------------------------------------
 
@@ -110,7 +121,15 @@ class HealthReply(msgspec.Struct, tag="health_reply", array_like=True):
     token: int
 
 
-EngineOutput = EngineStepOutputs | EngineDead | PrefixCacheReset | HealthReply
+class StepLogRecords(msgspec.Struct, tag="step_log", array_like=True):
+    """The answer to DrainStepLog: the records, oldest first; `enabled` False when --step-log-size is 0."""
+
+    token: int
+    enabled: bool
+    records: list[StepRecord]
+
+
+EngineOutput = EngineStepOutputs | EngineDead | PrefixCacheReset | HealthReply | StepLogRecords
 
 # ---- start-up handshake (engine core -> launcher) -------------------------------------------------
 

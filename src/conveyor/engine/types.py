@@ -15,6 +15,7 @@ from typing import Protocol
 
 from conveyor.core.outputs import TokenLogprobs
 from conveyor.core.stats import SchedulerStats
+from conveyor.core.step_log import StepRecord
 from conveyor.request import FinishReason, RequestTimings
 from conveyor.sampling_params import SamplingParams
 
@@ -201,6 +202,10 @@ class EngineClient(Protocol):
     async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """vLLM's: forget the engine core's prefix cache; False (nothing reset) while requests hold KV
         blocks, unless `reset_running_requests` preempts them first (recomputed, outputs unchanged)."""
+        ...
+
+    async def drain_step_log(self) -> list[StepRecord] | None:
+        """The engine core's step records since the last drain, oldest first; None when --step-log-size is 0."""
         ...
 
     def add_stats_listener(self, listener: StatsListener) -> None: ...

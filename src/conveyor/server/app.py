@@ -15,6 +15,7 @@ Error contract (body always `{"error": {"message", "type", "param", "code"}}`):
 | 404 | unknown `model` ("The model `x` does not exist."), unknown route |
 | 413 | body over `ServerConfig.max_request_body_bytes` |
 | 409 | POST /reset_prefix_cache refused: requests hold KV blocks (`param`: reset_running_requests) |
+| 404 | GET /step_log while the step log is off (`--step-log-size` 0) |
 | 503 + Retry-After | in-flight cap (--max-num-queued-reqs) or prefill-token cap (--max-num-queued-tokens) reached; queue timeout (--queue-timeout, `timeout_error`), also for `stream: true` |
 | 503 | draining after SIGTERM; engine dead (also /health) |
 | 500 | the engine failed while running the request |
@@ -27,6 +28,7 @@ shutdown grace is a normal end (`finish_reason: "abort"`, then `[DONE]`).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 
@@ -155,6 +157,21 @@ def _add_admin_routes(app: FastAPI, ctx: ServingContext, config: ServerConfig) -
                                 "blocks; retry when idle or pass reset_running_requests=true to preempt them",
                            param="reset_running_requests", reason=None)
         return Response(status_code=200)
+
+    @app.get("/step_log")
+    async def step_log() -> Response:
+        """conveyor's: the engine's step records since the last call (one JSON object a line, oldest first),
+        then forgotten, so a benchmark collects each step once; 404 while --step-log-size is 0."""
+        records = await ctx.engine.drain_step_log()
+        if records is None:
+            raise APIError(404, "the step log is off: start the server with --step-log-size N", ErrorType.NOT_FOUND,
+                           reason=None)
+        def lines() -> str:
+            return "".join(json.dumps(record.to_json()) + "\n" for record in records)
+
+        # A full ring (say 100 000 steps) takes a while to serialize: off the event loop, streams keep going.
+        return Response(lines() if len(records) < 4096 else await asyncio.to_thread(lines),
+                        media_type="application/x-ndjson")
 
     @app.get("/version")
     async def version() -> JSONResponse:

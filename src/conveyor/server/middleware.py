@@ -25,7 +25,8 @@ from conveyor.server.server_config import ServerConfig
 
 REQUEST_ID_HEADER = "x-request-id"
 _VALID_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
-GUARDED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/invocations", "/reset_prefix_cache")
+GUARDED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/invocations", "/reset_prefix_cache",
+                    "/step_log")
 """Routes that need the key when --api-key is set."""
 
 

@@ -48,7 +48,7 @@ class ServerConfig:
     port: int = 8000
     """Port to bind."""
     api_keys: tuple[str, ...] = ()
-    """If any, every /v1 route, /tokenize, /detokenize, /invocations and /reset_prefix_cache need
+    """If any, every /v1 route, /tokenize, /detokenize, /invocations, /reset_prefix_cache and /step_log need
     `Authorization: Bearer <one of them>` (vLLM's --api-key, which may be given several keys)."""
     shutdown_grace_s: float = 30.0
     """On SIGTERM, how long in-flight requests may take to finish before they are aborted."""

@@ -1,4 +1,4 @@
-"""`conveyor bench run | sweep | study`: a dispatcher; each action lives in its own module.
+"""`conveyor bench run | sweep | study | calibrate`: a dispatcher; each action lives in its own module.
 
 As in conveyor/cli.py, an action whose module does not exist yet is simply not offered.
 """
@@ -14,6 +14,7 @@ ACTIONS: dict[str, tuple[str, str]] = {
     "run": ("conveyor.bench.cli.run", "One open-loop run of a trace against a server -> a run directory"),
     "sweep": ("conveyor.bench.cli.sweep", "Runs at increasing rates until the SLO breaks"),
     "study": ("conveyor.bench.cli.study", "Sweeps over several server configurations"),
+    "calibrate": ("conveyor.bench.cli.calibrate", "Fit a step-time model to runs' step logs -> a calibration file"),
 }
 
 

@@ -68,6 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scrape-interval-s", type=float, default=d["scrape_interval_s"].default)
     parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     parser.add_argument("--force", action="store_true", help="replace an existing run in --out")
+    parser.add_argument("--collect-step-log", action="store_true",
+                        help="write the server's step log for the run as step_log.jsonl (a conveyor server "
+                             "started with --step-log-size N; nothing otherwise)")
     add_retry_arguments(parser)
 
 
@@ -99,7 +102,8 @@ def config_from_args(args: argparse.Namespace) -> BenchRunConfig:
         profile=args.profile, max_concurrency=args.max_concurrency, num_workers=args.workers,
         warmup_requests=args.warmup_requests, warmup_s=args.warmup_s, cooldown_requests=args.cooldown_requests,
         cooldown_s=args.cooldown_s, cache_mode=args.cache_mode or CacheMode.ISOLATED.value,
-        command=shlex.join(["conveyor", *sys.argv[1:]]), retry=policy_from_args(args))
+        command=shlex.join(["conveyor", *sys.argv[1:]]), retry=policy_from_args(args),
+        collect_step_log=getattr(args, "collect_step_log", False))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -34,6 +34,7 @@ from conveyor.bench.measure.fixed import ServerView, collect_fixed
 from conveyor.bench.measure.load_summary import LoadOutcome, drive, load_fields, load_validity
 from conveyor.bench.measure.metrics import GoodputBounds, client_summary
 from conveyor.bench.measure.run_record import RunContext, extend_summary
+from conveyor.bench.measure.step_log import StepLogCollector, write_step_log
 from conveyor.bench.measure.server_metrics import (
     ServerObservation,
     ServerScraper,
@@ -120,6 +121,8 @@ class BenchRunConfig:
     cache_mode: str = CacheMode.ISOLATED.value
     """isolated (a per-run cache_salt: no run hits an earlier run's blocks) | warm (no salt, a warm-up pass
     replaying the trace's prompts first): load/cache_mode.py."""
+    collect_step_log: bool = False
+    """Write the server's step log for the run as step_log.jsonl (bench/measure/step_log.py), if it offers one."""
 
     def __post_init__(self) -> None:
         parts = urllib.parse.urlsplit(self.base_url)
@@ -239,11 +242,15 @@ async def _run(cfg: BenchRunConfig, trace: Trace, plan: LoadPlan) -> RunSummary:
         await scraper.start()
         sampler = asyncio.create_task(scraper.run())
         started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        steps = StepLogCollector(session, cfg.base_url, cfg.api_key)
+        if cfg.collect_step_log:
+            await steps.start()
         meter = ClientCpuMeter()  # this process only: --workers processes are gated by their send lag
         try:
             load = await drive(session, client, plan, cfg.num_workers, cfg.show_progress)
         finally:
             sampler.cancel()
+            step_rows = await steps.stop()
         cpu = meter.stop()
         obs = await scraper.stop()
     identity["config_info"] = config_info(obs.after or obs.before)
@@ -254,6 +261,7 @@ async def _run(cfg: BenchRunConfig, trace: Trace, plan: LoadPlan) -> RunSummary:
                          num_warm_pass=num_warm)
     summary = build_summary(cfg, trace, model, (load, obs, started_at), context)
     write_run_dir(cfg, identity, load, obs, summary)
+    write_step_log(pathlib.Path(cfg.out_dir), step_rows)
     return summary
 
 

@@ -1,0 +1,49 @@
+"""`conveyor bench calibrate RUN_DIR... --out calib.json`: fit a step-time model to runs' step logs."""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+from conveyor.bench.measure.calibration import Calibration, CalibrationError, calibrate, write_calibration
+from conveyor.bench.measure.step_model import TERMS
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                        help="run directories with step_log.jsonl (bench run --collect-step-log), one server setup")
+    parser.add_argument("--held-out", nargs="+", default=[], metavar="RUN_DIR",
+                        help="runs of the same setup not fitted on: the model's error on their steps is reported too")
+    parser.add_argument("--out", required=True,
+                        help="calibration file to write; an entry with the same key is replaced, others kept")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        calibration = calibrate([pathlib.Path(d) for d in args.run_dirs], [pathlib.Path(d) for d in args.held_out])
+        write_calibration(pathlib.Path(args.out), calibration)
+    except CalibrationError as error:
+        print(f"conveyor bench calibrate: error: {error}", file=sys.stderr)
+        return 2
+    print(describe(calibration))
+    print(f"written to {args.out}")
+    return 0
+
+
+def describe(calibration: Calibration) -> str:
+    """The key, the coefficients in readable units, and the fit's error."""
+    key, fit, held_out = calibration.key, calibration.fit, calibration.held_out
+    units = {"per_step_s": ("ms", 1e3), "per_seq_s": ("us", 1e6), "per_prefill_token_s": ("us", 1e6),
+             "per_decode_token_s": ("us", 1e6), "per_context_token_s": ("ns", 1e9)}
+    terms = [f"{name.removesuffix('_s')} = {value * units[name][1]:.4g} {units[name][0]}"
+             for name, value in zip(TERMS, calibration.coefficients.values)]
+    lines = [f"{key.hardware} | {key.model} | {key.dtype} | " + " ".join(f"{k}={v}" for k, v in key.configuration),
+             "step time = " + ", ".join(terms),
+             f"fit on {fit.num_steps} steps: R² {fit.r2:.3f}, relative error median {fit.median_rel_error:.1%}, "
+             f"p95 {fit.p95_rel_error:.1%}"]
+    if held_out is not None:
+        lines.append(f"held out, {held_out.num_steps} steps of {len(calibration.held_out_runs)} run(s): R² "
+                     f"{held_out.r2:.3f}, relative error median {held_out.median_rel_error:.1%}, "
+                     f"p95 {held_out.p95_rel_error:.1%}")
+    return "\n".join(lines)

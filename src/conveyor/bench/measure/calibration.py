@@ -1,0 +1,174 @@
+"""Calibration files: fitted step-time models keyed by (hardware, model, dtype, configuration).
+
+A step-time model holds for one GPU type and count, one model's weights, one dtype and the engine
+settings that change a step's cost (tensor parallelism, quantization, CUDA graphs, async scheduling, CPU
+threads, block size, speculative decoding). Scheduler limits (max_num_seqs, max_num_batched_tokens, the
+policy) are not part of the key: they change which batches form, not what a given batch costs, and
+they are what a simulation varies. The key is read from each run directory's summary.json `fixed`
+(bench/measure/fixed.py), so runs that disagree on it cannot be fitted together by mistake.
+
+File: {"schema_version": 1, "calibrations": [entry, ...]}; writing an entry replaces the one with the
+same key and keeps the others, so one file can hold a laptop's and an H100's calibrations side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from conveyor.bench.jsonvalue import JSON
+from conveyor.bench.measure.step_log import STEP_LOG_FILE, read_step_log
+from conveyor.bench.measure.step_model import FitError, StepSample, StepTimeCoefficients, fit_error, fit_step_model
+
+CALIBRATION_SCHEMA_VERSION = 1
+COST_FLAGS = ("device", "tensor_parallel_size", "quantization", "enforce_eager", "cudagraph_mode",
+              "async_scheduling", "num_threads", "block_size", "speculative_config")
+"""Server flags (summary.json fixed.server_flags) that change what one batch costs: part of the key."""
+
+
+class CalibrationError(ValueError):
+    """Run directories that cannot be calibrated (no step log, different keys), or a bad calibration file."""
+
+
+@dataclass(frozen=True)
+class CalibrationKey:
+    """What a step-time model holds for."""
+
+    hardware: str
+    """GPU name and count ("NVIDIA H100 80GB HBM3 x1"), or "cpu"."""
+    model: str
+    """The served model's name and its weights' SHA-256 prefix."""
+    dtype: str
+    configuration: tuple[tuple[str, str], ...]
+    """The COST_FLAGS the server reported, sorted (a tuple of pairs: the key stays hashable and frozen)."""
+
+    def to_json(self) -> dict[str, JSON]:
+        return {"hardware": self.hardware, "model": self.model, "dtype": self.dtype,
+                "configuration": dict(self.configuration)}
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, JSON], where: str) -> CalibrationKey:
+        config, hardware, model, dtype = (value.get(n) for n in ("configuration", "hardware", "model", "dtype"))
+        if not (isinstance(hardware, str) and isinstance(model, str) and isinstance(dtype, str)
+                and isinstance(config, dict)):
+            raise CalibrationError(f"{where}: hardware, model and dtype must be strings, configuration an object")
+        return cls(hardware, model, dtype, tuple(sorted((str(k), str(v)) for k, v in config.items())))
+
+    @classmethod
+    def from_fixed(cls, fixed: Mapping[str, JSON]) -> CalibrationKey:
+        """The key of a run, from its summary.json `fixed` (unknown values spelled "unknown")."""
+        flags = fixed.get("server_flags")
+        flags = flags if isinstance(flags, dict) else {}
+        gpu, count = fixed.get("gpu_name"), fixed.get("gpu_count")
+        hardware = "cpu" if gpu in (None, "cpu") else f"{gpu} x{count if isinstance(count, int) else '?'}"
+        name = flags.get("model_name") or pathlib.Path(str(fixed.get("model_path") or "unknown")).name
+        digest = fixed.get("weights_sha256")
+        model = f"{name} ({digest[:12]})" if isinstance(digest, str) else str(name)
+        configuration = tuple(sorted((flag, str(flags[flag])) for flag in COST_FLAGS if flag in flags))
+        return cls(hardware, model, str(fixed.get("dtype") or "unknown"), configuration)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One fitted step-time model and where it came from."""
+
+    key: CalibrationKey
+    coefficients: StepTimeCoefficients
+    fit: FitError
+    """The fit's error on its own steps."""
+    runs: tuple[str, ...]
+    """The run directories fitted on."""
+    held_out: FitError | None = None
+    """The coefficients' error on the steps of runs not fitted on (None: none given)."""
+    held_out_runs: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, JSON]:
+        value: dict[str, JSON] = {"key": self.key.to_json(), "coefficients": dict(self.coefficients.to_json()),
+                                  "fit": dict(self.fit.to_json()), "runs": list(self.runs)}
+        if self.held_out is not None:
+            value.update(held_out=dict(self.held_out.to_json()), held_out_runs=list(self.held_out_runs))
+        return value
+
+    @classmethod
+    def from_json(cls, value: JSON, where: str) -> Calibration:
+        if not isinstance(value, dict):
+            raise CalibrationError(f"{where}: a calibration must be an object")
+        parts = [value.get(name) for name in ("key", "coefficients", "fit")]
+        runs = value.get("runs", [])
+        if not all(isinstance(p, dict) for p in parts) or not isinstance(runs, list):
+            raise CalibrationError(f"{where}: key, coefficients and fit must be objects, runs a list")
+        key, coefficients, fit = (p if isinstance(p, dict) else {} for p in parts)
+        held_out, held_out_runs = value.get("held_out"), value.get("held_out_runs", [])
+        try:
+            return cls(CalibrationKey.from_json(key, where + ".key"),
+                       StepTimeCoefficients.from_json(coefficients, where + ".coefficients"),
+                       FitError.from_json(fit, where + ".fit"), tuple(str(r) for r in runs),
+                       FitError.from_json(held_out, where + ".held_out") if isinstance(held_out, dict) else None,
+                       tuple(str(r) for r in held_out_runs) if isinstance(held_out_runs, list) else ())
+        except ValueError as error:
+            raise CalibrationError(str(error)) from None
+
+
+def calibrate(run_dirs: Sequence[pathlib.Path], held_out: Sequence[pathlib.Path] = ()) -> Calibration:
+    """Fit one step-time model to the step logs of `run_dirs`, which must share one key; its error is also
+    measured on the steps of `held_out` (same key, not fitted on): the honest number."""
+    key, _ = _steps([*run_dirs, *held_out])  # one key for all: a held-out run of another setup proves nothing
+    fitted = _steps(run_dirs)[1]
+    try:
+        coefficients, fit = fit_step_model(fitted)
+        error = fit_error(coefficients, _steps(held_out)[1]) if held_out else None
+    except ValueError as problem:
+        raise CalibrationError(str(problem)) from None
+    return Calibration(key, coefficients, fit, tuple(str(d) for d in run_dirs), error, tuple(str(d) for d in held_out))
+
+
+def _steps(run_dirs: Sequence[pathlib.Path]) -> tuple[CalibrationKey, list[StepSample]]:
+    """The key the runs share, and their logged steps (CalibrationError when they differ or lack a log)."""
+    if not run_dirs:
+        raise CalibrationError("no run directories to calibrate from")
+    keys: dict[CalibrationKey, list[str]] = {}
+    samples: list[StepSample] = []
+    for run_dir in run_dirs:
+        rows = read_step_log(run_dir)
+        if not rows:
+            raise CalibrationError(f"{run_dir}: no {STEP_LOG_FILE} (run `conveyor bench run --collect-step-log` "
+                                   "against a server started with --step-log-size N)")
+        keys.setdefault(CalibrationKey.from_fixed(_fixed(run_dir)), []).append(str(run_dir))
+        samples.extend(s for s in map(StepSample.from_record, rows) if s is not None)
+    if len(keys) > 1:
+        detail = "; ".join(f"{', '.join(runs)}: {key.to_json()}" for key, runs in keys.items())
+        raise CalibrationError(f"the runs differ in hardware, model, dtype or configuration: {detail}")
+    return next(iter(keys)), samples
+
+
+def _fixed(run_dir: pathlib.Path) -> Mapping[str, JSON]:
+    path = run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise CalibrationError(f"{path}: cannot read the run's summary: {error}") from None
+    fixed = summary.get("fixed") if isinstance(summary, dict) else None
+    return fixed if isinstance(fixed, dict) else {}
+
+
+def read_calibrations(path: pathlib.Path) -> list[Calibration]:
+    """Every calibration in a file (none when the file does not exist)."""
+    if not path.exists():
+        return []
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise CalibrationError(f"{path}: not a calibration file: {error}") from None
+    entries = data.get("calibrations") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise CalibrationError(f"{path}: not a calibration file (no `calibrations` list)")
+    return [Calibration.from_json(entry, f"{path}: calibrations[{i}]") for i, entry in enumerate(entries)]
+
+
+def write_calibration(path: pathlib.Path, calibration: Calibration) -> None:
+    """Add `calibration` to the file, replacing any entry with the same key."""
+    kept = [c for c in read_calibrations(path) if c.key != calibration.key]
+    data = {"schema_version": CALIBRATION_SCHEMA_VERSION, "calibrations": [c.to_json() for c in kept + [calibration]]}
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,151 @@
+"""A step-time model fitted to the engine's step log: what one engine step costs, term by term.
+
+Shape (physical, first order): step_time = c0 + c1 * sequences + c2 * prefill_tokens + c3 * decode_tokens
++ c4 * context_tokens. c0 is the per-step cost that does not depend on the batch (reading the weights
+once, launching kernels, the scheduler's fixed work); c1 the per-sequence overhead (sampling, input
+preparation, one attention program per sequence); c2 and c3 the per-token compute of prefill and decode
+tokens (draft tokens count as decode tokens: they are verified in the decode's forward pass); c4 the
+attention's read of the KV cache, proportional to the context the step attends over. Every coefficient
+is a cost, so the fit is non-negative least squares (scipy.optimize.nnls): an unconstrained fit on
+collinear logs (decode tokens = decode sequences without speculation) trades a negative term for a
+larger one and extrapolates badly.
+
+The fit's error is reported on the log it was fitted on: R² and the median and p95 of the per-step
+relative error |predicted - measured| / measured. Held-out validation is a later step (issue 36 item 6).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import nnls
+
+from conveyor.bench.jsonvalue import JSON
+
+TERMS = ("per_step_s", "per_seq_s", "per_prefill_token_s", "per_decode_token_s", "per_context_token_s")
+"""The coefficients' names, in the order of `StepSample.features`."""
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One logged step, reduced to what the model sees."""
+
+    num_seqs: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    """Draft tokens included."""
+    num_context_tokens: int
+    step_time_s: float
+
+    @property
+    def features(self) -> tuple[float, ...]:
+        """The regressors, one per coefficient of TERMS (1 for the per-step constant)."""
+        return (1.0, float(self.num_seqs), float(self.num_prefill_tokens), float(self.num_decode_tokens),
+                float(self.num_context_tokens))
+
+    @classmethod
+    def from_record(cls, row: Mapping[str, JSON]) -> StepSample | None:
+        """A step_log.jsonl row (core/step_log.py's StepRecord fields); None for an empty or untimed step."""
+        def count(name: str) -> int:
+            value = row.get(name, 0)
+            return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+        time_s = row.get("step_time_s")
+        if not isinstance(time_s, (int, float)) or not time_s > 0:
+            return None
+        sample = cls(num_seqs=count("num_prefill_reqs") + count("num_decode_reqs"),
+                     num_prefill_tokens=count("num_prefill_tokens"), num_decode_tokens=count("num_decode_tokens"),
+                     num_context_tokens=count("num_context_tokens"), step_time_s=float(time_s))
+        return sample if sample.num_prefill_tokens + sample.num_decode_tokens > 0 else None
+
+
+@dataclass(frozen=True)
+class StepTimeCoefficients:
+    """Seconds per step, and per unit of each batch term (all >= 0)."""
+
+    per_step_s: float
+    per_seq_s: float
+    per_prefill_token_s: float
+    per_decode_token_s: float
+    per_context_token_s: float
+
+    def __post_init__(self) -> None:
+        for name in TERMS:
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0 (got {value})")
+
+    @property
+    def values(self) -> tuple[float, ...]:
+        return tuple(float(getattr(self, name)) for name in TERMS)
+
+    def predict_s(self, sample: StepSample) -> float:
+        return sum(c * x for c, x in zip(self.values, sample.features))
+
+    def to_json(self) -> dict[str, float]:
+        return dict(zip(TERMS, self.values))
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, JSON], where: str) -> StepTimeCoefficients:
+        numbers = {name: value.get(name) for name in TERMS}
+        bad = [name for name, v in numbers.items() if not isinstance(v, (int, float)) or isinstance(v, bool)]
+        if bad:
+            raise ValueError(f"{where}: {', '.join(bad)} must be numbers")
+        return cls(**{name: float(v) for name, v in numbers.items()})  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class FitError:
+    """How well the coefficients reproduce the steps they were fitted on."""
+
+    num_steps: int
+    r2: float
+    """Coefficient of determination of step time (1: every step exact)."""
+    median_rel_error: float
+    """Median over steps of |predicted - measured| / measured."""
+    p95_rel_error: float
+    """95th percentile of the same."""
+
+    def to_json(self) -> dict[str, float | int]:
+        return {"num_steps": self.num_steps, "r2": self.r2, "median_rel_error": self.median_rel_error,
+                "p95_rel_error": self.p95_rel_error}
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, JSON], where: str) -> FitError:
+        fields = {"r2": value.get("r2"), "median_rel_error": value.get("median_rel_error"),
+                  "p95_rel_error": value.get("p95_rel_error")}
+        steps = value.get("num_steps")
+        if not isinstance(steps, int) or any(not isinstance(v, (int, float)) for v in fields.values()):
+            raise ValueError(f"{where}: num_steps, r2, median_rel_error and p95_rel_error must be numbers")
+        return cls(num_steps=steps, **{k: float(v) for k, v in fields.items()})  # type: ignore[arg-type]
+
+
+def fit_step_model(samples: Sequence[StepSample]) -> tuple[StepTimeCoefficients, FitError]:
+    """Non-negative least squares of step time on the five terms, and the fit's error on `samples`."""
+    if len(samples) < len(TERMS):
+        raise ValueError(f"a step-time fit needs at least {len(TERMS)} logged steps (got {len(samples)})")
+    design = np.array([s.features for s in samples], dtype=np.float64)
+    times = np.array([s.step_time_s for s in samples], dtype=np.float64)
+    # Columns span 1 to 1e6 (context tokens): scaled to a max of 1 each, NNLS converges on all of them.
+    scale = np.abs(design).max(axis=0)
+    scale[scale == 0] = 1.0
+    solution, _ = nnls(design / scale, times)
+    coefficients = StepTimeCoefficients(*(float(c) for c in solution / scale))
+    return coefficients, fit_error(coefficients, samples)
+
+
+def fit_error(coefficients: StepTimeCoefficients, samples: Sequence[StepSample]) -> FitError:
+    """R² and relative errors of `coefficients` on `samples` (any log: the fitted one or a held-out one)."""
+    if not samples:
+        raise ValueError("no logged steps to measure the fit's error on")
+    predicted = np.array([coefficients.predict_s(s) for s in samples])
+    measured = np.array([s.step_time_s for s in samples])
+    residual = float(np.sum((measured - predicted) ** 2))
+    total = float(np.sum((measured - measured.mean()) ** 2))
+    relative = np.abs(predicted - measured) / measured
+    return FitError(num_steps=len(samples), r2=1.0 - residual / total if total > 0 else (1.0 if residual == 0 else 0.0),
+                    median_rel_error=float(np.percentile(relative, 50)),
+                    p95_rel_error=float(np.percentile(relative, 95)))

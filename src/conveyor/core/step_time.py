@@ -1,0 +1,77 @@
+"""A calibrated step-time model for the simulation, read from a `conveyor bench calibrate` file.
+
+The fit lives in bench/measure/step_model.py (it needs numpy and scipy); this is its stdlib reader, so
+`conveyor simulate` prices each step it schedules by the engine's own measured costs:
+step_time = per_step + per_seq * sequences + per_prefill_token * prefill tokens
++ per_decode_token * decode tokens + per_context_token * context tokens, on the `StepRecord` of the
+step (core/step_log.py), the same terms the engine logged. The file format is bench/measure/calibration.py's;
+tests/core/test_simulate_calibrated.py checks that what bench writes, this reads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from dataclasses import dataclass
+
+from conveyor.core.step_log import StepRecord
+
+TERMS = ("per_step_s", "per_seq_s", "per_prefill_token_s", "per_decode_token_s", "per_context_token_s")
+
+
+@dataclass(frozen=True)
+class CalibratedStepTime:
+    """Seconds per step from a fitted calibration (every term >= 0)."""
+
+    per_step_s: float
+    per_seq_s: float
+    per_prefill_token_s: float
+    per_decode_token_s: float
+    per_context_token_s: float
+    label: str = ""
+    """Which calibration: its hardware, model, dtype (printed with the results)."""
+
+    def __post_init__(self) -> None:
+        for name in TERMS:
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"calibration {name} must be a finite number >= 0 (got {value})")
+        if self.per_step_s <= 0 and self.per_seq_s <= 0:
+            raise ValueError("calibration: a step must cost time (per_step_s or per_seq_s > 0)")
+
+    def batch_time_s(self, record: StepRecord) -> float:
+        return (self.per_step_s + self.per_seq_s * record.num_reqs
+                + self.per_prefill_token_s * record.num_prefill_tokens
+                + self.per_decode_token_s * record.num_decode_tokens
+                + self.per_context_token_s * record.num_context_tokens)
+
+    def describe(self) -> str:
+        return (f"calibrated ({self.label}): {self.per_step_s * 1e3:.3g} ms + {self.per_seq_s * 1e6:.3g} us/seq + "
+                f"{self.per_prefill_token_s * 1e6:.3g} us/prefill token + {self.per_decode_token_s * 1e6:.3g} "
+                f"us/decode token + {self.per_context_token_s * 1e9:.3g} ns/context token")
+
+
+def read_calibration(path: str, hardware: str | None = None) -> CalibratedStepTime:
+    """The calibration in `path` whose hardware contains `hardware` (the only one when not given)."""
+    try:
+        data = json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ValueError(f"--calibration {path}: cannot read it: {error}") from None
+    entries = data.get("calibrations") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ValueError(f"--calibration {path}: not a calibration file (conveyor bench calibrate writes one)")
+    keys = [e.get("key") if isinstance(e.get("key"), dict) else {} for e in entries]
+    chosen = [i for i, key in enumerate(keys) if hardware is None or hardware.lower() in str(key.get("hardware")).lower()]
+    if len(chosen) != 1:
+        listed = "; ".join(f"{k.get('hardware')} | {k.get('model')} | {k.get('dtype')}" for k in keys) or "none"
+        raise ValueError(f"--calibration {path}: {len(chosen)} calibrations match (pass --calibration-hardware "
+                         f"to pick one of: {listed})")
+    entry, key = entries[chosen[0]], keys[chosen[0]]
+    coefficients = entry.get("coefficients")
+    values = {name: coefficients.get(name) if isinstance(coefficients, dict) else None for name in TERMS}
+    numbers = {name: float(v) for name, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if len(numbers) != len(TERMS):
+        raise ValueError(f"--calibration {path}: coefficients {', '.join(TERMS)} must be numbers")
+    label = f"{key.get('hardware')} | {key.get('model')} | {key.get('dtype')}"
+    return CalibratedStepTime(**numbers, label=label)

@@ -1,0 +1,140 @@
+"""The step-time fit recovers known coefficients; calibration files round-trip and are keyed."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import random
+
+import pytest
+
+from conveyor.bench.measure.calibration import (
+    Calibration,
+    CalibrationError,
+    CalibrationKey,
+    calibrate,
+    read_calibrations,
+    write_calibration,
+)
+from conveyor.bench.measure.step_model import StepSample, StepTimeCoefficients, fit_step_model
+from conveyor.cli import main
+
+TRUE = StepTimeCoefficients(per_step_s=0.012, per_seq_s=4e-5, per_prefill_token_s=6e-5, per_decode_token_s=9e-5,
+                            per_context_token_s=2e-8)
+FIXED = {"gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 1, "dtype": "bfloat16", "weights_sha256": "ab" * 32,
+         "model_path": "/m/llama.gguf", "server_flags": {"model_name": "llama", "device": "cuda", "block_size": "16",
+                                                        "max_num_seqs": "256", "tensor_parallel_size": "1"}}
+
+
+def synthetic_steps(n: int, coefficients: StepTimeCoefficients, noise: float = 0.0, seed: int = 0) -> list[dict]:
+    """Step-log rows of mixed batches (decode-only, prefill-only, mixed) timed by `coefficients`."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        decodes = rng.randint(0, 64)
+        prefills = rng.randint(0 if decodes else 1, 3)
+        prefill_tokens = sum(rng.randint(16, 512) for _ in range(prefills))
+        drafts = rng.choice([0, 0, decodes * 2])
+        reach = rng.choice([128, 512, 2048, 8192])  # contexts vary apart from batch size: c1 and c4 separate
+        context = prefill_tokens + sum(rng.randint(reach // 2, reach) for _ in range(decodes))
+        sample = StepSample(prefills + decodes, prefill_tokens, decodes + drafts, context, 1.0)
+        time_s = coefficients.predict_s(sample) * (1.0 + rng.gauss(0.0, noise))
+        rows.append({"num_prefill_tokens": prefill_tokens, "num_decode_tokens": decodes + drafts,
+                     "num_prefill_reqs": prefills, "num_decode_reqs": decodes, "num_context_tokens": context,
+                     "num_draft_tokens": drafts, "num_preemptions": 0, "step_time_s": time_s, "start_s": 0.0})
+    return rows
+
+
+def samples(rows: list[dict]) -> list[StepSample]:
+    return [s for s in map(StepSample.from_record, rows) if s is not None]
+
+
+def test_noise_free_logs_give_the_coefficients_back() -> None:
+    coefficients, fit = fit_step_model(samples(synthetic_steps(400, TRUE)))
+    assert coefficients.values == pytest.approx(TRUE.values, rel=1e-6)
+    assert fit.r2 == pytest.approx(1.0) and fit.p95_rel_error < 1e-6 and fit.num_steps == 400
+
+
+def test_noisy_logs_give_them_back_within_tolerance() -> None:
+    coefficients, fit = fit_step_model(samples(synthetic_steps(4000, TRUE, noise=0.05, seed=2)))
+    big_terms = [v for i, v in enumerate(coefficients.values) if i != 1]
+    assert big_terms == pytest.approx([v for i, v in enumerate(TRUE.values) if i != 1], rel=0.06)
+    # per-sequence cost is the least identified term (decode tokens = decode sequences without drafts)
+    assert coefficients.per_seq_s == pytest.approx(TRUE.per_seq_s, rel=0.3)
+    assert 0.03 < fit.median_rel_error < 0.05 and fit.r2 > 0.9
+
+
+def test_coefficients_stay_non_negative_when_a_term_costs_nothing() -> None:
+    free_context = StepTimeCoefficients(0.01, 0.0, 5e-5, 1e-4, 0.0)
+    coefficients, _ = fit_step_model(samples(synthetic_steps(300, free_context, noise=0.02, seed=2)))
+    assert min(coefficients.values) >= 0.0
+    assert coefficients.per_context_token_s < 2e-9 and coefficients.per_step_s == pytest.approx(0.01, rel=0.1)
+
+
+def test_too_few_steps_and_untimed_rows_are_refused_or_skipped() -> None:
+    with pytest.raises(ValueError, match="at least 5"):
+        fit_step_model(samples(synthetic_steps(4, TRUE)))
+    assert StepSample.from_record({"num_decode_tokens": 3, "num_decode_reqs": 3}) is None  # no step_time_s
+    assert StepSample.from_record({"num_decode_tokens": 0, "step_time_s": 0.01}) is None  # an empty step
+
+
+def write_run(run_dir: pathlib.Path, rows: list[dict], fixed: dict = FIXED) -> pathlib.Path:
+    run_dir.mkdir(parents=True)
+    (run_dir / "summary.json").write_text(json.dumps({"fixed": fixed}))
+    (run_dir / "step_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run_dir
+
+
+def test_calibration_is_keyed_and_round_trips(tmp_path: pathlib.Path) -> None:
+    runs = [write_run(tmp_path / f"r{i}", synthetic_steps(100, TRUE, seed=i)) for i in range(2)]
+    calibration = calibrate(runs)
+    key = calibration.key
+    assert key.hardware == "NVIDIA H100 80GB HBM3 x1" and key.model == "llama (abababababab)" and key.dtype == "bfloat16"
+    assert dict(key.configuration) == {"device": "cuda", "block_size": "16", "tensor_parallel_size": "1"}
+    assert calibration.fit.num_steps == 200 and calibration.coefficients.values == pytest.approx(TRUE.values, rel=1e-6)
+    path = tmp_path / "calib.json"
+    write_calibration(path, calibration)
+    assert read_calibrations(path) == [calibration]
+    cpu = Calibration(CalibrationKey("cpu", "llama", "float32", ()), TRUE, calibration.fit, ())
+    write_calibration(path, cpu)
+    write_calibration(path, calibration)  # the same key again: replaced, not added
+    assert read_calibrations(path) == [cpu, calibration]
+    assert Calibration.from_json(json.loads(json.dumps(cpu.to_json())), "x") == cpu
+
+
+def test_runs_of_different_setups_are_not_fitted_together(tmp_path: pathlib.Path) -> None:
+    h100 = write_run(tmp_path / "h100", synthetic_steps(50, TRUE))
+    h200 = write_run(tmp_path / "h200", synthetic_steps(50, TRUE), {**FIXED, "gpu_name": "NVIDIA H200"})
+    with pytest.raises(CalibrationError, match="differ"):
+        calibrate([h100, h200])
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(CalibrationError, match="--collect-step-log"):
+        calibrate([tmp_path / "plain"])
+
+
+def test_bench_calibrate_cli(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = write_run(tmp_path / "run", synthetic_steps(60, TRUE))
+    out = tmp_path / "calib.json"
+    assert main(["bench", "calibrate", str(run), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "per_step = 12 ms" in printed and "R² 1.000" in printed
+    assert read_calibrations(out)[0].runs == (str(run),)
+    assert main(["bench", "calibrate", str(tmp_path / "missing"), "--out", str(out)]) == 2
+
+
+def test_held_out_runs_are_measured_not_fitted(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fitted = write_run(tmp_path / "fit", synthetic_steps(200, TRUE, noise=0.02, seed=3))
+    slower = StepTimeCoefficients(*(1.2 * v for v in TRUE.values))  # the held-out run's steps are 20% slower
+    held = write_run(tmp_path / "held", synthetic_steps(100, slower, seed=4))
+    calibration = calibrate([fitted], [held])
+    assert calibration.fit.num_steps == 200 and calibration.fit.median_rel_error < 0.02  # fitted on its own run only
+    assert calibration.held_out is not None and calibration.held_out.num_steps == 100
+    assert calibration.held_out.median_rel_error == pytest.approx(1 - 1 / 1.2, abs=0.02)
+    assert calibration.held_out_runs == (str(held),)
+    assert Calibration.from_json(json.loads(json.dumps(calibration.to_json())), "x") == calibration
+    out = tmp_path / "calib.json"
+    assert main(["bench", "calibrate", str(fitted), "--held-out", str(held), "--out", str(out)]) == 0
+    assert "held out, 100 steps of 1 run(s)" in capsys.readouterr().out
+    other = write_run(tmp_path / "other", synthetic_steps(50, TRUE), {**FIXED, "dtype": "float16"})
+    with pytest.raises(CalibrationError, match="differ"):
+        calibrate([fitted], [other])

@@ -1,0 +1,68 @@
+"""`conveyor simulate --calibration`: the simulation prices steps by a calibration bench wrote."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import pathlib
+
+import pytest
+
+from conveyor.bench.measure.calibration import Calibration, CalibrationKey, write_calibration
+from conveyor.bench.measure.step_model import FitError, StepTimeCoefficients
+from conveyor.core import simulate_cli
+from conveyor.core.simulate import SimulationConfig, StepTimeModel, WorkloadConfig, simulate
+from conveyor.core.step_time import CalibratedStepTime, read_calibration
+
+SMALL = SimulationConfig(workload=WorkloadConfig(num_requests=40, request_rate=6.0, long_fraction=0.15,
+                                                 long_prompt_tokens=512, long_output_tokens=128))
+FIT = FitError(num_steps=100, r2=0.99, median_rel_error=0.02, p95_rel_error=0.08)
+
+
+def entry(hardware: str, coefficients: StepTimeCoefficients) -> Calibration:
+    return Calibration(CalibrationKey(hardware, "llama (abc)", "bfloat16", (("device", "cuda"),)), coefficients, FIT,
+                       ("runs/a",))
+
+
+def test_what_bench_writes_the_simulation_reads(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "calib.json"
+    h100 = StepTimeCoefficients(0.01, 2e-5, 3e-5, 4e-5, 5e-9)
+    write_calibration(path, entry("NVIDIA H100 80GB HBM3 x1", h100))
+    write_calibration(path, entry("NVIDIA H200 x1", StepTimeCoefficients(0.008, 1e-5, 2e-5, 3e-5, 4e-9)))
+    model = read_calibration(str(path), hardware="h100")
+    assert (model.per_step_s, model.per_seq_s, model.per_prefill_token_s, model.per_decode_token_s,
+            model.per_context_token_s) == h100.values
+    assert "H100" in model.label
+    with pytest.raises(ValueError, match="2 calibrations match"):
+        read_calibration(str(path))
+
+
+def test_a_calibration_with_only_token_costs_is_the_two_parameter_model() -> None:
+    linear = StepTimeModel(step_time_base_s=0.02, step_time_per_token_s=1e-4)
+    calibrated = CalibratedStepTime(0.02, 0.0, 1e-4, 1e-4, 0.0)
+    assert simulate(dataclasses.replace(SMALL, step_time=calibrated)) == simulate(dataclasses.replace(SMALL, step_time=linear))
+
+
+def test_context_cost_slows_long_requests_down() -> None:
+    base = CalibratedStepTime(0.02, 0.0, 1e-4, 1e-4, 0.0)
+    attended = dataclasses.replace(base, per_context_token_s=1e-6)
+    fast, slow = (simulate(dataclasses.replace(SMALL, step_time=m)) for m in (base, attended))
+    assert slow.e2e_p95_s > fast.e2e_p95_s
+    assert slow.mean_tokens_per_step > fast.mean_tokens_per_step  # slower steps: more arrivals join each batch
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    simulate_cli.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_cli_uses_the_calibration_and_refuses_it_with_the_linear_flags(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "calib.json"
+    write_calibration(path, entry("cpu", StepTimeCoefficients(0.01, 0.0, 5e-5, 5e-5, 0.0)))
+    assert simulate_cli.run(_args("--num-requests", "10", "--calibration", str(path))) == 0
+    assert "calibrated (cpu | llama (abc) | bfloat16)" in capsys.readouterr().out
+    assert simulate_cli.run(_args("--calibration", str(path), "--step-time-base-s", "0.01")) == 2
+    assert "--calibration" in capsys.readouterr().err
+    assert simulate_cli.run(_args("--calibration", str(tmp_path / "missing.json"))) == 2
