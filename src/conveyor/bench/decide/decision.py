@@ -296,7 +296,7 @@ def _without_operating_point(configs: list[ConfigEval]) -> Recommendation:
                 "repeats there (--max-repeats, --max-duration), or lower the rate.")
         unbounded = any(c.interval is not None and math.isinf(c.interval.high) for c in point.verdict.failures)
         why = ("too few requests for a p95 to be bounded from above (40 per point are needed)" if unbounded else
-               "an interval straddles its bound")
+               point.verdict.not_sustained or "an interval straddles its bound")
         return Recommendation(Outcome.UNDECIDED, None, (), text, f"undecided: {why}.")
     config, point = min(judged, key=lambda cp: (_worst_ratio(cp[1]), cp[0].name))
     text = (f"No configuration meets every bound at any measured rate. Closest: {config.name} at "
