@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant", action="append", default=[], help="NAME:KEY=VALUE, one parameter (repeatable)")
     parser.add_argument("--rates", help="fixed offered rates, e.g. 0.5,1,2 (instead of a search)")
     parser.add_argument("--main-rate", type=float, help="offered rate of the main scenario")
-    parser.add_argument("--price-per-gpu-hour", type=float, help="USD per GPU-hour (default 1.0: relative)")
+    parser.add_argument("--price-per-gpu-hour", type=float, help="USD per GPU-hour (no default: without a price the decision ranks by capacity per GPU)")
     parser.add_argument("--num-gpus", type=int, help="GPUs per server")
     parser.add_argument("--planned-context-len", type=int,
                         help="context length (prompt + output tokens) the deployment plans for (checklist Q3)")

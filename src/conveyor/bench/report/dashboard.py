@@ -22,8 +22,8 @@ from conveyor.bench.decide.decision import (
     CostModel,
     DecisionInputs,
     Recommendation,
+    cost_text,
     evaluate_configs,
-    money,
     recommend,
 )
 from conveyor.bench.decide.decision_checklist import ChecklistInputs, ChecklistItem, answer_checklist
@@ -55,7 +55,7 @@ class ReportInputs:
     slo: SLO | None = None
     """Objective (None: the study's, else none)."""
     default_cost: CostModel = CostModel()
-    """Price of configurations the study does not price."""
+    """Price of configurations the study does not price (none by default: no price is built in)."""
     main_rate: float | None = None
     """Main-scenario rate (None: the study's, else the lowest measured)."""
     allow_mixed: bool = False
@@ -92,9 +92,15 @@ class Analysis:
 
 
 def _costs(study: StudyFile, default: CostModel) -> dict[str, CostModel]:
-    return {name: CostModel(default.price_per_gpu_hour if c.price_per_gpu_hour is None else c.price_per_gpu_hour,
-                            default.num_gpus if c.num_gpus is None else c.num_gpus)
-            for name, c in study.configs.items()}
+    """Each configuration's price: its own in study.json, else the default (a flag, or none), saying which."""
+    out = {}
+    for name, c in study.configs.items():
+        gpus = default.num_gpus if c.num_gpus is None else c.num_gpus
+        if c.price_per_gpu_hour is None:
+            out[name] = CostModel(default.price_per_gpu_hour, gpus, default.price_source)
+        else:
+            out[name] = CostModel(c.price_per_gpu_hour, gpus, "study.json")
+    return out
 
 
 def check_fixed(runs: list[RunResult], study: StudyFile,
@@ -179,7 +185,7 @@ def config_rows(analysis: Analysis) -> list[list[str]]:
         elif config.name in analysis.recommendation.tied:
             mark = "tied"
         rows.append([config.name, str(changed), fmt_rate(config.max_rate_meeting), config.capacity.describe(),
-                     money(config.cost_per_accepted), mark])
+                     cost_text(config), mark])
     return rows
 
 
