@@ -233,10 +233,8 @@ def _interleaved(spec: StudySpec, urls: dict[str, str], study_dir: pathlib.Path,
 
 
 def headline(analysis: Analysis) -> str:
-    """The demo's answer in one line: the recommendation and how sure it is."""
-    rec = analysis.recommendation
-    name = rec.recommended or "no configuration"
-    return f"Demo recommendation: {name} ({rec.outcome.value.replace('_', ' ')}). Confidence: {rec.confidence}"
+    """The demo's answer: the report's headline and the confidence line behind it."""
+    return f"Demo recommendation: {analysis.headline}\nConfidence: {analysis.recommendation.confidence}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

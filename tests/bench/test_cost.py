@@ -9,8 +9,18 @@ import shutil
 import pytest
 
 from conveyor.bench.decide.cost import Cost, CostModel
-from conveyor.bench.decide.decision import DecisionInputs, Outcome, cost_text, evaluate_configs, recommend
-from conveyor.bench.decide.decision_checklist import Answer, ChecklistInputs, answer_checklist
+from conveyor.bench.decide.decision import (
+    DecisionInputs,
+    Outcome,
+    cost_text,
+    evaluate_configs,
+    recommend,
+)
+from conveyor.bench.decide.decision_checklist import (
+    Answer,
+    ChecklistInputs,
+    answer_checklist,
+)
 from conveyor.bench.decide.slo import SLO
 from conveyor.bench.measure.intervals import Interval, IntervalMethod
 from conveyor.bench.measure.rundirs import discover_runs, group_points

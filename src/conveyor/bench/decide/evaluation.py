@@ -15,7 +15,13 @@ import math
 from dataclasses import dataclass, field
 
 from conveyor.bench.decide.cost import Cost, CostModel
-from conveyor.bench.decide.point_verdict import PointStatus, point_intervals, point_verdict, shown_slo, valid_runs
+from conveyor.bench.decide.point_verdict import (
+    PointStatus,
+    point_intervals,
+    point_verdict,
+    shown_slo,
+    valid_runs,
+)
 from conveyor.bench.decide.slo import SLO, SLOVerdict, request_meets_goodput
 from conveyor.bench.measure.intervals import Interval, IntervalConfig
 from conveyor.bench.measure.rundirs import Point, RunResult

@@ -24,10 +24,10 @@ from conveyor.bench.decide.decision import (
     Recommendation,
     cost_text,
     evaluate_configs,
-    recommend,
 )
-from conveyor.bench.decide.decision_checklist import ChecklistInputs, ChecklistItem, answer_checklist
+from conveyor.bench.decide.decision_checklist import ChecklistInputs, ChecklistItem
 from conveyor.bench.decide.diagnose import Finding, diagnose
+from conveyor.bench.decide.headline import decide
 from conveyor.bench.decide.point_verdict import PointStatus
 from conveyor.bench.decide.slo import SLO, SLOVerdict, describe_objective, slo_from_mapping
 from conveyor.bench.measure.fixed import FixedDifference, FixedRecord, differences, unknown_keys
@@ -86,6 +86,8 @@ class Analysis:
     """Fixed things that differ (only with allow_mixed)."""
     fixed_unknown: list[str] = field(default_factory=list)
     """Fixed things some run did not record."""
+    headline: str = ""
+    """The recommendation in one line: configuration, capacity, cost, confidence (decide/headline.py)."""
 
     def runs(self) -> list[RunResult]:
         return [r for pts in self.points.values() for p in pts for r in p.runs]
@@ -128,10 +130,9 @@ def analyze(inputs: ReportInputs) -> Analysis:
     decision = DecisionInputs(slo=slo, default_cost=inputs.default_cost,
                               costs=_costs(study, inputs.default_cost), main_rate=main_rate)
     configs = evaluate_configs(points, decision)
-    recommendation = recommend(configs)
-    checklist_inputs = ChecklistInputs(main_rate, study.planned_context_len, mixed, unknown)
-    return Analysis(slo, points, configs, recommendation, answer_checklist(configs, recommendation, checklist_inputs),
-                    diagnose(points), study, main_rate, mixed, unknown)
+    decided = decide(configs, ChecklistInputs(main_rate, study.planned_context_len, mixed, unknown))
+    return Analysis(slo, points, configs, decided.recommendation, list(decided.checklist), diagnose(points), study,
+                    main_rate, mixed, unknown, decided.headline)
 
 
 def objective_cell(run: RunResult, verdict: SLOVerdict) -> str:
@@ -257,7 +258,7 @@ def decision_lines(analysis: Analysis) -> list[str]:
     lines = [f"Objective: {describe_objective(analysis.slo)}",
              f"Intervals: {IntervalConfig().confidence:.0%} confidence (bootstrap over requests and repeats).",
              *fixed_lines(analysis),
-             f"Recommendation ({rec.outcome.value}): {rec.explanation}",
+             f"Recommendation: {analysis.headline}", "Because:", *(f"- {r}" for r in rec.reasons),
              f"Confidence: {rec.confidence}", "", "Checklist:"]
     lines.extend(f"- [{i.answer.value}] {i.question} {i.evidence}" for i in analysis.checklist)
     lines.extend(["", "Diagnosis (valid runs only):"])
@@ -277,8 +278,9 @@ def format_terminal(analysis: Analysis) -> str:
 
 def format_markdown(analysis: Analysis) -> str:
     rec = analysis.recommendation
-    return "\n".join(["# Conveyor report", "", "## Recommendation", "", rec.explanation, "",
-                      f"Confidence: {rec.confidence}", "", "## Configurations", "",
+    return "\n".join(["# Conveyor report", "", "## Recommendation", "", f"**{analysis.headline}**", "",
+                      *(f"- {r}" for r in rec.reasons), "", f"Confidence: {rec.confidence}", "",
+                      "## Configurations", "",
                       format_markdown_table(CONFIG_COLUMNS, config_rows(analysis)), "", "## Points", "",
                       format_markdown_table(POINT_COLUMNS, point_rows(analysis)), "", "## Dashboard", "",
                       format_markdown_table(DASHBOARD_COLUMNS, dashboard_rows(analysis)), "",
