@@ -60,7 +60,9 @@ def test_the_report_leads_with_the_headline_then_the_reasons() -> None:
     analysis = analyze(ReportInputs((STUDY,)))
     rec = analysis.recommendation
     assert analysis.headline.startswith("continuous: capacity [4, 8) req/s, cost $")
-    assert "from study.json" in analysis.headline and analysis.headline.endswith("confidence: decided")
+    assert analysis.headline.endswith("per 1,000 accepted responses at $2/GPU-hour (study.json); confidence: decided")
+    cost = analysis.configs[0].cost
+    assert cost is not None and cost.short() in analysis.headline and cost.describe() in rec.reasons[0]
     assert _consistent(rec.confidence, rec.outcome, analysis.checklist[0].answer)
     assert len(rec.reasons) == 3 and rec.reasons[0].startswith("continuous: meets the objective")
     text = format_terminal(analysis)

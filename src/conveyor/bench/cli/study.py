@@ -80,6 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--planned-context-len", type=int,
                         help="context length (prompt + output tokens) the deployment plans for (checklist Q3)")
     parser.add_argument("--force", action="store_true", help="replace an existing study in --out")
+    parser.add_argument("--reverse-order", action="store_true",
+                        help="run the configurations last to first (the recommendation should not change)")
     add_sweep_arguments(parser)
     add_run_option_arguments(parser)
 
@@ -125,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
         def run_fn_factory(template: RunTemplate) -> Any:
             return counting(make_run_fn(template), reporter)
 
-        out = run_study(spec, args.out, run_fn_factory=run_fn_factory, progress=reporter)
+        out = run_study(spec, args.out, run_fn_factory=run_fn_factory, progress=reporter,
+                        reverse_order=args.reverse_order)
         reporter.close()
         analysis = analyze(ReportInputs((out,)))
     except (StudyError, SLOError, SweepError, LaunchError, RunDirError, MixedRunsError, ValueError) as error:

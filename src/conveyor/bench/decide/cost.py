@@ -78,6 +78,14 @@ class Cost:
             return "no price given" if not self.model.priced else "n/a (nothing accepted)"
         return f"{money(estimate, self.interval)} ({self.inputs()})"
 
+    def short(self) -> str:
+        """The headline's form: the cost with its interval and the price it rests on, without the run time
+        and counts (the table and the reasons show those)."""
+        estimate, price = self.per_accepted, self.model.price_per_gpu_hour
+        if estimate is None or price is None:
+            return self.describe()
+        return f"{money(estimate, self.interval)} at ${price:.3g}/GPU-hour ({self.model.price_source})"
+
     def inputs(self) -> str:
         return (f"{self.model.describe_price()} × {self.run_time_s / 3600.0:.3g} h / "
                 f"{self.num_accepted:,} accepted")

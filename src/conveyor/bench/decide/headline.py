@@ -79,8 +79,8 @@ def headline(recommendation: Recommendation, configs: list[ConfigEval]) -> str:
         return f"No configuration recommended ({recommendation.outcome.value.replace('_', ' ')}); confidence: {word}"
     tied = f" (tied with {', '.join(n for n in recommendation.tied if n != best.name)})" \
         if recommendation.outcome is Outcome.TIE else ""
-    return (f"{best.name}{tied}: capacity {best.capacity.describe()}, cost {cost_text(best)}; "
-            f"confidence: {word}")
+    cost = best.cost.short() if best.cost is not None else cost_text(best)
+    return f"{best.name}{tied}: capacity {best.capacity.describe()}, cost {cost}; confidence: {word}"
 
 
 def decide(configs: list[ConfigEval], inputs: ChecklistInputs) -> Decision:

@@ -190,12 +190,16 @@ def server_spec(spec: StudySpec, variant: Variant) -> ServerSpec:
 
 
 def run_study(spec: StudySpec, out_dir: pathlib.Path, launcher: Launcher = launch_server,
-              run_fn_factory: RunFnFactory = make_run_fn, progress: Callable[[str], None] = print) -> pathlib.Path:
-    """Launch, sweep and stop every configuration in turn; returns `out_dir`."""
+              run_fn_factory: RunFnFactory = make_run_fn, progress: Callable[[str], None] = print,
+              reverse_order: bool = False) -> pathlib.Path:
+    """Launch, sweep and stop every configuration in turn (last to first with `reverse_order`: a check that
+    the recommendation does not depend on run order; study.json keeps the study order, the baseline first,
+    which breaks ties); returns `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     record = study_record(spec)
     (out_dir / STUDY_FILE).write_text(json.dumps(record, indent=2))
-    for index, variant in enumerate(spec.variants, start=1):
+    ordered = spec.variants[::-1] if reverse_order else spec.variants
+    for index, variant in enumerate(ordered, start=1):
         progress(f"[study] configuration {index}/{len(spec.variants)}: {variant.name} "
                  f"({variant.changed or 'baseline'})")
         config_dir = out_dir / variant.name
