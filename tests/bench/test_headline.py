@@ -50,7 +50,8 @@ def test_an_unknown_main_scenario_makes_a_separated_winner_provisional(tmp_path:
     assert rec.outcome is Outcome.WINNER and rec.recommended == "base"
     assert decision.checklist[0].answer is Answer.UNKNOWN
     assert rec.confidence.startswith("provisional: base is separated") and "main scenario is unknown" in rec.confidence
-    assert decision.headline == "base: capacity [2, 4) req/s, cost no price given; confidence: provisional"
+    assert decision.headline == ("base: capacity [2, 4) req/s, no price given (ranked by capacity per GPU); "
+                                 "confidence: provisional")
     assert _consistent(rec.confidence, rec.outcome, decision.checklist[0].answer)
     decided = decide(configs, ChecklistInputs(main_rate=2.0))  # met at the main rate: decided
     assert decided.checklist[0].answer is Answer.YES and decided.recommendation.confidence.startswith("decided")
