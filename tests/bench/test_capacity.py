@@ -87,3 +87,13 @@ def test_the_sweep_repeats_an_unsustained_point_and_never_counts_it(tmp_path: pa
     assert statuses == {1.0: "met", 2.0: "met", 4.0: "undecided"}
     assert client.calls.count((4.0, 2)) == 1  # repeated up to max_repeats while undecided
     assert result.max_rate_meeting == 2.0
+
+
+def test_a_window_too_short_to_show_a_trend_is_not_capacity(tmp_path: pathlib.Path) -> None:
+    # 40 requests at 8.33 req/s: a 4.8 s window holds 4 scrapes, too few to tell a backlog from a burst
+    write_run(tmp_path / "c" / "rate-8.33-rep0", 8.33, waiting=[0.0, 0.0, 0.0, 0.0])
+    point = _point(tmp_path)
+    assert point.status is PointStatus.UNDECIDED
+    assert "too short to show whether waiting grows (6 scrapes needed)" in point.verdict.describe()
+    write_run(tmp_path / "n" / "c" / "rate-8.33-rep0", 8.33)  # no time series at all: the completed rate decides
+    assert _point(tmp_path / "n").status is PointStatus.MET

@@ -69,3 +69,14 @@ def test_the_report_leads_with_the_headline_then_the_reasons() -> None:
     text = format_terminal(analysis)
     assert f"Recommendation: {analysis.headline}\nBecause:\n- {rec.reasons[0]}\n" in text
     assert f"**{analysis.headline}**\n\n- {rec.reasons[0]}" in format_markdown(analysis)
+
+
+def test_a_configuration_not_ruled_out_keeps_the_winner_provisional(tmp_path: pathlib.Path) -> None:
+    _run(tmp_path, "base", 1, (480, 420, 560))  # undecided at the only rate: no operating point, not ruled out
+    _run(tmp_path, "small", 1, (300, 250, 350))
+    configs = evaluate_configs(group_points(discover_runs([tmp_path])), DecisionInputs(slo=SLO_TTFT))
+    decision = decide(configs, ChecklistInputs(main_rate=1.0))
+    rec = decision.recommendation
+    assert rec.outcome is Outcome.WINNER and rec.recommended == "small"
+    assert decision.checklist[0].answer is Answer.YES
+    assert rec.confidence.startswith("provisional: small is separated") and "base is not ruled out" in rec.confidence

@@ -3,8 +3,8 @@
 The headline names the configuration, its capacity interval, its one cost (cost.py, with its interval
 and price, or "no price given") and the confidence in one word. The confidence line and the checklist
 share one rule, so they cannot contradict each other: "decided" needs a winner whose main scenario the
-checklist answers "yes" and whose measurements are consistent. A winner without that is "provisional",
-and the line says which checklist answer or inconsistency holds it back.
+checklist answers "yes", whose measurements are consistent, and that no undecided configuration may
+still beat. A winner without that is "provisional", and the line says what holds it back.
 """
 
 from __future__ import annotations
@@ -57,6 +57,10 @@ def held_back(recommendation: Recommendation, checklist: tuple[ChecklistItem, ..
     inconsistent = find_inconsistency(best) if best is not None else None
     if inconsistent is not None:
         problems.append(inconsistent.describe())
+    # an undecided configuration with no operating point may still beat the winner: nothing separates them
+    open_cases = [c for c in configs if c is not best and c.operating_point is None and c.undecided]
+    problems.extend(f"{c.name} is not ruled out (undecided at {c.undecided[0].offered_rate:.3g} req/s, no operating "
+                    "point measured)" for c in open_cases)
     return problems
 
 

@@ -7,9 +7,12 @@ at R req/s only when, over its valid repeats pooled,
   - the completed rate's interval reaches R (covers it, or lies above it), and
   - the server's waiting requests did not grow over the steady-state window (the mean of the window's
     last third exceeds the first third's by at least `min_growth` requests and `relative_growth` of it)
-    in most of the repeats that scraped enough samples.
+    in most of the repeats that scraped enough samples; and when the server was scraped but no repeat's
+    window held `min_samples` scrapes, the run was too short to show it (a burst of 40 requests at 18
+    req/s lasts two seconds: that is not a rate the server sustains).
 Otherwise its verdict is undecided (point_verdict.py), so the sweep repeats it. Over a concurrency
-axis or a burst (no finite offered rate) only the waiting rule applies.
+axis or a burst (no finite offered rate) only the waiting-growth rule applies. Runs recorded without a server
+time series (another server, older runs) are judged on the completed rate alone.
 """
 
 from __future__ import annotations
@@ -45,11 +48,16 @@ def _window(run: RunResult) -> tuple[float, float]:
     return 0.0, dispatch
 
 
+def _in_window(run: RunResult) -> list[float]:
+    """Waiting requests at each server scrape inside the steady-state window."""
+    start, end = _window(run)
+    return [s.num_requests_waiting or 0.0 for s in run.timeseries() if start <= s.t_s <= end]
+
+
 def waiting_trend(run: RunResult, rule: SustainRule = SustainRule()) -> tuple[float, float] | None:
     """Mean waiting requests in the first and the last third of the steady-state window (None: too few
     scrapes inside it)."""
-    start, end = _window(run)
-    series = [s.num_requests_waiting or 0.0 for s in run.timeseries() if start <= s.t_s <= end]
+    series = _in_window(run)
     if len(series) < rule.min_samples:
         return None
     third = len(series) // 3
@@ -73,6 +81,12 @@ def not_sustained(runs: Sequence[RunResult], intervals: dict[str, Interval],
         return (f"not sustained: completed {completed.estimate:.3g} [{completed.low:.3g}, {completed.high:.3g}] "
                 f"req/s, below the offered {rate:.3g}")
     trends = [t for t in (waiting_trend(r, rule) for r in runs) if t is not None]
+    # Only an offered rate can be shown sustained: a closed loop (concurrency) holds its queue by design.
+    if not trends and math.isfinite(rate) and any(r.timeseries() for r in runs):
+        start, end = _window(runs[0])
+        return (f"not shown sustained: the steady-state window ({end - start:.3g} s, {len(_in_window(runs[0]))} "
+                f"server scrapes) is too short to show whether waiting grows ({rule.min_samples} scrapes needed): "
+                "run more requests per run")
     growing = [t for t in trends if grows(t, rule)]
     if trends and 2 * len(growing) > len(trends):
         first, last = growing[0]
