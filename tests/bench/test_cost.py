@@ -98,3 +98,18 @@ def test_a_miss_below_a_met_rate_is_an_inconsistent_measurement(tmp_path: pathli
     shutil.rmtree(tmp_path / "flaky" / "rate-1-rep2")  # one repeat of 20 requests: a p95 that moves a lot
     rec = recommend(evaluate_configs(group_points(discover_runs([tmp_path])), DecisionInputs(slo=SLO_AB)))
     assert "too few requests (20 in 1 repeat(s) at 1 req/s)" in rec.explanation
+
+
+def test_cheaper_compares_the_one_cost_and_the_servers_the_main_rate_needs() -> None:
+    configs = evaluate_configs(group_points(discover_runs([STUDY])), DecisionInputs(
+        slo=SLO_AB, costs={n: CostModel(2.0, 1, "study.json") for n in ("continuous", "static", "cheap_breaking")}))
+    rec = recommend(configs)
+
+    def cheaper(main_rate: float | None):  # type: ignore[no-untyped-def]
+        return answer_checklist(configs, rec, ChecklistInputs(main_rate=main_rate))[-1]
+
+    assert cheaper(None).answer is Answer.YES  # $0.139 vs $0.278 per 1,000 accepted responses
+    at_six = cheaper(6.0)  # continuous: 2 servers ($4/hour); static: 3 ($6/hour)
+    assert at_six.answer is Answer.YES and "continuous 2 server(s)" in at_six.evidence and "$6/hour" in at_six.evidence
+    at_two = cheaper(2.0)  # one server each: the extra capacity is headroom, not a saving
+    assert at_two.answer is Answer.NO and "no saving at the main rate" in at_two.evidence

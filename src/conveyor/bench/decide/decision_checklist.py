@@ -254,7 +254,10 @@ def cheaper(configs: list[ConfigEval], recommendation: Recommendation, main_rate
     best_cost, best_hourly = best.cost_per_accepted or 0.0, (servers_needed(best, main_rate) or (0, 0.0, 0.0))[2]
     rivals = [(o.cost_per_accepted, servers_needed(o, main_rate)) for o in others if o.cost_per_accepted is not None]
     cheapest = all(cost > best_cost * (1.0 + 1e-9) for cost, _ in rivals if cost is not None)
-    saving = all(found[2] > best_hourly * (1.0 + 1e-9) for _, found in rivals if found is not None)
+    # without a main rate there are no servers to provision: the cost per accepted response alone decides
+    saving = not main_rate or all(found[2] > best_hourly * (1.0 + 1e-9) for _, found in rivals if found is not None)
+    if not cheapest:
+        evidence += "; an alternative costs as little per accepted response"
     if not saving:
         evidence += (f"; no saving at the main rate: an alternative serves it for as little ({best.name}'s extra "
                      "capacity is headroom, not a lower cost)")
