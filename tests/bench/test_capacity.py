@@ -31,6 +31,7 @@ def write_run(run_dir: pathlib.Path, rate: float, completed: tuple[float, float,
                "ci": {"p95_ttft_ms": _ci(ttft, ttft - 50, ttft + 50), "request_throughput": _ci(*completed)},
                "window": {"start_s": 0.0, "end_s": 100 / rate}}
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir.parent / "sweep.json").write_text("{}")  # marks the directory as one configuration's
     (run_dir / "summary.json").write_text(json.dumps(summary))
     if waiting is not None:
         step = (100 / rate) / len(waiting)
@@ -97,3 +98,19 @@ def test_a_window_too_short_to_show_a_trend_is_not_capacity(tmp_path: pathlib.Pa
     assert "too short to show whether waiting grows (6 scrapes needed)" in point.verdict.describe()
     write_run(tmp_path / "n" / "c" / "rate-8.33-rep0", 8.33)  # no time series at all: the completed rate decides
     assert _point(tmp_path / "n").status is PointStatus.MET
+
+
+def test_bounds_met_above_a_miss_without_sustaining_it_is_still_inconsistent(tmp_path: pathlib.Path) -> None:
+    from conveyor.bench.decide.headline import not_ruled_out
+    from conveyor.bench.decide.inconsistency import find_inconsistency
+
+    write_run(tmp_path / "c" / "rate-1-rep0", 1.0, ttft=900.0)  # missed at 1 req/s
+    write_run(tmp_path / "c" / "rate-4-rep0", 4.0, completed=(2.0, 1.5, 2.5))  # fast, but only 2 req/s done
+    config = evaluate_configs(group_points(discover_runs([tmp_path])), DecisionInputs(slo=SLO_TTFT))[0]
+    found = find_inconsistency(config)
+    assert found is not None and "missed at 1 req/s but met every bound at 4 req/s" in found.describe()
+    assert not_ruled_out(config)
+    write_run(tmp_path / "d" / "c" / "rate-1-rep0", 1.0, ttft=900.0)
+    write_run(tmp_path / "d" / "c" / "rate-4-rep0", 4.0, ttft=520.0)  # [470, 570] straddles 500: undecided
+    consistent = evaluate_configs(group_points(discover_runs([tmp_path / "d"])), DecisionInputs(slo=SLO_TTFT))[0]
+    assert find_inconsistency(consistent) is None and not not_ruled_out(consistent)  # missed below: ruled out

@@ -44,6 +44,16 @@ class Decision:
         return self.recommendation.reasons
 
 
+def not_ruled_out(config: ConfigEval) -> bool:
+    """No operating point, yet it may still beat the winner: undecided below its first miss (or with no
+    miss), or its measurements contradict themselves."""
+    if config.operating_point is not None or not config.undecided:
+        return False
+    missed = config.first_missed()
+    return (missed is None or find_inconsistency(config) is not None
+            or any(p.offered_rate < missed.offered_rate for p in config.undecided))
+
+
 def held_back(recommendation: Recommendation, checklist: tuple[ChecklistItem, ...],
               configs: list[ConfigEval]) -> list[str]:
     """What keeps a winner from being decided: the main scenario not answered "yes", an inconsistency."""
@@ -57,8 +67,7 @@ def held_back(recommendation: Recommendation, checklist: tuple[ChecklistItem, ..
     inconsistent = find_inconsistency(best) if best is not None else None
     if inconsistent is not None:
         problems.append(inconsistent.describe())
-    # an undecided configuration with no operating point may still beat the winner: nothing separates them
-    open_cases = [c for c in configs if c is not best and c.operating_point is None and c.undecided]
+    open_cases = [c for c in configs if c is not best and not_ruled_out(c)]
     problems.extend(f"{c.name} is not ruled out (undecided at {c.undecided[0].offered_rate:.3g} req/s, no operating "
                     "point measured)" for c in open_cases)
     return problems

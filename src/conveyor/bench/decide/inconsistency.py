@@ -1,7 +1,8 @@
 """A configuration that misses the objective at a lower rate and meets it at a higher one.
 
 More load never makes a server faster, so such a pair is a measurement that contradicts itself, not a
-capacity and not "never meets the objective". The report says so and names the likely cause, from what
+capacity and not "never meets the objective". A higher point that met every bound but was not shown
+sustained (sustained.py) contradicts the miss as much: its latencies were better under more load. The report says so and names the likely cause, from what
 the runs recorded: too few requests (a p95 from fewer than 40 requests, or a single repeat, moves a lot
 between runs), a different prefix-cache hit rate (an earlier run warmed the cache), or the run order
 (the higher rate ran later, on a server warmed by the runs before it). Without any of these, the cause
@@ -35,7 +36,8 @@ class Inconsistency:
     """Likely causes, most specific first."""
 
     def describe(self) -> str:
-        return (f"{self.config}: inconsistent measurement: missed at {self.missed.offered_rate:.3g} req/s but met "
+        met = "met" if self.met.status is PointStatus.MET else "met every bound"
+        return (f"{self.config}: inconsistent measurement: missed at {self.missed.offered_rate:.3g} req/s but {met} "
                 f"at {self.met.offered_rate:.3g} req/s; likely cause: {'; '.join(self.causes)}")
 
 
@@ -69,11 +71,17 @@ def likely_causes(missed: PointEval, met: PointEval) -> tuple[str, ...]:
     return tuple(causes) or ("noise between runs: repeat both points (--repeats, --max-repeats)",)
 
 
+def _bounds_met(point: PointEval) -> bool:
+    """Met, or every bound met at a rate not shown sustained."""
+    checks = point.verdict.checks
+    return point.status is PointStatus.MET or (bool(checks) and point.verdict.not_sustained is not None and all(
+        c.status.value == "met" for c in checks))
+
+
 def find_inconsistency(config: ConfigEval) -> Inconsistency | None:
-    """The first missed point with a met point above it (None: the measurements are consistent)."""
+    """The first missed point with a point above it that met every bound (None: the measurements agree)."""
     missed = config.first_missed()
     if missed is None:
         return None
-    met = next((p for p in config.points if p.status is PointStatus.MET and p.offered_rate > missed.offered_rate),
-               None)
+    met = next((p for p in config.points if _bounds_met(p) and p.offered_rate > missed.offered_rate), None)
     return None if met is None else Inconsistency(config.name, missed, met, likely_causes(missed, met))
