@@ -90,3 +90,56 @@ def test_demo_study_and_calibration_arithmetic(tmp_path: pathlib.Path) -> None:
     assert [len(b.requests) for b in bursts] == [8, 8]  # each carries long prompts, none shared
     assert all(b.header.classes.get("long", 0) >= 1 for b in bursts)
     assert not {r.request_id for r in bursts[0].requests} & {r.request_id for r in bursts[1].requests}
+
+
+def test_demo_recommendation_survives_reversed_run_order(tmp_path: pathlib.Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33 item 7, the decision half, without a server: the demo's interleaved rounds over a fake engine
+    (static batching makes arrivals wait; the small budget is close to the baseline) recommend the same
+    configuration, with the same confidence, when the configurations run last to first."""
+    import dataclasses
+    import io
+    import random
+
+    from conveyor import demo
+    from conveyor.bench.decide.slo import SLO
+    from conveyor.bench.decide.study import study_record
+    from conveyor.bench.load.progress import ProgressReporter
+    from conveyor.bench.measure.rundirs import STUDY_FILE
+    from conveyor.bench.measure.summary import summary_from_json
+    from conveyor.bench.report.dashboard import ReportInputs, analyze
+
+    def fake_engine(template):  # type: ignore[no-untyped-def]
+        name = template.label
+        ttft = {"continuous": 200.0, "static": 2500.0, "budget64": 260.0}[name]
+
+        def run(rate: float, repeat: int, run_dir: pathlib.Path):  # type: ignore[no-untyped-def]
+            noise = random.Random(f"{name}/{rate}/{repeat}").uniform(0.9, 1.1)
+            over = rate > 2.0  # 3 C: a backlog, so the latencies blow up
+            summary = {"label": f"{name}@{rate:g}#{repeat}", "request_rate": rate, "num_prompts": 40,
+                       "completed": 40, "duration": 40 / rate, "request_throughput": rate if not over else 2.0,
+                       "p95_ttft_ms": noise * ttft * (10 if over else 1), "p95_e2el_ms": noise * 1000.0,
+                       "error_rate": 0.0, "valid": True, "server": {}}
+            run_dir.mkdir(parents=True)
+            (run_dir / "summary.json").write_text(json.dumps(summary))
+            return summary_from_json(summary, run_dir.name, "fake")
+        return run
+
+    monkeypatch.setattr(demo, "make_run_fn", fake_engine)
+    cfg = demo.DemoConfig(out_dir=tmp_path)
+    slo = SLO(ttft_p95_ms=1000, e2e_p95_ms=4000, error_rate=0.1)
+    spec = dataclasses.replace(demo.demo_spec(cfg, tmp_path / "trace.jsonl"), slo=slo, rates=(0.5, 3.0),
+                               main_rate=0.5)
+    spec = dataclasses.replace(spec, sweep=dataclasses.replace(spec.sweep, slo=slo))
+    answers = []
+    for reverse in (False, True):
+        study_dir = tmp_path / ("reverse" if reverse else "forward")
+        study_dir.mkdir()
+        (study_dir / STUDY_FILE).write_text(json.dumps(study_record(spec)))
+        urls = {v.name: "http://fake" for v in spec.variants}
+        demo._interleaved(spec, urls, study_dir, ProgressReporter(None, stream=io.StringIO()), reverse)
+        analysis = analyze(ReportInputs((study_dir,)))
+        answers.append((analysis.recommendation.recommended, analysis.recommendation.outcome, analysis.headline,
+                        [i.answer for i in analysis.checklist]))
+    assert answers[0] == answers[1]
+    assert answers[0][0] == "continuous" and "no price given" in answers[0][2], answers[0]

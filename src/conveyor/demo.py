@@ -69,6 +69,8 @@ class DemoConfig:
     """Trace and arrival seed."""
     model: str | None = None
     """Model for `conveyor serve --model` (None: the embedded SmolLM2-135M)."""
+    reverse_order: bool = False
+    """Run the configurations last to first in each round (a check that the answer does not depend on it)."""
 
     @classmethod
     def quick(cls, out_dir: pathlib.Path) -> DemoConfig:
@@ -131,11 +133,12 @@ def demo_spec(cfg: DemoConfig, trace_path: pathlib.Path) -> StudySpec:
     command = (f"{sys.executable} -m conveyor serve --port {{port}} --max-model-len 1024 --max-num-seqs 8 "
                f"--kv-cache-memory 256MiB --seed {cfg.seed}{model} {{args}}")
     baseline = {"batching": "continuous", "max_num_batched_tokens": 512}
-    variants = [Variant("continuous", baseline, None, 1.0, 1),
-                Variant("static", {**baseline, "batching": "static"}, "batching", 1.0, 1)]
+    # No price: a CPU has no GPU-hour price, and a made-up one would print a made-up cost.
+    variants = [Variant("continuous", baseline, None, None, 1),
+                Variant("static", {**baseline, "batching": "static"}, "batching", None, 1)]
     if cfg.budget_variant:
         variants.append(Variant("budget64", {**baseline, "max_num_batched_tokens": 64},
-                                "max_num_batched_tokens", 1.0, 1))
+                                "max_num_batched_tokens", None, 1))
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(_SRC_DIR), os.environ.get("PYTHONPATH")]))}
     return StudySpec(
         command=command, trace_path=str(trace_path), slo=SLO(), variants=tuple(variants),
@@ -208,18 +211,19 @@ def run_demo(cfg: DemoConfig) -> pathlib.Path:
         measured = [_burst(urls[spec.variants[0].name], cfg, b, cfg.out_dir / "calibration" / b.stem) for b in bursts]
         spec = calibrated(spec, cfg, measured)
         (study_dir / STUDY_FILE).write_text(json.dumps(study_record(spec), indent=2))
-        _interleaved(spec, urls, study_dir, reporter)
+        _interleaved(spec, urls, study_dir, reporter, cfg.reverse_order)
     reporter.close()
     _progress(f"[demo] all configurations done in {time.monotonic() - started:.0f} s")
     return study_dir
 
 
-def _interleaved(spec: StudySpec, urls: dict[str, str], study_dir: pathlib.Path, reporter: ProgressReporter) -> None:
+def _interleaved(spec: StudySpec, urls: dict[str, str], study_dir: pathlib.Path, reporter: ProgressReporter,
+                 reverse_order: bool = False) -> None:
     """Every point's repeats, rate by rate and configuration by configuration, all servers up: load from
     elsewhere on the machine then falls on every configuration alike. Undecided points get their extra
-    repeat in a later round, interleaved again."""
+    repeat in a later round, interleaved again. `reverse_order` runs the configurations last to first."""
     sweepers = {}
-    for variant in spec.variants:
+    for variant in (spec.variants[::-1] if reverse_order else spec.variants):
         template = RunTemplate(urls[variant.name], spec.trace_path, variant.name, spec.slo, dict(spec.run_options))
         sweepers[variant.name] = Sweeper(variant.name, spec.sweep, counting(make_run_fn(template), reporter),
                                          study_dir / variant.name, reporter)
@@ -233,10 +237,8 @@ def _interleaved(spec: StudySpec, urls: dict[str, str], study_dir: pathlib.Path,
 
 
 def headline(analysis: Analysis) -> str:
-    """The demo's answer in one line: the recommendation and how sure it is."""
-    rec = analysis.recommendation
-    name = rec.recommended or "no configuration"
-    return f"Demo recommendation: {name} ({rec.outcome.value.replace('_', ' ')}). Confidence: {rec.confidence}"
+    """The demo's answer: the report's headline and the confidence line behind it."""
+    return f"Demo recommendation: {analysis.headline}\nConfidence: {analysis.recommendation.confidence}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -249,12 +251,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="replace an existing demo in --out")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--model", help="model for conveyor serve (default: the embedded SmolLM2-135M)")
+    parser.add_argument("--reverse-order", action="store_true",
+                        help="run the configurations last to first (the answer should not change)")
 
 
 def config_from_args(args: argparse.Namespace) -> DemoConfig:
     cfg = DemoConfig.quick(args.out) if args.quick else DemoConfig(out_dir=args.out)
     overrides = {"num_requests": args.num_requests, "num_repeats": args.repeats, "max_repeats": args.max_repeats}
-    cfg = dataclasses.replace(cfg, seed=args.seed, model=args.model,
+    cfg = dataclasses.replace(cfg, seed=args.seed, model=args.model, reverse_order=args.reverse_order,
                               **{k: v for k, v in overrides.items() if v is not None})
     if cfg.num_requests < 2 or cfg.num_repeats < 1 or cfg.max_repeats < cfg.num_repeats:
         raise SystemExit("conveyor demo: --num-requests must be >= 2, --repeats >= 1 and --max-repeats >= --repeats")

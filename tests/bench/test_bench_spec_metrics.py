@@ -59,7 +59,7 @@ def test_a_speculative_config_table_is_passed_as_json() -> None:
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
 DRAFT = {"method": "draft_model", "model": "draft.gguf", "num_speculative_tokens": 3}
-SPEC_STUDY = {**STUDY, "baseline": {"max_num_seqs": 8},
+SPEC_STUDY = {**STUDY, "baseline": {"max_num_seqs": 8}, "price_per_gpu_hour": 3.5,
               "variants": [{"name": "ngram", "speculative_config": NGRAM}, {"name": "draft", "speculative_config": DRAFT}]}
 
 

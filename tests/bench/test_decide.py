@@ -79,8 +79,9 @@ def test_overlapping_capacities_tie_and_separated_ones_do_not(tmp_path: pathlib.
     _sweep_dir(tmp_path / "b", "variant", {1: met, 2: missed})  # capacity [1, 2): below base's [2, 4)
     configs, rec = _decide(tmp_path / "b")
     assert rec.outcome is Outcome.WINNER and rec.recommended == "base" and rec.confidence.startswith("decided")
-    # the same capacities, but the variant costs a quarter: per dollar it is [4, 8) vs [2, 4): it wins
-    configs, rec = _decide(tmp_path / "b", {"variant": CostModel(0.25)})
+    # the same capacities, but the variant costs a quarter: per dollar it is [4, 8) vs [2, 4): it wins.
+    # Both need a price: there is no built-in one, and without a price for each the ranking is per GPU.
+    configs, rec = _decide(tmp_path / "b", {"base": CostModel(1.0), "variant": CostModel(0.25)})
     assert rec.outcome is Outcome.WINNER and rec.recommended == "variant"
 
 

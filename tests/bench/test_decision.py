@@ -59,7 +59,8 @@ def test_tie_is_said_and_broken_by_study_order(tmp_path: pathlib.Path) -> None:
     rec = recommend(configs)
     assert rec.outcome is Outcome.TIE
     assert rec.tied == ("twin", "continuous") and rec.recommended == "twin"
-    assert "capacity intervals (per dollar) overlap" in rec.explanation and "baseline first" in rec.explanation
+    # no price given: ranked, and tied, by capacity per GPU (there is no built-in price)
+    assert "capacity intervals (per GPU) overlap" in rec.explanation and "baseline first" in rec.explanation
     assert rec.confidence.startswith("tie:")
     cheaper = answer_checklist(configs, rec, ChecklistInputs())[-1]
     assert cheaper.answer is Answer.NO and "a tie" in cheaper.evidence

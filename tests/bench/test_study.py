@@ -101,3 +101,42 @@ def test_study_flags_survive_the_top_level_dispatcher(tmp_path: pathlib.Path) ->
     args = build_parser("bench").parse_args(argv)
     assert args.conveyor_subcommand == "bench" and args.bench_command == "study"
     assert cli_study.study_mapping(args)["command"] == "x --port {port}"
+
+
+def _noisy_runs(template: RunTemplate):
+    """As _fake_runs, plus "twin" (the baseline's capacity: a tie) and latency noise seeded by the run alone,
+    so that nothing but the decision itself could depend on the order the runs were made in."""
+    import random
+
+    capacity = {"baseline": 8.0, "static": 3.0, "seqs2": 1.5, "twin": 8.0}[template.label]
+
+    def run(rate: float, repeat: int, run_dir: pathlib.Path) -> RunSummary:
+        noise = random.Random(f"{template.label}/{rate}/{repeat}").uniform(0.95, 1.05)
+        e2e = noise * 500.0 / (1 - rate / capacity) if rate < capacity else 60_000.0
+        summary = {"label": f"{template.label}@{rate}#{repeat}", "request_rate": rate, "duration": 10.0,
+                   "num_prompts": int(10 * rate), "completed": int(10 * min(rate, capacity)),
+                   "request_throughput": min(rate, capacity), "p95_e2el_ms": e2e, "error_rate": 0.0,
+                   "server": {"num_requests_waiting_max": max(0.0, 10 * (rate - capacity))}}
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        return summary_from_json(summary, run_dir.name, "fake")
+    return run
+
+
+def test_the_recommendation_is_the_same_with_the_configurations_run_in_reverse_order(tmp_path: pathlib.Path) -> None:
+    """Issue 33 item 7, the decision half: the same study run first to last and last to first recommends the
+    same configuration with the same confidence -- a tie included, which goes to the baseline either way."""
+    study = {**STUDY, "variants": [*STUDY["variants"], {"name": "twin", "max_num_seqs": 16}]}  # type: ignore[misc]
+    spec = spec_from_mapping(study, "t")
+    answers = []
+    for reverse in (False, True):
+        launched: list[ServerSpec] = []
+        out = tmp_path / ("reverse" if reverse else "forward")
+        run_study(spec, out, _fake_launcher(launched), _noisy_runs, progress=lambda _: None, reverse_order=reverse)
+        assert [s.name for s in launched][0] == ("twin" if reverse else "baseline")
+        analysis = analyze(ReportInputs((out,)))
+        assert [c.name for c in analysis.configs] == ["baseline", "static", "seqs2", "twin"]  # study order kept
+        answers.append((analysis.headline, analysis.recommendation.outcome, analysis.recommendation.tied,
+                        [i.answer for i in analysis.checklist]))
+    assert answers[0] == answers[1]
+    assert answers[0][1].value == "tie" and answers[0][0].startswith("baseline (tied with twin)")

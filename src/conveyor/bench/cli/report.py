@@ -26,8 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run, sweep or study directories")
     parser.add_argument("--slo", help="objective, e.g. ttft_p95_ms=500,e2e_p95_ms=5000,error_rate=0.01, or a "
                                       "JSON/TOML file (default: the study's)")
-    parser.add_argument("--price-per-gpu-hour", type=float, default=CostModel().price_per_gpu_hour,
-                        help="USD per GPU-hour for configurations the study does not price (1.0: relative)")
+    parser.add_argument("--price-per-gpu-hour", type=float,
+                        help="USD per GPU-hour for configurations the study does not price (no default: without "
+                             "a price the decision ranks by capacity per GPU)")
     parser.add_argument("--num-gpus", type=int, default=CostModel().num_gpus, help="GPUs per server")
     parser.add_argument("--main-rate", type=float, help="offered rate of the main scenario (req/s)")
     parser.add_argument("--format", choices=["terminal", "markdown", "csv"], default="terminal")
@@ -41,8 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         slo = parse_slo_flag(args.slo) if args.slo else None
-        inputs = ReportInputs(tuple(args.run_dirs), slo, CostModel(args.price_per_gpu_hour, args.num_gpus),
-                              args.main_rate, args.allow_mixed)
+        price = CostModel(args.price_per_gpu_hour, args.num_gpus, "--price-per-gpu-hour")
+        inputs = ReportInputs(tuple(args.run_dirs), slo, price, args.main_rate, args.allow_mixed)
         analysis = analyze(inputs)
     except (RunDirError, SLOError, MixedRunsError) as error:
         print(f"conveyor report: {error}", file=sys.stderr)

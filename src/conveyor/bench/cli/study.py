@@ -75,11 +75,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant", action="append", default=[], help="NAME:KEY=VALUE, one parameter (repeatable)")
     parser.add_argument("--rates", help="fixed offered rates, e.g. 0.5,1,2 (instead of a search)")
     parser.add_argument("--main-rate", type=float, help="offered rate of the main scenario")
-    parser.add_argument("--price-per-gpu-hour", type=float, help="USD per GPU-hour (default 1.0: relative)")
+    parser.add_argument("--price-per-gpu-hour", type=float, help="USD per GPU-hour (no default: without a price the decision ranks by capacity per GPU)")
     parser.add_argument("--num-gpus", type=int, help="GPUs per server")
     parser.add_argument("--planned-context-len", type=int,
                         help="context length (prompt + output tokens) the deployment plans for (checklist Q3)")
     parser.add_argument("--force", action="store_true", help="replace an existing study in --out")
+    parser.add_argument("--reverse-order", action="store_true",
+                        help="run the configurations last to first (the recommendation should not change)")
     add_sweep_arguments(parser)
     add_run_option_arguments(parser)
 
@@ -125,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
         def run_fn_factory(template: RunTemplate) -> Any:
             return counting(make_run_fn(template), reporter)
 
-        out = run_study(spec, args.out, run_fn_factory=run_fn_factory, progress=reporter)
+        out = run_study(spec, args.out, run_fn_factory=run_fn_factory, progress=reporter,
+                        reverse_order=args.reverse_order)
         reporter.close()
         analysis = analyze(ReportInputs((out,)))
     except (StudyError, SLOError, SweepError, LaunchError, RunDirError, MixedRunsError, ValueError) as error:

@@ -17,7 +17,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-from conveyor.bench.decide.decision import ConfigEval, Outcome, PointEval, Recommendation, money
+from conveyor.bench.decide.decision import ConfigEval, Outcome, PointEval, Recommendation, cost_text
 from conveyor.bench.decide.point_verdict import PointStatus
 from conveyor.bench.measure.fixed import FixedDifference
 
@@ -204,16 +204,15 @@ def reproducibility(config: ConfigEval, inputs: ChecklistInputs) -> ChecklistIte
     return ChecklistItem(question, Answer.YES, evidence + "; every fixed thing is recorded and identical")
 
 
-def provisioned_cost(config: ConfigEval, main_rate: float | None) -> tuple[float, int, float] | None:
-    """(cost per accepted response serving the main rate with whole servers, servers, unused fraction)."""
+def servers_needed(config: ConfigEval, main_rate: float | None) -> tuple[int, float, float] | None:
+    """(whole servers serving the main rate at the operating point, the fraction of their capacity left
+    unused, USD per hour for them; None without an operating point or a price)."""
     op = config.operating_point
-    if op is None or op.cost_per_accepted is None or not math.isfinite(op.offered_rate):
+    if op is None or op.cost.model.price_per_gpu_hour is None or not math.isfinite(op.offered_rate):
         return None
-    if main_rate is None or main_rate <= 0:
-        return op.cost_per_accepted, 1, 0.0
-    servers = max(1, math.ceil(main_rate / op.offered_rate - 1e-9))
-    used = main_rate / (servers * op.offered_rate)
-    return op.cost_per_accepted / used, servers, 1.0 - used
+    servers = 1 if not main_rate or main_rate <= 0 else max(1, math.ceil(main_rate / op.offered_rate - 1e-9))
+    used = 1.0 if not main_rate or main_rate <= 0 else main_rate / (servers * op.offered_rate)
+    return servers, 1.0 - used, servers * op.cost.model.num_gpus * op.cost.model.price_per_gpu_hour
 
 
 def _retries(config: ConfigEval) -> str:
@@ -226,32 +225,43 @@ def _retries(config: ConfigEval) -> str:
     return f"{retried} request(s) accepted or failed after {retries} retr{'y' if retries == 1 else 'ies'} of a 503"
 
 
+def _serving(config: ConfigEval, main_rate: float | None) -> str:
+    found = servers_needed(config, main_rate)
+    if found is None:
+        return f"{config.name} cannot serve it (no operating point)"
+    servers, unused, hourly = found
+    return f"{config.name} {servers} server(s), {unused:.0%} of their capacity unused, ${hourly:.3g}/hour"
+
+
 def cheaper(configs: list[ConfigEval], recommendation: Recommendation, main_rate: float | None) -> ChecklistItem:
+    """Compares the one cost (cost.py) the table and the headline show; the servers the main rate needs are
+    its unused capacity: a configuration that needs as many dollars per hour there saves nothing."""
     question = ("Is the cost per accepted response lower than the alternative's, after retries and the capacity "
                 "left unused?")
     best = next((c for c in configs if c.name == recommendation.recommended), None)
     others = [c for c in configs if best is None or c.name != best.name]
-    best_cost = provisioned_cost(best, main_rate) if best is not None else None
-    if best is None or best_cost is None or not others:
+    if best is None or best.cost is None or not others:
         return ChecklistItem(question, Answer.UNKNOWN, "no recommended configuration or no alternative")
+    costs = "; ".join([f"{best.name} {cost_text(best)}, {_retries(best)}"] + [f"{o.name} {cost_text(o)}"
+                                                                              for o in others if o.cost is not None])
+    if recommendation.outcome is Outcome.TIE:  # with or without prices, a tie saves nothing
+        return ChecklistItem(question, Answer.NO, costs + f" ({recommendation.confidence} a tie, not a saving)")
+    if not recommendation.priced:
+        return ChecklistItem(question, Answer.UNKNOWN, f"{costs}; not every configuration has a price "
+                             "(price_per_gpu_hour in the study, or --price-per-gpu-hour), so there is no cost to compare")
     at = f"serving {main_rate:.3g} req/s" if main_rate else "at the operating point (no main rate given)"
-    lines = [f"{best.name} {money(best_cost[0])} {at} with {best_cost[1]} server(s), "
-             f"{best_cost[2]:.0%} of their capacity unused; {_retries(best)}"]
-    cheapest = True
-    for other in others:
-        cost = provisioned_cost(other, main_rate)
-        if cost is None:
-            lines.append(f"{other.name} cannot serve it (no operating point)")
-            continue
-        cheapest = cheapest and cost[0] > best_cost[0] * (1.0 + 1e-9)
-        lines.append(f"{other.name} {money(cost[0])} with {cost[1]} server(s), {cost[2]:.0%} unused")
-    evidence = "; ".join(lines)
+    evidence = f"{costs}; {at}: " + "; ".join(_serving(c, main_rate) for c in [best, *others])
+    best_cost, best_hourly = best.cost_per_accepted or 0.0, (servers_needed(best, main_rate) or (0, 0.0, 0.0))[2]
+    rivals = [(o.cost_per_accepted, servers_needed(o, main_rate)) for o in others if o.cost_per_accepted is not None]
+    cheapest = all(cost > best_cost * (1.0 + 1e-9) for cost, _ in rivals if cost is not None)
+    # without a main rate there are no servers to provision: the cost per accepted response alone decides
+    saving = not main_rate or all(found[2] > best_hourly * (1.0 + 1e-9) for _, found in rivals if found is not None)
     if not cheapest:
+        evidence += "; an alternative costs as little per accepted response"
+    if not saving:
         evidence += (f"; no saving at the main rate: an alternative serves it for as little ({best.name}'s extra "
                      "capacity is headroom, not a lower cost)")
-    if recommendation.outcome is Outcome.TIE:
-        return ChecklistItem(question, Answer.NO, evidence + f" ({recommendation.confidence} a tie, not a saving)")
-    return ChecklistItem(question, Answer.YES if cheapest else Answer.NO, evidence)
+    return ChecklistItem(question, Answer.YES if cheapest and saving else Answer.NO, evidence)
 
 
 def answer_checklist(configs: list[ConfigEval], recommendation: Recommendation,

@@ -3,8 +3,9 @@
 The model: invalid runs (validity.py) are set aside: they are evidence of nothing. The valid repeats'
 requests are pooled and every measurement the objective names gets one interval over requests and
 repeats (run_stats.pooled_intervals; the server's queue-time buckets are summed over repeats first).
-The point is met when every bound's interval lies under it, missed when one lies above, undecided
-when one straddles its bound, invalid when no repeat is valid. Runs recorded without requests.jsonl
+The point is met when every bound's interval lies under it and the server sustained the offered rate
+(sustained.py: capacity is measured, not inferred), missed when one lies above, undecided when one
+straddles its bound or the rate was not sustained, invalid when no repeat is valid. Runs recorded without requests.jsonl
 fall back to their summary's values: one run's own interval, or the values bootstrapped over repeats.
 """
 
@@ -24,6 +25,7 @@ from conveyor.bench.decide.slo import (
     summary_interval,
     summary_value,
 )
+from conveyor.bench.decide.sustained import not_sustained
 from conveyor.bench.measure.intervals import Interval, IntervalConfig, across_repeats, bucket_quantile
 from conveyor.bench.measure.run_stats import AcceptFn, RequestSample, pooled_intervals
 from conveyor.bench.measure.rundirs import RunResult
@@ -138,4 +140,6 @@ def point_verdict(runs: Sequence[RunResult], slo: SLO, cfg: IntervalConfig,
             measured = interval.estimate if interval is not None else None
         checks.append(check_bound(name, float(bound), measured, interval))
     verdict = SLOVerdict(tuple(checks))
+    if verdict.passed:
+        verdict = SLOVerdict(tuple(checks), not_sustained(valid, intervals))
     return PointStatus(verdict.status.value) if verdict.status is not BoundStatus.MET else PointStatus.MET, verdict

@@ -131,6 +131,9 @@ class SLOVerdict:
 
     checks: tuple[BoundCheck, ...]
     """One entry per aggregate bound that is set."""
+    not_sustained: str | None = None
+    """Why the point's server did not show it sustained the offered rate (sustained.py; None: it did).
+    Bounds met at a rate the server did not sustain are not capacity, so the verdict is then undecided."""
 
     @property
     def status(self) -> BoundStatus:
@@ -138,7 +141,7 @@ class SLOVerdict:
         for status in (BoundStatus.MISSED, BoundStatus.NO_DATA, BoundStatus.UNDECIDED):
             if status in statuses:
                 return status
-        return BoundStatus.MET
+        return BoundStatus.UNDECIDED if self.not_sustained else BoundStatus.MET
 
     @property
     def passed(self) -> bool:
@@ -153,9 +156,8 @@ class SLOVerdict:
         return tuple(c for c in self.checks if c.status is not BoundStatus.MET)
 
     def describe(self) -> str:
-        if not self.checks:
-            return "no aggregate bound set"
-        return "; ".join(c.describe() for c in self.checks)
+        text = "; ".join(c.describe() for c in self.checks) if self.checks else "no aggregate bound set"
+        return text + (f"; {self.not_sustained}" if self.not_sustained else "")
 
 
 SUMMARY_KEYS = {"ttft_p95_ms": "p95_ttft_ms", "itl_p95_ms": "p95_itl_ms", "e2e_p95_ms": "p95_e2el_ms",

@@ -42,8 +42,8 @@ class Variant:
     """Engine flags (baseline merged with the one changed parameter)."""
     changed: str | None
     """The parameter this variant changes (None: the baseline)."""
-    price_per_gpu_hour: float
-    """USD per GPU-hour for the cost per accepted response."""
+    price_per_gpu_hour: float | None
+    """USD per GPU-hour for the cost per accepted response (None: no price given; none is built in)."""
     num_gpus: int
     """GPUs per server."""
     trace_path: str | None = None
@@ -87,7 +87,8 @@ class StudySpec:
 
 def _variants(data: dict[str, Any]) -> tuple[Variant, ...]:
     baseline = dict(data.get("baseline") or {})
-    price, num_gpus = float(data.get("price_per_gpu_hour", 1.0)), int(data.get("num_gpus", 1))
+    given = data.get("price_per_gpu_hour")  # no built-in price: a made-up one would rank by a made-up cost
+    price, num_gpus = None if given is None else float(given), int(data.get("num_gpus", 1))
     out = [Variant(str(data.get("baseline_name", "baseline")), baseline, None, price, num_gpus)]
     for i, raw in enumerate(data.get("variants") or []):
         raw = dict(raw)
@@ -100,7 +101,8 @@ def _variants(data: dict[str, Any]) -> tuple[Variant, ...]:
         if baseline.get(key) == value:
             raise StudyError(f"variants[{i}] ({name}) sets {key}={value!r}, the baseline's own value")
         args, trace = ({**baseline}, str(value)) if key == "trace" else ({**baseline, key: value}, None)
-        out.append(Variant(name, args, key, float(own_cost.get("price_per_gpu_hour", price)),
+        own_price = own_cost.get("price_per_gpu_hour", price)
+        out.append(Variant(name, args, key, None if own_price is None else float(own_price),
                            int(own_cost.get("num_gpus", num_gpus)), trace, bool(own_cost)))
     names = [v.name for v in out]
     if len(set(names)) != len(names):
@@ -188,12 +190,16 @@ def server_spec(spec: StudySpec, variant: Variant) -> ServerSpec:
 
 
 def run_study(spec: StudySpec, out_dir: pathlib.Path, launcher: Launcher = launch_server,
-              run_fn_factory: RunFnFactory = make_run_fn, progress: Callable[[str], None] = print) -> pathlib.Path:
-    """Launch, sweep and stop every configuration in turn; returns `out_dir`."""
+              run_fn_factory: RunFnFactory = make_run_fn, progress: Callable[[str], None] = print,
+              reverse_order: bool = False) -> pathlib.Path:
+    """Launch, sweep and stop every configuration in turn (last to first with `reverse_order`: a check that
+    the recommendation does not depend on run order; study.json keeps the study order, the baseline first,
+    which breaks ties); returns `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     record = study_record(spec)
     (out_dir / STUDY_FILE).write_text(json.dumps(record, indent=2))
-    for index, variant in enumerate(spec.variants, start=1):
+    ordered = spec.variants[::-1] if reverse_order else spec.variants
+    for index, variant in enumerate(ordered, start=1):
         progress(f"[study] configuration {index}/{len(spec.variants)}: {variant.name} "
                  f"({variant.changed or 'baseline'})")
         config_dir = out_dir / variant.name

@@ -22,12 +22,12 @@ from conveyor.bench.decide.decision import (
     CostModel,
     DecisionInputs,
     Recommendation,
+    cost_text,
     evaluate_configs,
-    money,
-    recommend,
 )
-from conveyor.bench.decide.decision_checklist import ChecklistInputs, ChecklistItem, answer_checklist
+from conveyor.bench.decide.decision_checklist import ChecklistInputs, ChecklistItem
 from conveyor.bench.decide.diagnose import Finding, diagnose
+from conveyor.bench.decide.headline import decide
 from conveyor.bench.decide.point_verdict import PointStatus
 from conveyor.bench.decide.slo import SLO, SLOVerdict, describe_objective, slo_from_mapping
 from conveyor.bench.measure.fixed import FixedDifference, FixedRecord, differences, unknown_keys
@@ -56,7 +56,7 @@ class ReportInputs:
     slo: SLO | None = None
     """Objective (None: the study's, else none)."""
     default_cost: CostModel = CostModel()
-    """Price of configurations the study does not price."""
+    """Price of configurations the study does not price (none by default: no price is built in)."""
     main_rate: float | None = None
     """Main-scenario rate (None: the study's, else the lowest measured)."""
     allow_mixed: bool = False
@@ -87,15 +87,23 @@ class Analysis:
     """Fixed things that differ (only with allow_mixed)."""
     fixed_unknown: list[str] = field(default_factory=list)
     """Fixed things some run did not record."""
+    headline: str = ""
+    """The recommendation in one line: configuration, capacity, cost, confidence (decide/headline.py)."""
 
     def runs(self) -> list[RunResult]:
         return [r for pts in self.points.values() for p in pts for r in p.runs]
 
 
 def _costs(study: StudyFile, default: CostModel) -> dict[str, CostModel]:
-    return {name: CostModel(default.price_per_gpu_hour if c.price_per_gpu_hour is None else c.price_per_gpu_hour,
-                            default.num_gpus if c.num_gpus is None else c.num_gpus)
-            for name, c in study.configs.items()}
+    """Each configuration's price: its own in study.json, else the default (a flag, or none), saying which."""
+    out = {}
+    for name, c in study.configs.items():
+        gpus = default.num_gpus if c.num_gpus is None else c.num_gpus
+        if c.price_per_gpu_hour is None:
+            out[name] = CostModel(default.price_per_gpu_hour, gpus, default.price_source)
+        else:
+            out[name] = CostModel(c.price_per_gpu_hour, gpus, "study.json")
+    return out
 
 
 def check_fixed(runs: list[RunResult], study: StudyFile,
@@ -123,10 +131,9 @@ def analyze(inputs: ReportInputs) -> Analysis:
     decision = DecisionInputs(slo=slo, default_cost=inputs.default_cost,
                               costs=_costs(study, inputs.default_cost), main_rate=main_rate)
     configs = evaluate_configs(points, decision)
-    recommendation = recommend(configs)
-    checklist_inputs = ChecklistInputs(main_rate, study.planned_context_len, mixed, unknown)
-    return Analysis(slo, points, configs, recommendation, answer_checklist(configs, recommendation, checklist_inputs),
-                    diagnose(points), study, main_rate, mixed, unknown)
+    decided = decide(configs, ChecklistInputs(main_rate, study.planned_context_len, mixed, unknown))
+    return Analysis(slo, points, configs, decided.recommendation, list(decided.checklist), diagnose(points), study,
+                    main_rate, mixed, unknown, decided.headline)
 
 
 def objective_cell(run: RunResult, verdict: SLOVerdict) -> str:
@@ -180,7 +187,7 @@ def config_rows(analysis: Analysis) -> list[list[str]]:
         elif config.name in analysis.recommendation.tied:
             mark = "tied"
         rows.append([config.name, str(changed), fmt_rate(config.max_rate_meeting), config.capacity.describe(),
-                     money(config.cost_per_accepted), mark])
+                     cost_text(config), mark])
     return rows
 
 
@@ -256,7 +263,7 @@ def decision_lines(analysis: Analysis) -> list[str]:
     lines = [f"Objective: {describe_objective(analysis.slo)}",
              f"Intervals: {IntervalConfig().confidence:.0%} confidence (bootstrap over requests and repeats).",
              *fixed_lines(analysis), *cache_lines(analysis),
-             f"Recommendation ({rec.outcome.value}): {rec.explanation}",
+             f"Recommendation: {analysis.headline}", "Because:", *(f"- {r}" for r in rec.reasons),
              f"Confidence: {rec.confidence}", "", "Checklist:"]
     lines.extend(f"- [{i.answer.value}] {i.question} {i.evidence}" for i in analysis.checklist)
     lines.extend(["", "Diagnosis (valid runs only):"])
@@ -276,8 +283,9 @@ def format_terminal(analysis: Analysis) -> str:
 
 def format_markdown(analysis: Analysis) -> str:
     rec = analysis.recommendation
-    return "\n".join(["# Conveyor report", "", "## Recommendation", "", rec.explanation, "",
-                      f"Confidence: {rec.confidence}", "", "## Configurations", "",
+    return "\n".join(["# Conveyor report", "", "## Recommendation", "", f"**{analysis.headline}**", "",
+                      *(f"- {r}" for r in rec.reasons), "", f"Confidence: {rec.confidence}", "",
+                      "## Configurations", "",
                       format_markdown_table(CONFIG_COLUMNS, config_rows(analysis)), "", "## Points", "",
                       format_markdown_table(POINT_COLUMNS, point_rows(analysis)), "", "## Dashboard", "",
                       format_markdown_table(DASHBOARD_COLUMNS, dashboard_rows(analysis)), "",

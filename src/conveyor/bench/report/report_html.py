@@ -94,9 +94,9 @@ def _section(section_id: str, title: str, body: str) -> str:
 
 def _recommendation(analysis: Analysis) -> str:
     rec = analysis.recommendation
-    return (f'<div class="rec {rec.outcome.value}"><p><b>{html.escape(rec.recommended or "No configuration")}</b> '
-            f"({html.escape(rec.outcome.value.replace('_', ' '))}). {html.escape(rec.explanation)}</p>"
-            f"<p><b>Confidence:</b> {html.escape(rec.confidence)}</p></div>"
+    reasons = "".join(f"<li>{html.escape(r)}</li>" for r in rec.reasons)
+    return (f'<div class="rec {rec.outcome.value}"><p><b>{html.escape(analysis.headline)}</b></p>'
+            f"<ul>{reasons}</ul><p><b>Confidence:</b> {html.escape(rec.confidence)}</p></div>"
             f"<p><b>Objective:</b> {html.escape(describe_objective(analysis.slo))}</p>"
             '<p class="note">Every number comes with its 95% confidence interval [low, high] (bootstrap over '
             "requests and repeats; error rates: Clopper-Pearson). A bound is met when the whole interval is "
