@@ -113,7 +113,7 @@ def test_demo_recommendation_survives_reversed_run_order(tmp_path: pathlib.Path,
         name = template.label
         ttft = {"continuous": 200.0, "static": 2500.0, "budget64": 260.0}[name]
 
-        def run(rate: float, repeat: int, run_dir: pathlib.Path):  # type: ignore[no-untyped-def]
+        def run(rate: float, repeat: int, run_dir: pathlib.Path, num_requests: int | None = None):  # type: ignore[no-untyped-def]
             noise = random.Random(f"{name}/{rate}/{repeat}").uniform(0.9, 1.1)
             over = rate > 2.0  # 3 C: a backlog, so the latencies blow up
             summary = {"label": f"{name}@{rate:g}#{repeat}", "request_rate": rate, "num_prompts": 40,

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from conveyor.bench.cli.sweep import counting
 from conveyor.bench.decide.slo import SLO
 from conveyor.bench.decide.study import StudySpec, Variant, server_spec, study_record
-from conveyor.bench.decide.sweep import PointProgress, RunTemplate, SweepConfig, Sweeper, make_run_fn
+from conveyor.bench.decide.run_fn import RunTemplate, make_run_fn
+from conveyor.bench.decide.sweep import PointProgress, SweepConfig, Sweeper
 from conveyor.bench.load.launch import LaunchError, ServerProcess
 from conveyor.bench.load.progress import ProgressReporter
 from conveyor.bench.measure.rundirs import STUDY_FILE, RunDirError, prepare_out_dir

@@ -10,7 +10,7 @@ import pytest
 from test_study import STUDY, _fake_launcher
 
 from conveyor.bench.decide.study import run_study, spec_from_mapping
-from conveyor.bench.decide.sweep import RunTemplate
+from conveyor.bench.decide.run_fn import RunTemplate
 from conveyor.bench.jsonvalue import Fields
 from conveyor.bench.load.launch import ServerSpec, render_args, render_command
 from conveyor.bench.measure.prom_text import Snapshot
@@ -67,7 +67,7 @@ def _fake_spec_runs(template: RunTemplate):
     """Speculation raises capacity (ngram most, on this copy-heavy fake traffic) and reports acceptance."""
     capacity, accepted = {"baseline": 2.2, "ngram": 10.0, "draft": 5.0}[template.label], {"ngram": 0.6, "draft": 0.3}
 
-    def run(rate: float, repeat: int, run_dir: pathlib.Path) -> RunSummary:
+    def run(rate: float, repeat: int, run_dir: pathlib.Path, num_requests: int | None = None) -> RunSummary:
         server: dict = {"num_requests_waiting_max": 0.0}
         if template.label in accepted:
             server.update(spec_decode_num_drafts=100.0, spec_decode_num_draft_tokens=300.0,

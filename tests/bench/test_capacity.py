@@ -74,7 +74,7 @@ class Unsustained:
     def __init__(self) -> None:
         self.calls: list[tuple[float, int]] = []
 
-    def __call__(self, rate: float, repeat: int, run_dir: pathlib.Path) -> RunSummary:
+    def __call__(self, rate: float, repeat: int, run_dir: pathlib.Path, num_requests: int | None = None) -> RunSummary:
         self.calls.append((rate, repeat))
         done = min(rate, 3.0)
         return write_run(run_dir, rate, completed=(done, 0.9 * done, 1.1 * done))

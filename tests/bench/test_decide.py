@@ -98,7 +98,7 @@ class FlakyClient:
         self.calls: list[tuple[float, int]] = []
         self.undecided_at, self.always_invalid = undecided_at, always_invalid
 
-    def __call__(self, rate: float, repeat: int, run_dir: pathlib.Path) -> RunSummary:
+    def __call__(self, rate: float, repeat: int, run_dir: pathlib.Path, num_requests: int | None = None) -> RunSummary:
         self.calls.append((rate, repeat))
         first = self.calls.count((rate, repeat)) == 1
         invalid = self.always_invalid or (repeat == 0 and first)

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from conveyor.bench.cli import study as cli_study
+from conveyor.bench.decide.run_fn import RunTemplate
 from conveyor.bench.decide.study import StudyError, run_study, spec_from_mapping
-from conveyor.bench.decide.sweep import RunTemplate
 from conveyor.bench.load.launch import ServerSpec
 from conveyor.bench.measure.summary import RunSummary, summary_from_json
 from conveyor.bench.report.dashboard import ReportInputs, analyze
@@ -38,7 +38,7 @@ def _fake_launcher(launched: list[ServerSpec]):
 def _fake_runs(template: RunTemplate):
     capacity = {"baseline": 8.0, "static": 3.0, "seqs2": 1.5}[template.label]
 
-    def run(rate: float, repeat: int, run_dir: pathlib.Path) -> RunSummary:
+    def run(rate: float, repeat: int, run_dir: pathlib.Path, num_requests: int | None = None) -> RunSummary:
         e2e = 500.0 / (1 - rate / capacity) if rate < capacity else 60_000.0
         summary = {"label": f"{template.label}@{rate}#{repeat}", "request_rate": rate, "duration": 10.0,
                    "num_prompts": int(10 * rate), "completed": int(10 * min(rate, capacity)),
@@ -110,7 +110,7 @@ def _noisy_runs(template: RunTemplate):
 
     capacity = {"baseline": 8.0, "static": 3.0, "seqs2": 1.5, "twin": 8.0}[template.label]
 
-    def run(rate: float, repeat: int, run_dir: pathlib.Path) -> RunSummary:
+    def run(rate: float, repeat: int, run_dir: pathlib.Path, num_requests: int | None = None) -> RunSummary:
         noise = random.Random(f"{template.label}/{rate}/{repeat}").uniform(0.95, 1.05)
         e2e = noise * 500.0 / (1 - rate / capacity) if rate < capacity else 60_000.0
         summary = {"label": f"{template.label}@{rate}#{repeat}", "request_rate": rate, "duration": 10.0,

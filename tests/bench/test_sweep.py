@@ -21,7 +21,7 @@ class FakeServer:
     def __init__(self, capacity: float, noise: float = 0.0) -> None:
         self.capacity, self.noise, self.calls = capacity, noise, []
 
-    def __call__(self, rate: float, repeat: int, run_dir: pathlib.Path) -> RunSummary:
+    def __call__(self, rate: float, repeat: int, run_dir: pathlib.Path, num_requests: int | None = None) -> RunSummary:
         self.calls.append((round(rate, 4), repeat))
         load = rate / self.capacity
         e2e = 500.0 / max(1e-3, 1.0 - load) if load < 1 else 50_000.0
@@ -124,7 +124,7 @@ def test_concurrency_sweep_searches_whole_levels_and_sets_the_cap(tmp_path: path
 
     levels: list[float] = []
 
-    def run(level: float, repeat: int, run_dir: pathlib.Path) -> RunSummary:
+    def run(level: float, repeat: int, run_dir: pathlib.Path, num_requests: int | None = None) -> RunSummary:
         levels.append(level)
         run_dir.mkdir(parents=True, exist_ok=True)
         ttft = 100.0 * level  # passes up to 5 concurrent requests

@@ -25,7 +25,8 @@ from conveyor.bench.cli.sweep import (
 )
 from conveyor.bench.decide.slo import SLOError, parse_slo_flag
 from conveyor.bench.decide.study import StudyError, run_study, spec_from_mapping
-from conveyor.bench.decide.sweep import RunTemplate, SweepError, make_run_fn
+from conveyor.bench.decide.run_fn import RunTemplate, make_run_fn
+from conveyor.bench.decide.sweep import SweepError
 from conveyor.bench.load.launch import LaunchError
 from conveyor.bench.load.progress import ProgressReporter
 from conveyor.bench.measure.rundirs import RunDirError, prepare_out_dir

@@ -14,15 +14,8 @@ from typing import Any
 
 from conveyor.bench.cli.run import add_window_arguments, parse_rate
 from conveyor.bench.decide.slo import SLOError, parse_slo_flag
-from conveyor.bench.decide.sweep import (
-    RunFn,
-    RunTemplate,
-    SweepConfig,
-    SweepError,
-    SweepResult,
-    make_run_fn,
-    run_sweep,
-)
+from conveyor.bench.decide.run_fn import RunFn, RunTemplate, make_run_fn
+from conveyor.bench.decide.sweep import SweepConfig, SweepError, SweepResult, run_sweep
 from conveyor.bench.decide.sweep_axis import SweepAxis
 from conveyor.bench.load.launch import LaunchError, ServerProcess, ServerSpec
 from conveyor.bench.load.progress import ProgressReporter
@@ -75,8 +68,8 @@ def run_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def counting(run_fn: RunFn, reporter: ProgressReporter) -> RunFn:
     """`run_fn`, advancing the progress bar after each run."""
 
-    def run(rate: float, repeat: int, run_dir: pathlib.Path) -> RunSummary:
-        summary = run_fn(rate, repeat, run_dir)
+    def run(rate: float, repeat: int, run_dir: pathlib.Path, num_requests: int | None) -> RunSummary:
+        summary = run_fn(rate, repeat, run_dir, num_requests)
         state = "INVALID" if not summary.valid else f"{summary.completed} completed"
         reporter.run_done(f"{run_dir.parent.name}/{run_dir.name} ({state})")
         return summary
@@ -103,11 +96,16 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
                        help="most run seconds spent on one rate, its repeats together (default: no limit)")
     group.add_argument("--max-invalid-reruns", type=int,
                        help="times an invalid run (client fell behind) is run again (default 2)")
+    group.add_argument("--lengthen-factor", type=float,
+                       help="a repeat after one whose rate was not shown sustained sends this many times its "
+                            "requests (default 2; 1: never lengthen)")
+    group.add_argument("--max-requests", type=int,
+                       help="never lengthen a run past this many requests (default: the trace's length)")
 
 
 def sweep_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("start_rate", "growth_factor", "max_rate", "max_points", "bisect_steps", "num_repeats", "max_repeats",
-            "max_duration_s", "max_invalid_reruns")
+            "max_duration_s", "max_invalid_reruns", "lengthen_factor", "max_requests")
     options: dict[str, Any] = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     if getattr(args, "over", SweepAxis.RATE.value) == SweepAxis.CONCURRENCY.value:  # bench sweep only
         options.update(axis=SweepAxis.CONCURRENCY, start_rate=float(args.start_concurrency or 1))

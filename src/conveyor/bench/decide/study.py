@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ContextManager
 
 from conveyor.bench.decide.slo import SLO, slo_from_mapping
-from conveyor.bench.decide.sweep import RunFn, RunTemplate, SweepConfig, Sweeper, SweepResult, make_run_fn
+from conveyor.bench.decide.run_fn import RunFn, RunTemplate, make_run_fn
+from conveyor.bench.decide.sweep import SweepConfig, Sweeper, SweepResult
 from conveyor.bench.load.launch import ServerProcess, ServerSpec
 from conveyor.bench.measure.rundirs import STUDY_FILE
 from conveyor.bench.table_file import read_table_file

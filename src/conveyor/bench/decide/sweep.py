@@ -6,7 +6,8 @@ factor until one is met. The boundary between the last met and the first not-met
 `bisect_steps` times at the geometric midpoint. Each point is judged on its valid repeats pooled
 (point_verdict.py: met / missed / undecided). A point runs `num_repeats` repeats, then more, one at a
 time (arrival seed `seed + k`), while it is undecided and neither `max_repeats` nor `max_duration_s` (run
-seconds spent on the point) is spent; it ends undecided if the budget runs out. An invalid run (the
+seconds spent on the point) is spent; it ends undecided if the budget runs out. A repeat after one whose rate
+was not shown sustained sends `lengthen_factor` times as many requests (lengthen.py). An invalid run (the
 client fell behind, saturated its CPU, or hit client-side errors) is moved aside as
 `rate-<r>-rep<k>-invalid<i>` and run again, up to `max_invalid_reruns` times: it counts neither way; a
 point with no valid repeat is invalid and stops the upward search (the client cannot measure there).
@@ -15,7 +16,7 @@ once; or completed req/s below `runaway_completion_ratio` × offered over a disp
 the median latency) makes its point missed at once: further repeats and higher rates are skipped, since
 they would only pile up a queue that never drains. The same search runs over a closed loop's concurrency
 instead of the rate (sweep_axis.py: how the values step there). The run function is injected, so the search is tested
-without a server; `make_run_fn` wires it to `conveyor.bench.measure.runner.run_benchmark`.
+without a server (run_fn.py wires it to `conveyor.bench.measure.runner.run_benchmark`).
 """
 
 from __future__ import annotations
@@ -26,18 +27,15 @@ import os
 import pathlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
+from conveyor.bench.decide.lengthen import Lengthening, next_length, requests_sent
 from conveyor.bench.decide.point_verdict import PointStatus, point_verdict
+from conveyor.bench.decide.run_fn import RunFn
 from conveyor.bench.decide.slo import SLO
 from conveyor.bench.decide.sweep_axis import SweepAxis, axis_unit, first_value, midpoint, next_value, run_dir_name
 from conveyor.bench.measure.intervals import IntervalConfig
 from conveyor.bench.measure.rundirs import SPREAD_METRICS, SWEEP_FILE, RunResult
 from conveyor.bench.measure.summary import RunSummary
-
-RunFn = Callable[[float, int, pathlib.Path], RunSummary]
-"""(offered rate, repeat index, run directory) -> the run's summary; must write the run directory."""
-
 
 _MIN_PROMPTS_FOR_QUEUE_RULE = 20
 """Below this many requests a queue holding half of them is a burst, not a backlog."""
@@ -77,6 +75,10 @@ class SweepConfig:
     """Completed req/s below this fraction of the offered rate stops the sweep at once."""
     axis: SweepAxis = SweepAxis.RATE
     """rate, or concurrency (then start_rate / max_rate are concurrency levels)."""
+    lengthen_factor: float = 2.0
+    """A repeat after one whose rate was not shown sustained sends this many times its requests (1: never)."""
+    max_requests: int | None = None
+    """Never lengthen a run past this many requests (None: up to the trace's length)."""
 
     def __post_init__(self) -> None:
         if self.start_rate <= 0:
@@ -89,6 +91,10 @@ class SweepConfig:
             raise SweepError(f"--max-repeats ({self.max_repeats}) must be >= --repeats ({self.num_repeats})")
         if self.max_invalid_reruns < 0 or (self.max_duration_s is not None and self.max_duration_s <= 0):
             raise SweepError("--max-invalid-reruns must be >= 0 and --max-duration > 0")
+        if not self.lengthen_factor >= 1:
+            raise SweepError(f"--lengthen-factor must be >= 1 (got {self.lengthen_factor}; 1 never lengthens)")
+        if self.max_requests is not None and self.max_requests < 1:
+            raise SweepError(f"--max-requests must be >= 1 (got {self.max_requests})")
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,8 @@ class SweepPoint:
     """metric -> {median, low, high} over valid repeats."""
     invalid_dirs: list[str] = field(default_factory=list)
     """Invalid runs moved aside (shown greyed in the report, never counted)."""
+    num_requests: list[int] = field(default_factory=list)
+    """Requests each valid repeat sent, in run_dirs' order (a lengthened repeat sends more)."""
 
     @property
     def passed(self) -> bool:
@@ -204,6 +212,10 @@ class PointProgress:
     """The bound checks, in words."""
     runaway: str | None = None
     """Why a repeat showed runaway overload (None: none did)."""
+    length: Lengthening = Lengthening(None)
+    """What the next repeat sends."""
+    sent: list[int] = field(default_factory=list)
+    """Requests each valid repeat sent."""
 
 
 class Sweeper:
@@ -217,12 +229,13 @@ class Sweeper:
         self.server_versions: set[str] = set()
         self.intervals = IntervalConfig()
 
-    def run_repeat(self, rate: float, repeat: int) -> tuple[pathlib.Path, RunSummary, list[str]]:
+    def run_repeat(self, rate: float, repeat: int,
+                   num_requests: int | None = None) -> tuple[pathlib.Path, RunSummary, list[str]]:
         """One repeat, re-run while invalid (up to max_invalid_reruns); returns (dir, summary, invalid dirs)."""
         run_dir = self.out_dir / run_dir_name(self.cfg.axis, rate, repeat)
         invalid: list[str] = []
         while True:
-            summary = self.run_fn(rate, repeat, run_dir)
+            summary = self.run_fn(rate, repeat, run_dir, num_requests)
             self.server_versions.add(_server_version(run_dir))
             if summary.valid or len(invalid) >= self.cfg.max_invalid_reruns:
                 return run_dir, summary, invalid
@@ -245,7 +258,7 @@ class Sweeper:
 
     def add_repeat(self, state: PointProgress) -> None:
         """Run the point's next repeat and judge the point again on all its valid repeats."""
-        run_dir, summary, invalid = self.run_repeat(state.rate, state.repeats)
+        run_dir, summary, invalid = self.run_repeat(state.rate, state.repeats, state.length.num_requests)
         state.repeats += 1
         state.invalid_dirs.extend(invalid)
         state.spent_s += summary.duration
@@ -254,19 +267,31 @@ class Sweeper:
             return
         state.summaries.append(summary)
         state.dirs.append(run_dir.name)
+        state.sent.append(requests_sent(summary))
         state.results.append(RunResult(run_dir, self.name, summary))  # requests.jsonl is read from run_dir
         state.status, verdict = point_verdict(state.results, self.cfg.slo, self.intervals)
-        state.description = verdict.describe()
         state.runaway = runaway_reason(summary, state.rate, self.cfg)
         if state.runaway is not None:
             state.status = PointStatus.MISSED
+        self.lengthen(state, summary, verdict.not_sustained if state.runaway is None else None)
+        # why a longer run did not happen matters only while the point stays undecided
+        undecided = state.status is PointStatus.UNDECIDED and state.length.note is not None
+        state.description = verdict.describe() + (f"; {state.length.note}" if undecided else "")
+
+    def lengthen(self, state: PointProgress, summary: RunSummary, not_sustained: str | None) -> None:
+        """Set the next repeat's length: longer when the rate was not shown sustained (lengthen.py)."""
+        before = state.length
+        state.length = next_length(before, summary, not_sustained, self.cfg.lengthen_factor, self.cfg.max_requests)
+        if state.length.num_requests != before.num_requests and state.length.note is None:
+            self.progress(f"[sweep {self.name}] {state.rate:.4g} {axis_unit(self.cfg.axis)}: rate not shown "
+                          f"sustained; a further repeat sends {state.length.num_requests} requests")
 
     def finish_point(self, state: PointProgress) -> SweepPoint:
         """Record the point (sweep.json is rewritten) and report its verdict."""
         failures = [] if state.status is PointStatus.MET else (
             [state.runaway] if state.runaway else []) + [state.description]
         point = SweepPoint(state.rate, state.status.value, state.runaway is not None, state.dirs, failures,
-                           _spread(state.summaries), state.invalid_dirs)
+                           _spread(state.summaries), state.invalid_dirs, state.sent)
         self.points.append(point)
         self.summaries.extend(state.summaries)
         invalid = f", {len(state.invalid_dirs)} invalid" if state.invalid_dirs else ""
@@ -337,41 +362,3 @@ def run_sweep(name: str, cfg: SweepConfig, run_fn: RunFn, out_dir: pathlib.Path,
               progress: Callable[[str], None] = print) -> SweepResult:
     """Search the rate boundary of one configuration; see the module docstring."""
     return Sweeper(name, cfg, run_fn, out_dir, progress).run()
-
-
-@dataclass(frozen=True)
-class RunTemplate:
-    """What stays fixed across a sweep's runs (everything of BenchRunConfig but the rate)."""
-
-    base_url: str
-    """Server URL, e.g. http://127.0.0.1:8000."""
-    trace_path: str
-    """The trace every run replays."""
-    label: str
-    """Configuration name; runs are labelled `<label>@<rate>#<repeat>`."""
-    slo: SLO | None = None
-    """Passed to the run for goodput."""
-    options: dict[str, Any] = field(default_factory=dict)
-    """Further BenchRunConfig fields (seed, num_requests, endpoint, model, burstiness, ...)."""
-    axis: SweepAxis = SweepAxis.RATE
-    """What the swept value sets: request_rate, or max_concurrency (a closed loop unless options give a rate)."""
-
-
-def make_run_fn(template: RunTemplate) -> RunFn:
-    """A RunFn over `conveyor.bench.measure.runner.run_benchmark`; repeat k uses arrival seed `seed + k`."""
-
-    def run(rate: float, repeat: int, run_dir: pathlib.Path) -> RunSummary:
-        from conveyor.bench.measure import runner  # the bench engineer's module; imported only when running
-
-        options = dict(template.options)
-        seed = int(options.pop("seed", 0)) + repeat
-        if template.axis is SweepAxis.CONCURRENCY:
-            options["max_concurrency"], label = int(rate), f"{template.label}@c{rate:g}#{repeat}"
-        else:
-            options["request_rate"], label = rate, f"{template.label}@{rate:.4g}#{repeat}"
-        cfg = runner.BenchRunConfig(
-            base_url=template.base_url, trace_path=template.trace_path, out_dir=str(run_dir), label=label,
-            seed=seed, slo=template.slo, **options)
-        return runner.run_benchmark(cfg)
-
-    return run
