@@ -47,17 +47,19 @@ class Server:
         return summary_from_json(summary, run_dir.name, "test")  # type: ignore[arg-type]
 
 
-def _point(tmp_path: pathlib.Path, server: Server, rate: float, **kw: object) -> dict[str, object]:
+def _point(tmp_path: pathlib.Path, server: Server, rate: float, lines: list[str] | None = None,
+           **kw: object) -> dict[str, object]:
     cfg = SweepConfig(**({"slo": SLO_TTFT, "num_repeats": 1} | kw))  # type: ignore[arg-type]
-    sweeper = Sweeper("s", cfg, server, tmp_path, progress=lambda _: None)
+    sweeper = Sweeper("s", cfg, server, tmp_path, progress=(lines if lines is not None else []).append)
     sweeper.run_point(rate)
     point: dict[str, object] = json.loads((tmp_path / "sweep.json").read_text())["points"][0]
     return point
 
 
 def test_an_unsustained_point_gets_longer_repeats(tmp_path: pathlib.Path) -> None:
-    server = Server(capacity=3.0)
-    point = _point(tmp_path, server, 4.0, max_repeats=3)
+    server, lines = Server(capacity=3.0), []
+    point = _point(tmp_path, server, 4.0, lines, max_repeats=3)
+    assert "4 req/s: rate not shown sustained; a further repeat sends 200 requests" in "\n".join(lines)
     assert point["status"] == "undecided" and "not sustained" in str(point["failures"])
     assert server.asked == [None, 200, 400]  # each repeat twice the last one's requests
     assert point["num_requests"] == [100, 200, 400]  # sweep.json records each repeat's length
@@ -85,8 +87,9 @@ def test_max_requests_caps_the_length(tmp_path: pathlib.Path) -> None:
 
 
 def test_a_short_trace_says_it_cannot_lengthen(tmp_path: pathlib.Path) -> None:
-    server = Server(capacity=3.0, trace_len=150)
-    point = _point(tmp_path, server, 4.0, max_repeats=4)
+    server, lines = Server(capacity=3.0, trace_len=150), []
+    point = _point(tmp_path, server, 4.0, lines, max_repeats=4)
+    assert sum("sustained; cannot lengthen" in line for line in lines) == 1  # said once, when it happens
     assert server.asked == [None, 200, 150, 150]  # no longer run exists: the point says so instead
     assert point["num_requests"] == [100, 150, 150, 150]
     assert "cannot lengthen past the trace's 150 requests" in str(point["failures"])

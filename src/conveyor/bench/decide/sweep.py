@@ -282,9 +282,12 @@ class Sweeper:
         """Set the next repeat's length: longer when the rate was not shown sustained (lengthen.py)."""
         before = state.length
         state.length = next_length(before, summary, not_sustained, self.cfg.lengthen_factor, self.cfg.max_requests)
-        if state.length.num_requests != before.num_requests and state.length.note is None:
-            self.progress(f"[sweep {self.name}] {state.rate:.4g} {axis_unit(self.cfg.axis)}: rate not shown "
-                          f"sustained; a further repeat sends {state.length.num_requests} requests")
+        where = f"[sweep {self.name}] {state.rate:.4g} {axis_unit(self.cfg.axis)}"
+        if state.length.note is not None and before.note is None:
+            self.progress(f"{where}: rate not shown sustained; {state.length.note}")
+        elif state.length.num_requests != before.num_requests and state.length.note is None:
+            self.progress(f"{where}: rate not shown sustained; a further repeat sends {state.length.num_requests} "
+                          "requests")
 
     def finish_point(self, state: PointProgress) -> SweepPoint:
         """Record the point (sweep.json is rewritten) and report its verdict."""
