@@ -124,9 +124,13 @@ async def _chat(ctx: ServingContext, body: ChatCompletionRequest, request: Reque
 
 
 def _add_admin_routes(app: FastAPI, ctx: ServingContext, config: ServerConfig) -> None:
-    limit = BodyLimits(config.max_request_body_bytes, config.body_timeout_s)
+    _add_probe_routes(app, ctx, config.health_check_timeout_s)
+    _add_engine_control_routes(app, ctx)
+    _add_tokenizer_routes(app, ctx, BodyLimits(config.max_request_body_bytes, config.body_timeout_s))
 
-    timeout_s = config.health_check_timeout_s
+
+def _add_probe_routes(app: FastAPI, ctx: ServingContext, timeout_s: float) -> None:
+    """What load balancers, orchestrators and scrapers poll: health, load, version, metrics."""
 
     @app.get("/health")
     async def health() -> Response:
@@ -143,6 +147,18 @@ def _add_admin_routes(app: FastAPI, ctx: ServingContext, config: ServerConfig) -
     async def load() -> JSONResponse:
         """vLLM's server-load probe: the generation requests this server has in flight."""
         return JSONResponse({"server_load": ctx.gate.num_in_flight})
+
+    @app.get("/version")
+    async def version() -> JSONResponse:
+        return JSONResponse({"version": __version__})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(ctx.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def _add_engine_control_routes(app: FastAPI, ctx: ServingContext) -> None:
+    """Calls into the engine core that benchmarks make between and during runs."""
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache(request: Request) -> Response:
@@ -166,6 +182,7 @@ def _add_admin_routes(app: FastAPI, ctx: ServingContext, config: ServerConfig) -
         if records is None:
             raise APIError(404, "the step log is off: start the server with --step-log-size N", ErrorType.NOT_FOUND,
                            reason=None)
+
         def lines() -> str:
             return "".join(json.dumps(record.to_json()) + "\n" for record in records)
 
@@ -173,13 +190,9 @@ def _add_admin_routes(app: FastAPI, ctx: ServingContext, config: ServerConfig) -
         return Response(lines() if len(records) < 4096 else await asyncio.to_thread(lines),
                         media_type="application/x-ndjson")
 
-    @app.get("/version")
-    async def version() -> JSONResponse:
-        return JSONResponse({"version": __version__})
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(ctx.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+def _add_tokenizer_routes(app: FastAPI, ctx: ServingContext, limit: BodyLimits) -> None:
+    """vLLM's /tokenize and /detokenize, with the model's own tokenizer and chat template."""
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:
