@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 
 from conveyor.bench.cli.sweep import counting
-from conveyor.bench.decide.slo import SLO
+from conveyor.bench.decide.slo import SLO, describe_objective
 from conveyor.bench.decide.study import StudySpec, Variant, server_spec, study_record
 from conveyor.bench.decide.run_fn import RunTemplate, make_run_fn
 from conveyor.bench.decide.sweep import PointProgress, SweepConfig, Sweeper
@@ -185,7 +185,8 @@ def calibrated(spec: StudySpec, cfg: DemoConfig, bursts: list[RunSummary]) -> St
     slo = SLO(ttft_p95_ms=round(TTFT_SHARE * e2e_ms), e2e_p95_ms=round(E2E_SLACK * e2e_ms), error_rate=ERROR_RATE)
     rates = tuple(round(f * capacity, 4) for f in cfg.rate_factors)
     _progress(f"[demo] {len(bursts)} bursts of {_BURST_SIZE}: p95 TTFT {ttft_ms:.0f} ms, p95 E2E {e2e_ms:.0f} ms, "
-              f"capacity C = {capacity:.3g} req/s -> objective {slo.to_dict()}, rates {rates} req/s")
+              f"capacity C = {capacity:.3g} req/s -> objective: {describe_objective(slo).rstrip('.')}; "
+              f"rates {rates} req/s")
     return dataclasses.replace(spec, slo=slo, rates=rates, main_rate=rates[0],
                                sweep=dataclasses.replace(spec.sweep, slo=slo))
 
