@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from conveyor.bench.jsonvalue import JSON
+from conveyor.bench.measure.rundirs import RunDirError, load_run
 from conveyor.bench.measure.step_log import STEP_LOG_FILE, read_step_log
 from conveyor.bench.measure.step_model import FitError, StepSample, StepTimeCoefficients, fit_error, fit_step_model
 
@@ -144,13 +145,11 @@ def _steps(run_dirs: Sequence[pathlib.Path]) -> tuple[CalibrationKey, list[StepS
 
 
 def _fixed(run_dir: pathlib.Path) -> Mapping[str, JSON]:
-    path = run_dir / "summary.json"
+    """The run's fixed things, read through the typed summary like every other reader of a run directory."""
     try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise CalibrationError(f"{path}: cannot read the run's summary: {error}") from None
-    fixed = summary.get("fixed") if isinstance(summary, dict) else None
-    return fixed if isinstance(fixed, dict) else {}
+        return load_run(run_dir).summary.fixed
+    except RunDirError as error:
+        raise CalibrationError(f"cannot read the run's summary: {error}") from None
 
 
 def read_calibrations(path: pathlib.Path) -> list[Calibration]:
