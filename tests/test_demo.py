@@ -69,6 +69,11 @@ def test_demo_study_and_calibration_arithmetic(tmp_path: pathlib.Path) -> None:
     demo.add_arguments(parser)
     cfg = demo.config_from_args(parser.parse_args(["--out", str(tmp_path), "--quick"]))
     assert cfg.rate_factors == (0.6, 3.0) and not cfg.budget_variant and cfg.max_repeats == 1
+    three = demo.config_from_args(parser.parse_args(["--out", str(tmp_path), "--rate-factors", "0.5,1,3"]))
+    assert three.rate_factors == (0.5, 1.0, 3.0)
+    for bad in ("0.5,x", "0,1"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--rate-factors", bad])
     full = demo.config_from_args(parser.parse_args(["--out", str(tmp_path)]))
     trace = demo.write_demo_trace(full)
     spec = demo.demo_spec(full, trace)

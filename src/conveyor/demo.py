@@ -255,11 +255,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model for conveyor serve (default: the embedded SmolLM2-135M)")
     parser.add_argument("--reverse-order", action="store_true",
                         help="run the configurations last to first (the answer should not change)")
+    parser.add_argument("--rate-factors", type=_rate_factors, metavar="F,F,...",
+                        help="offered rates as multiples of the calibrated capacity C, the first the main "
+                             f"scenario (default {','.join(f'{f:g}' for f in defaults.rate_factors)})")
+
+
+def _rate_factors(text: str) -> tuple[float, ...]:
+    try:
+        factors = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
+    if not all(f > 0 for f in factors):
+        raise argparse.ArgumentTypeError(f"{text!r}: every factor must be > 0")
+    return factors
 
 
 def config_from_args(args: argparse.Namespace) -> DemoConfig:
     cfg = DemoConfig.quick(args.out) if args.quick else DemoConfig(out_dir=args.out)
-    overrides = {"num_requests": args.num_requests, "num_repeats": args.repeats, "max_repeats": args.max_repeats}
+    overrides = {"num_requests": args.num_requests, "num_repeats": args.repeats, "max_repeats": args.max_repeats,
+                 "rate_factors": args.rate_factors}
     cfg = dataclasses.replace(cfg, seed=args.seed, model=args.model, reverse_order=args.reverse_order,
                               **{k: v for k, v in overrides.items() if v is not None})
     if cfg.num_requests < 2 or cfg.num_repeats < 1 or cfg.max_repeats < cfg.num_repeats:
