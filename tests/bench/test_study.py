@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import pathlib
+import random
 from collections.abc import Iterator
 
 import pytest
@@ -35,11 +36,14 @@ def _fake_launcher(launched: list[ServerSpec]):
     return launch
 
 
-def _fake_runs(template: RunTemplate):
-    capacity = {"baseline": 8.0, "static": 3.0, "seqs2": 1.5}[template.label]
+def _fake_runs(template: RunTemplate, noisy: bool = False):
+    """Capacity per configuration ("twin" has the baseline's: a tie); with `noisy`, latency noise seeded by the
+    run alone, so that nothing but the decision itself could depend on the order the runs were made in."""
+    capacity = {"baseline": 8.0, "static": 3.0, "seqs2": 1.5, "twin": 8.0}[template.label]
 
     def run(rate: float, repeat: int, run_dir: pathlib.Path, num_requests: int | None = None) -> RunSummary:
-        e2e = 500.0 / (1 - rate / capacity) if rate < capacity else 60_000.0
+        noise = random.Random(f"{template.label}/{rate}/{repeat}").uniform(0.95, 1.05) if noisy else 1.0
+        e2e = noise * 500.0 / (1 - rate / capacity) if rate < capacity else 60_000.0
         summary = {"label": f"{template.label}@{rate}#{repeat}", "request_rate": rate, "duration": 10.0,
                    "num_prompts": int(10 * rate), "completed": int(10 * min(rate, capacity)),
                    "request_throughput": min(rate, capacity), "p95_e2el_ms": e2e, "error_rate": 0.0,
@@ -104,23 +108,7 @@ def test_study_flags_survive_the_top_level_dispatcher(tmp_path: pathlib.Path) ->
 
 
 def _noisy_runs(template: RunTemplate):
-    """As _fake_runs, plus "twin" (the baseline's capacity: a tie) and latency noise seeded by the run alone,
-    so that nothing but the decision itself could depend on the order the runs were made in."""
-    import random
-
-    capacity = {"baseline": 8.0, "static": 3.0, "seqs2": 1.5, "twin": 8.0}[template.label]
-
-    def run(rate: float, repeat: int, run_dir: pathlib.Path, num_requests: int | None = None) -> RunSummary:
-        noise = random.Random(f"{template.label}/{rate}/{repeat}").uniform(0.95, 1.05)
-        e2e = noise * 500.0 / (1 - rate / capacity) if rate < capacity else 60_000.0
-        summary = {"label": f"{template.label}@{rate}#{repeat}", "request_rate": rate, "duration": 10.0,
-                   "num_prompts": int(10 * rate), "completed": int(10 * min(rate, capacity)),
-                   "request_throughput": min(rate, capacity), "p95_e2el_ms": e2e, "error_rate": 0.0,
-                   "server": {"num_requests_waiting_max": max(0.0, 10 * (rate - capacity))}}
-        run_dir.mkdir(parents=True)
-        (run_dir / "summary.json").write_text(json.dumps(summary))
-        return summary_from_json(summary, run_dir.name, "fake")
-    return run
+    return _fake_runs(template, noisy=True)
 
 
 def test_the_recommendation_is_the_same_with_the_configurations_run_in_reverse_order(tmp_path: pathlib.Path) -> None:
