@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU study of issue 35 on one GPU machine: conveyor (defaults, max_num_seqs 24) and vLLM 0.24.0 (defaults)
+# The GPU study of issue 35 on one GPU machine: conveyor (defaults, max_num_seqs 256) and vLLM 0.24.0 (defaults)
 # on the Qwen3-32B shape, one trace, one objective, all driven by `conveyor bench study`
 # (benchmarks/gpu/study/*.toml). Three calls per machine, one right after the other (the machine stays
 # warm ~30 s between calls and /tmp survives), each carrying one of .peers/c1..c3 (benchmarks/gpu/stage_study.sh):

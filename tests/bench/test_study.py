@@ -14,7 +14,7 @@ import pytest
 from conveyor.bench.cli import study as cli_study
 from conveyor.bench.decide.run_fn import RunTemplate
 from conveyor.bench.decide.study import StudyError, run_study, spec_from_mapping
-from conveyor.bench.load.launch import ServerSpec
+from conveyor.bench.load.launch import LaunchError, ServerSpec
 from conveyor.bench.measure.summary import RunSummary, summary_from_json
 from conveyor.bench.report.dashboard import ReportInputs, analyze
 
@@ -128,3 +128,23 @@ def test_the_recommendation_is_the_same_with_the_configurations_run_in_reverse_o
                         [i.answer for i in analysis.checklist]))
     assert answers[0] == answers[1]
     assert answers[0][1].value == "tie" and answers[0][0].startswith("baseline (tied with twin)")
+
+
+def test_a_configuration_that_cannot_start_is_recorded_and_the_study_goes_on(tmp_path: pathlib.Path) -> None:
+    launched: list[ServerSpec] = []
+    fake = _fake_launcher(launched)
+
+    @contextlib.contextmanager
+    def launch(spec: ServerSpec, out_dir: pathlib.Path) -> Iterator[str]:
+        if spec.name == "static":
+            raise LaunchError("server static exited with 1 before becoming healthy; log tail:\nloading\n"
+                              "conveyor serve: error: no GPU memory left for the KV cache")
+        with fake(spec, out_dir) as url:
+            yield url
+
+    run_study(spec_from_mapping(STUDY, "t"), tmp_path, launch, _fake_runs, progress=lambda _: None)
+    record = json.loads((tmp_path / "study.json").read_text())
+    assert [s.name for s in launched] == ["baseline", "seqs2"]
+    assert record["configs"]["static"]["launch_error"] == "conveyor serve: error: no GPU memory left for the KV cache"
+    assert "max_rate_meeting" not in record["configs"]["static"]
+    assert record["configs"]["seqs2"]["max_rate_meeting"] is None

@@ -186,6 +186,8 @@ def test_profile_run_leaves_cache_and_states_alone(runner: ModelRunner) -> None:
     scheduler.add("a", PROMPTS["a"], GREEDY)
     scheduler.step(runner)
     before = [cache.clone() for cache in runner.kv_caches]
-    runner.profile_run()  # max_num_batched_tokens on scratch KV (CUDA sizing calls it)
+    scratch_bytes = runner.profile_run()  # max_num_batched_tokens on scratch KV (CUDA sizing calls it)
+    spec = runner.kv_cache_spec  # the scratch holds the step's tokens, whole blocks per sequence
+    assert scratch_bytes >= runner.scheduler_config.max_num_batched_tokens // spec.block_size * spec.bytes_per_block
     assert list(runner.states) == ["a"]
     assert all(torch.equal(a, b) for a, b in zip(before, runner.kv_caches))

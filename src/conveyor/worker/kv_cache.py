@@ -115,7 +115,8 @@ class GpuMemoryProfile:
     total_bytes: int
     """Device memory (torch.cuda.mem_get_info total)."""
     peak_torch_bytes: int
-    """torch.cuda.max_memory_allocated after the profiling pass: weights + peak activations."""
+    """torch.cuda.max_memory_allocated after the profiling pass, less the scratch KV the pass held:
+    weights + peak activations (the real KV cache is budgeted on its own, as vLLM profiles without one)."""
     non_torch_bytes: int
     """Memory in use that torch's allocator does not own (CUDA context, NCCL, other processes)."""
 
@@ -149,17 +150,21 @@ def num_blocks_for_gpu(spec: BlockCost, gpu_memory_utilization: float, profile: 
     return free_for_kv // spec.bytes_per_block
 
 
-def profile_gpu_memory(device: torch.device, run_forward: Callable[[], None]) -> GpuMemoryProfile:
-    """Run `run_forward` (the largest batch) once and measure torch's peak and memory outside torch."""
+def profile_gpu_memory(device: torch.device, run_forward: Callable[[], int]) -> GpuMemoryProfile:
+    """Run `run_forward` (the largest batch) once and measure torch's peak and memory outside torch.
+
+    `run_forward` returns the bytes of scratch KV it allocated. They are taken off the peak: the real
+    cache replaces them and is sized separately, so counting them would shrink the cache by their size
+    (2 GiB for a 32B model at 8,192 tokens, the whole KV budget of an 80 GB card at vLLM's defaults)."""
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     free_before, total_bytes = torch.cuda.mem_get_info(device)
     # Measured together: whatever the device reports as used beyond torch's reservation belongs to
     # others (CUDA context, cuBLAS workspaces outside the allocator, other processes).
     non_torch_bytes = max(0, total_bytes - free_before - torch.cuda.memory_reserved(device))
-    run_forward()
+    scratch_bytes = run_forward()
     torch.cuda.synchronize(device)
-    peak_torch_bytes = torch.cuda.max_memory_allocated(device)
+    peak_torch_bytes = torch.cuda.max_memory_allocated(device) - scratch_bytes
     return GpuMemoryProfile(total_bytes, peak_torch_bytes, non_torch_bytes)
 
 

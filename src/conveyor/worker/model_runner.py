@@ -305,8 +305,9 @@ class ModelRunner:
         return self._new_generator()
 
     @torch.inference_mode()
-    def profile_run(self) -> None:
-        """The largest step the scheduler can send, on scratch KV, for CUDA memory profiling."""
+    def profile_run(self) -> int:
+        """The largest step the scheduler can send, on scratch KV, for CUDA memory profiling; returns the
+        scratch KV's bytes (the profile leaves them out: the real cache is budgeted on its own)."""
         num_tokens = self.scheduler_config.max_num_batched_tokens
         max_len = self.max_model_len
         seq_lens = _split(num_tokens, max_len)
@@ -328,7 +329,9 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[rows]).float()  # [num_rows, V]
         requests = [SamplingRequest(SamplingParams(temperature=1.0, top_p=0.9), [0], 1)] * len(rows)
         self.sampler(logits, build_sampling_batch(requests, self.vocab, self.device))
+        scratch_bytes = sum(t.numel() * t.element_size() for t in scratch)
         del scratch, hidden, logits
+        return scratch_bytes
 
 
 def _reads_history(params: SamplingParams) -> bool:

@@ -21,7 +21,7 @@ from typing import Any, ContextManager
 from conveyor.bench.decide.slo import SLO, slo_from_mapping
 from conveyor.bench.decide.run_fn import RunFn, RunTemplate, make_run_fn
 from conveyor.bench.decide.sweep import SweepConfig, Sweeper, SweepResult
-from conveyor.bench.load.launch import ServerProcess, ServerSpec
+from conveyor.bench.load.launch import LaunchError, ServerProcess, ServerSpec
 from conveyor.bench.measure.rundirs import STUDY_FILE
 from conveyor.bench.table_file import read_table_file
 
@@ -204,8 +204,19 @@ def run_study(spec: StudySpec, out_dir: pathlib.Path, launcher: Launcher = launc
         progress(f"[study] configuration {index}/{len(spec.variants)}: {variant.name} "
                  f"({variant.changed or 'baseline'})")
         config_dir = out_dir / variant.name
-        with launcher(server_spec(spec, variant), config_dir) as base_url:
-            result = ConfigurationRunner(spec, run_fn_factory, progress).run(variant, base_url, config_dir)
-        record["configs"][variant.name]["max_rate_meeting"] = result.max_rate_meeting
+        try:
+            with launcher(server_spec(spec, variant), config_dir) as base_url:
+                result = ConfigurationRunner(spec, run_fn_factory, progress).run(variant, base_url, config_dir)
+            record["configs"][variant.name]["max_rate_meeting"] = result.max_rate_meeting
+        except LaunchError as error:  # a configuration that cannot start is an answer too (e.g. no KV memory)
+            record["configs"][variant.name]["launch_error"] = _launch_reason(str(error))
+            progress(f"[study] {variant.name} did not start: {record['configs'][variant.name]['launch_error']}")
         (out_dir / STUDY_FILE).write_text(json.dumps(record, indent=2))
     return out_dir
+
+
+def _launch_reason(message: str) -> str:
+    """The server's own last error line when its log tail names one, else the launch error's first line."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    errors = [line for line in lines[1:] if "error" in line.lower()]
+    return errors[-1] if errors else lines[0] if lines else "did not start"
