@@ -9,8 +9,8 @@ from conveyor.bench.decide.gpu_prices import (
     PriceMatchError,
     key_matches,
     match_prices,
-    short_gpu_names,
 )
+from conveyor.bench.measure.gpu_groups import short_gpu_names
 from conveyor.bench.plan.gpu_catalog import (
     CatalogError,
     parse_price_items,

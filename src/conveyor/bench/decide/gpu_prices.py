@@ -10,9 +10,13 @@ silently lands on the wrong GPU (or on none) would decide the comparison.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from conveyor.bench.decide.cost import CostModel
+from conveyor.bench.measure.gpu_groups import GpuConfigs
 
 PRICE_FLAG = "--price"
 
@@ -65,17 +69,18 @@ def match_prices(prices: Mapping[str, float], gpu_names: Sequence[str]) -> dict[
     return matched
 
 
-def short_gpu_names(gpu_names: Sequence[str]) -> dict[str, str]:
-    """gpu_name -> the short name a report shows ("NVIDIA H100 80GB HBM3" -> "H100"): the first word
-    that starts with a letter and holds a digit, else the name without its vendor; the full names when
-    two short ones would collide (two GPUs must never read as one)."""
-    short = {name: _short(name) for name in gpu_names}
-    if len(set(short.values())) < len(short):
-        return {name: name for name in gpu_names}
-    return short
-
-
-def _short(gpu_name: str) -> str:
-    words = gpu_name.removeprefix("NVIDIA ").split()
-    model = next((w for w in words if w[:1].isalpha() and any(c.isdigit() for c in w)), None)
-    return model or " ".join(words) or gpu_name
+def gpu_costs(gpus: GpuConfigs, prices: Mapping[str, GpuPrice], base: Mapping[str, CostModel],
+              default: CostModel) -> dict[str, CostModel]:
+    """label -> its cost model: the price given for its GPU (the flag names the hardware, so it wins over
+    a study's one number), else its own (`base`: study.json) or the default, each saying for which GPU
+    when the runs span several or prices were given per GPU."""
+    out = {}
+    for label, key in gpus.keys.items():
+        model = base.get(label, default)
+        gpu = gpus.short(key.gpu_name) if gpus.by_gpu or prices else None
+        price = prices.get(key.gpu_name) if key.gpu_name is not None else None
+        if price is None:
+            out[label] = dataclasses.replace(model, gpu=gpu)
+        else:
+            out[label] = CostModel(price.price_per_gpu_hour, model.num_gpus, price.source, gpu)
+    return out
