@@ -16,8 +16,10 @@ import pytest
 
 from conveyor.bench.cli import report as cli_report
 from conveyor.bench.decide.gpu_prices import PriceMatchError
+from conveyor.bench.decide.slo import SLO
 from conveyor.bench.measure.gpu_groups import MixedGpuError
 from conveyor.bench.report.dashboard import (
+    MixedRunsError,
     ReportInputs,
     analyze,
     format_markdown,
@@ -151,3 +153,40 @@ def test_cli_price_flag_and_its_errors(studies: tuple[pathlib.Path, pathlib.Path
     assert err.startswith("conveyor report: --price A100: matches no GPU") and "\n" not in err
     assert cli_report.run(parser.parse_args([*paths, "--price", "H100", "--no-html"])) == 2
     assert "--price: expected GPU=USD_PER_HOUR" in capsys.readouterr().err
+
+
+def test_the_host_gpu_count_may_differ_across_gpus_but_not_within_one(tmp_path: pathlib.Path) -> None:
+    h100 = _study(tmp_path / "h100", H100, "static")
+    h200 = _study(tmp_path / "h200", H200, "continuous")
+    for path in (h200 / "baseline").glob("*/summary.json"):  # an 8-GPU host shows 8
+        summary = json.loads(path.read_text())
+        summary["fixed"]["gpu_count"] = 8
+        path.write_text(json.dumps(summary))
+    assert not analyze(ReportInputs((h100, h200))).fixed_differences
+    second = _study(tmp_path / "h100b", H100, "static")
+    (second / "baseline").rename(second / "other")
+    (second / "study.json").write_text((second / "study.json").read_text().replace("baseline", "other"))
+    for path in (second / "other").glob("*/summary.json"):
+        summary = json.loads(path.read_text())
+        summary["fixed"]["gpu_count"] = 2
+        path.write_text(json.dumps(summary))
+    with pytest.raises(MixedRunsError, match="gpu_count differs: 1 .*; 2 "):
+        analyze(ReportInputs((h100, h200, second)))
+
+
+def test_studies_with_different_objectives_need_one_given(studies: tuple[pathlib.Path, pathlib.Path]) -> None:
+    path = studies[1] / "study.json"
+    path.write_text(path.read_text().replace('"ttft_p95_ms": 500.0', '"ttft_p95_ms": 900.0'))
+    with pytest.raises(MixedGpuError, match="objectives differ.*pass --slo"):
+        analyze(ReportInputs(studies))
+    given = analyze(ReportInputs(studies, slo=SLO(ttft_p95_ms=500.0, e2e_p95_ms=4000.0, error_rate=0.01)))
+    assert len(given.configs) == 2
+
+
+def test_runs_without_a_gpu_name_are_kept_apart(studies: tuple[pathlib.Path, pathlib.Path],
+                                                tmp_path: pathlib.Path) -> None:
+    loose = tmp_path / "loose"
+    shutil.copytree(FIXTURE / "static" / "rate-1-rep0", loose / "rate-1-rep0")
+    analysis = analyze(ReportInputs((*studies, loose)))
+    assert [c.name for c in analysis.configs] == ["baseline @ H100", "baseline @ H200", "static@1#0 @ unknown GPU"]
+    assert "some runs recorded no fixed.gpu_name" in format_terminal(analysis)

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from conveyor.bench.jsonvalue import Fields
+from conveyor.bench.measure.fixed import FixedDifference, FixedRecord, differences
 from conveyor.bench.measure.rundirs import (
     RunResult,
     StudyConfig,
@@ -29,6 +30,8 @@ from conveyor.bench.measure.rundirs import (
 
 UNKNOWN_GPU = "unknown GPU"
 GPU_KEY = "gpu_name"
+PER_MACHINE = (GPU_KEY, "gpu_count")
+"""Fixed things another GPU changes by design: its name, and how many GPUs its host shows."""
 
 
 class MixedGpuError(ValueError):
@@ -127,7 +130,7 @@ def key_runs(runs: list[RunResult], allow_mixed: bool) -> GpuConfigs:
 
 def config_studies(gpus: GpuConfigs, base: StudyFile, objective_given: bool) -> StudyFile:
     """The study records keyed by label, each configuration's own (from the study.json above its runs)
-    with the GPU a thing it varies on purpose (the one difference a comparison across GPUs is for), in
+    with the GPU (name and count) a thing it varies on purpose (what a comparison across GPUs is for), in
     GPU order, then each study's order (the baseline first: ties go to it). Unchanged when the runs are
     of one GPU. Studies whose objectives differ are refused unless the objective is given: their
     configurations would be judged by different bounds."""
@@ -142,7 +145,7 @@ def config_studies(gpus: GpuConfigs, base: StudyFile, objective_given: bool) -> 
         record = own[key.name] if key.name in own else StudyConfig()
         position = names.index(key.name) if key.name in own else len(names)
         order.append((gpu_order.index(key.gpu_name), position, label,
-                      dataclasses.replace(record, varies=(*record.varies, GPU_KEY))))
+                      dataclasses.replace(record, varies=(*record.varies, *PER_MACHINE))))
     objectives = {repr(sorted(s.slo.items())): where for where, s in studies.items()}
     if len(objectives) > 1 and not objective_given:
         raise MixedGpuError("the studies' objectives differ (" + "; ".join(f"{w}: {o}" for o, w in objectives.items())
@@ -158,3 +161,12 @@ def _studies(gpus: GpuConfigs) -> dict[pathlib.Path | None, StudyFile]:
     """Every study.json above the runs, read once."""
     found = {_study_of(gpus, label) for label in gpus.keys}
     return {where: read_study_file(where / "study.json") for where in found if where is not None}
+
+
+def within_gpu_differences(records: list[FixedRecord]) -> list[FixedDifference]:
+    """gpu_count differing between runs of one GPU. Across GPUs it belongs to the other machine and is
+    exempt (config_studies); between runs of one GPU it is still a different machine."""
+    groups: dict[str | None, list[FixedRecord]] = {}
+    for record in records:
+        groups.setdefault(Fields.of(record.fixed, record.run_label).opt_text(GPU_KEY), []).append(record)
+    return [d for group in groups.values() for d in differences(group, {}) if d.key in PER_MACHINE]

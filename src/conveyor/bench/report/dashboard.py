@@ -32,7 +32,7 @@ from conveyor.bench.decide.headline import decide
 from conveyor.bench.decide.point_verdict import PointStatus
 from conveyor.bench.decide.slo import SLO, SLOVerdict, describe_objective, slo_from_mapping
 from conveyor.bench.measure.fixed import FixedDifference, FixedRecord, differences, unknown_keys
-from conveyor.bench.measure.gpu_groups import GPU_KEY, GpuConfigs, config_studies, key_runs
+from conveyor.bench.measure.gpu_groups import GPU_KEY, GpuConfigs, config_studies, key_runs, within_gpu_differences
 from conveyor.bench.measure.intervals import IntervalConfig
 from conveyor.bench.measure.cache_summary import cache_report_lines, hit_rate_cell
 from conveyor.bench.measure.rundirs import Point, RunResult, StudyFile, discover_runs, find_study_file, group_points
@@ -121,6 +121,7 @@ def check_fixed(runs: list[RunResult], study: StudyFile,
     records = [FixedRecord(r.label, r.config_name, dict(r.summary.fixed)) for r in runs]
     varied = {name: set(c.varies) for name, c in study.configs.items()}
     found = differences(records, varied)
+    found += [d for d in within_gpu_differences(records) if all(f.key != d.key for f in found)]
     if found and not allow_mixed:
         raise MixedRunsError("these runs differ in what must stay fixed between compared runs: "
                              + "; ".join(d.describe() for d in found)
