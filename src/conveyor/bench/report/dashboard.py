@@ -32,7 +32,7 @@ from conveyor.bench.decide.headline import decide
 from conveyor.bench.decide.point_verdict import PointStatus
 from conveyor.bench.decide.slo import SLO, SLOVerdict, describe_objective, slo_from_mapping
 from conveyor.bench.measure.fixed import FixedDifference, FixedRecord, differences, unknown_keys
-from conveyor.bench.measure.gpu_groups import GPU_KEY, GpuConfigs, config_studies, key_runs, within_gpu_differences
+from conveyor.bench.measure.gpu_groups import PER_MACHINE, GpuConfigs, config_studies, key_runs, within_gpu_differences
 from conveyor.bench.measure.intervals import IntervalConfig
 from conveyor.bench.measure.cache_summary import cache_report_lines, hit_rate_cell
 from conveyor.bench.measure.rundirs import Point, RunResult, StudyFile, discover_runs, find_study_file, group_points
@@ -259,7 +259,8 @@ def fixed_lines(analysis: Analysis) -> list[str]:
                 + "; ".join(d.describe() for d in analysis.fixed_differences)]
     runs = analysis.runs()
     fixed = dict(runs[0].summary.fixed) if runs else {}
-    per_config = {"server_flags", GPU_KEY} if analysis.gpus.by_gpu else {"server_flags"}  # GPUs: the per-GPU lines
+    # across GPUs the GPU's name and the host's count are each configuration's: the per-GPU lines show them
+    per_config = {"server_flags", *PER_MACHINE} if analysis.gpus.by_gpu else {"server_flags"}
     shown = ", ".join(f"{k}={str(v)[:12] if k.endswith('sha256') else v}" for k, v in fixed.items()
                       if k not in per_config and v is not None)
     unknown = f"; unknown: {', '.join(analysis.fixed_unknown)}" if analysis.fixed_unknown else ""
@@ -287,10 +288,11 @@ def decision_lines(analysis: Analysis) -> list[str]:
     return lines
 
 
-def _gpu_section(analysis: Analysis, table: Callable[[tuple[str, ...], list[list[str]]], str]) -> list[str]:
+def _gpu_section(analysis: Analysis, table: Callable[[tuple[str, ...], list[list[str]]], str],
+                 title: str = "Per GPU (valid runs):", bullet: str = "") -> list[str]:
     if not shows_gpus(analysis.gpus, analysis.gpu_prices):
         return []
-    return ["Per GPU (valid runs):", *gpu_lines(analysis.gpus, analysis.gpu_prices),
+    return [title, *(bullet + line for line in gpu_lines(analysis.gpus, analysis.gpu_prices)), "",
             table(GPU_COLUMNS, gpu_rows(analysis.configs, analysis.gpus)), ""]
 
 
@@ -309,5 +311,5 @@ def format_markdown(analysis: Analysis) -> str:
                       format_markdown_table(CONFIG_COLUMNS, config_rows(analysis)), "", "## Points", "",
                       format_markdown_table(POINT_COLUMNS, point_rows(analysis)), "", "## Dashboard", "",
                       format_markdown_table(DASHBOARD_COLUMNS, dashboard_rows(analysis)), "",
-                      *_spec_section(analysis, format_markdown_table), *_gpu_section(analysis, format_markdown_table),
+                      *_spec_section(analysis, format_markdown_table), *_gpu_section(analysis, format_markdown_table, "## Per GPU (valid runs)\n", "- "),
                       "## Decision details", "", *decision_lines(analysis), ""])
