@@ -58,35 +58,35 @@ def studies(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
 
 def test_a_configuration_is_gpu_and_name_never_pooled(studies: tuple[pathlib.Path, pathlib.Path]) -> None:
     analysis = analyze(ReportInputs(studies, gpu_prices={"H100": 1.0, "H200": 5.0}))
-    assert [c.name for c in analysis.configs] == ["baseline @ H100", "baseline @ H200"]
+    assert [c.name for c in analysis.configs] == ["baseline on H100", "baseline on H200"]
     assert [len(c.points) for c in analysis.configs] == [3, 4]  # each GPU's own rates, nothing pooled
     assert analysis.gpus.gpu_names == (H100, H200) and not analysis.fixed_differences  # the GPU differs on purpose
     assert {c.name: c.capacity.describe() for c in analysis.configs} == {
-        "baseline @ H100": "[2, 4) req/s", "baseline @ H200": "[4, 8) req/s"}
+        "baseline on H100": "[2, 4) req/s", "baseline on H200": "[4, 8) req/s"}
 
 
 def test_the_cheaper_per_accepted_gpu_wins_though_the_other_has_more_capacity(
         studies: tuple[pathlib.Path, pathlib.Path]) -> None:
     analysis = analyze(ReportInputs(studies, gpu_prices={"H100": 1.0, "h200": 5.0}))
     by_name = {c.name: c for c in analysis.configs}
-    h100, h200 = by_name["baseline @ H100"].cost_per_accepted, by_name["baseline @ H200"].cost_per_accepted
+    h100, h200 = by_name["baseline on H100"].cost_per_accepted, by_name["baseline on H200"].cost_per_accepted
     assert h100 is not None and h200 is not None and h100 < h200
-    assert analysis.recommendation.recommended == "baseline @ H100" and analysis.recommendation.priced
-    assert analysis.headline.startswith("baseline @ H100: capacity [2, 4) req/s, cost $")
+    assert analysis.recommendation.recommended == "baseline on H100" and analysis.recommendation.priced
+    assert analysis.headline.startswith("baseline on H100: capacity [2, 4) req/s, cost $")
     assert "--price H100" in analysis.headline and analysis.checklist[0].answer.value == "yes"
     # the checklist answers from the H100's own runs
-    assert "baseline @ H100" in analysis.checklist[0].evidence
+    assert "baseline on H100" in analysis.checklist[0].evidence
 
 
 def test_prices_flip_the_answer(studies: tuple[pathlib.Path, pathlib.Path]) -> None:
     analysis = analyze(ReportInputs(studies, gpu_prices={"H100": 3.0, "H200": 2.0}))
-    assert analysis.recommendation.recommended == "baseline @ H200"
+    assert analysis.recommendation.recommended == "baseline on H200"
 
 
 def test_an_unpriced_gpu_ranks_by_capacity_per_gpu_and_says_so(studies: tuple[pathlib.Path, pathlib.Path]) -> None:
     analysis = analyze(ReportInputs(studies, gpu_prices={"H200": 5.0}))
     assert not analysis.recommendation.priced
-    assert analysis.recommendation.recommended == "baseline @ H200"  # more capacity per GPU, though dearer
+    assert analysis.recommendation.recommended == "baseline on H200"  # more capacity per GPU, though dearer
     text = format_terminal(analysis)
     assert "no price given for H100" in text and "$5/GPU-hour from --price H200" in text
     assert "ranked by capacity per GPU" in analysis.recommendation.reasons[0]
@@ -97,11 +97,11 @@ def test_each_study_keeps_its_own_price(tmp_path: pathlib.Path) -> None:
     h200 = _study(tmp_path / "h200", H200, "continuous", price=5.0)
     analysis = analyze(ReportInputs((h100, h200)))
     models = {c.name: c.cost.model for c in analysis.configs if c.cost is not None}
-    assert models["baseline @ H100"].price_per_gpu_hour == 1.0 and models["baseline @ H200"].price_per_gpu_hour == 5.0
-    assert analysis.recommendation.recommended == "baseline @ H100"
+    assert models["baseline on H100"].price_per_gpu_hour == 1.0 and models["baseline on H200"].price_per_gpu_hour == 5.0
+    assert analysis.recommendation.recommended == "baseline on H100"
     flagged = analyze(ReportInputs((h100, h200), gpu_prices={"H100": 9.0}))  # the flag names the GPU: it wins
     assert {c.name: c.cost.model.price_source for c in flagged.configs if c.cost is not None} == {
-        "baseline @ H100": "--price H100", "baseline @ H200": "study.json"}
+        "baseline on H100": "--price H100", "baseline on H200": "study.json"}
 
 
 def test_price_keys_that_match_no_gpu_or_several_are_errors(studies: tuple[pathlib.Path, pathlib.Path]) -> None:
@@ -117,7 +117,7 @@ def test_one_sweep_holding_two_gpus_is_refused_unless_allow_mixed(tmp_path: path
     with pytest.raises(MixedGpuError, match=r"baseline mixes GPUs: NVIDIA H100 80GB HBM3 .*; NVIDIA H200"):
         analyze(ReportInputs((study,)))
     split = analyze(ReportInputs((study,), allow_mixed=True))
-    assert [c.name for c in split.configs] == ["baseline @ H100", "baseline @ H200"]
+    assert [c.name for c in split.configs] == ["baseline on H100", "baseline on H200"]
     assert any("split into one configuration per GPU" in line for line in format_terminal(split).splitlines())
 
 
@@ -135,10 +135,10 @@ def test_per_gpu_dashboard_in_console_markdown_and_html(studies: tuple[pathlib.P
     text = format_terminal(analysis)
     assert "Per GPU (valid runs):" in text and f"GPU H100 ({H100}): $1/GPU-hour from --price H100" in text
     row = next(line for line in text.splitlines() if line.startswith("H200  "))
-    assert "baseline @ H200" in row and "90 GiB" in row and "40%" in row  # peak memory, KV usage peak
+    assert "baseline on H200" in row and "90 GiB" in row and "40%" in row  # peak memory, KV usage peak
     assert "Per GPU" in format_markdown(analysis)
     page = write_report(analysis, tmp_path / "report")["html"].read_text()
-    assert 'id="gpus"' in page and "baseline @ H100" in page
+    assert 'id="gpus"' in page and "baseline on H100" in page
 
 
 def test_cli_price_flag_and_its_errors(studies: tuple[pathlib.Path, pathlib.Path],
@@ -147,7 +147,7 @@ def test_cli_price_flag_and_its_errors(studies: tuple[pathlib.Path, pathlib.Path
     cli_report.add_arguments(parser)
     paths = [str(p) for p in studies]
     assert cli_report.run(parser.parse_args([*paths, "--price", "H100=1,H200=5", "--no-html"])) == 0
-    assert "Recommendation: baseline @ H100" in capsys.readouterr().out
+    assert "Recommendation: baseline on H100" in capsys.readouterr().out
     assert cli_report.run(parser.parse_args([*paths, "--price", "H100=1", "--price", "A100=2", "--no-html"])) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("conveyor report: --price A100: matches no GPU") and "\n" not in err
@@ -188,5 +188,5 @@ def test_runs_without_a_gpu_name_are_kept_apart(studies: tuple[pathlib.Path, pat
     loose = tmp_path / "loose"
     shutil.copytree(FIXTURE / "static" / "rate-1-rep0", loose / "rate-1-rep0")
     analysis = analyze(ReportInputs((*studies, loose)))
-    assert [c.name for c in analysis.configs] == ["baseline @ H100", "baseline @ H200", "static@1#0 @ unknown GPU"]
+    assert [c.name for c in analysis.configs] == ["baseline on H100", "baseline on H200", "static@1#0 on unknown GPU"]
     assert "some runs recorded no fixed.gpu_name" in format_terminal(analysis)

@@ -1,7 +1,7 @@
 """Runs keyed by the GPU they measured: a configuration is (GPU, configuration name), never pooled across GPUs.
 
 The model: summary.json `fixed.gpu_name` (fixed.py) says which GPU a run measured. When the runs span
-more than one GPU, each configuration's name gets its GPU's short name ("baseline @ H100"), so a study
+more than one GPU, each configuration's name gets its GPU's short name ("baseline on H100"), so a study
 named `baseline` on the H100 and one on the H200 are two configurations, and every later stage (points,
 decision, report) keeps them apart by name alone. One sweep directory is one configuration: runs of two
 GPUs inside it are refused (MixedGpuError, naming the GPUs), unless allow_mixed, which splits them by
@@ -120,7 +120,7 @@ def key_runs(runs: list[RunResult], allow_mixed: bool) -> GpuConfigs:
 
     def label(key: ConfigKey) -> str:
         gpu = UNKNOWN_GPU if key.gpu_name is None else short_names.get(key.gpu_name, key.gpu_name)
-        return f"{key.name} @ {gpu}" if several else key.name
+        return f"{key.name} on {gpu}" if several else key.name
 
     keys = {label(key): key for _, key in keyed}
     relabelled = tuple(dataclasses.replace(run, config_name=label(key)) for run, key in keyed)
