@@ -40,13 +40,15 @@ def _set_gpu(config_dir: pathlib.Path, gpu: str, only: str = "") -> None:
         path.write_text(json.dumps(summary))
 
 
-def _study(root: pathlib.Path, gpu: str, source: str, price: float | None = None) -> pathlib.Path:
-    """A one-configuration study named `baseline`, measured on `gpu`."""
-    shutil.copytree(FIXTURE / source, root / "baseline")
-    _set_gpu(root / "baseline", gpu)
+def _study(root: pathlib.Path, gpu: str, source: str, price: float | None = None,
+           names: tuple[str, ...] = ("baseline",)) -> pathlib.Path:
+    """A study of configurations `names` (each a copy of the fixture's `source`), measured on `gpu`."""
+    for name in names:
+        shutil.copytree(FIXTURE / source, root / name)
+        _set_gpu(root / name, gpu)
     config = {} if price is None else {"price_per_gpu_hour": price}
     study = {"slo": {"ttft_p95_ms": 500.0, "e2e_p95_ms": 4000.0, "error_rate": 0.01}, "main_rate": 2.0,
-             "configs": {"baseline": config}}
+             "configs": {name: config for name in names}}
     (root / "study.json").write_text(json.dumps(study))
     return root
 
@@ -190,3 +192,13 @@ def test_runs_without_a_gpu_name_are_kept_apart(studies: tuple[pathlib.Path, pat
     analysis = analyze(ReportInputs((*studies, loose)))
     assert [c.name for c in analysis.configs] == ["baseline on H100", "baseline on H200", "static@1#0 on unknown GPU"]
     assert "some runs recorded no fixed.gpu_name" in format_terminal(analysis)
+
+
+def test_order_is_gpu_then_study_then_the_studys_own(tmp_path: pathlib.Path) -> None:
+    """Ties go to the earlier configuration: the first GPU given, its first study, that study's baseline."""
+    given = (_study(tmp_path / "a100", H100, "static", names=("zeta", "alpha")),
+             _study(tmp_path / "b100", H100, "static", names=("beta",)),
+             _study(tmp_path / "a200", H200, "static", names=("gamma",)))
+    analysis = analyze(ReportInputs(given))
+    assert [c.name for c in analysis.configs] == ["zeta on H100", "alpha on H100", "beta on H100", "gamma on H200"]
+    assert analysis.recommendation.recommended == "zeta on H100"  # all tie (no price): the first one

@@ -131,35 +131,40 @@ def key_runs(runs: list[RunResult], allow_mixed: bool) -> GpuConfigs:
 def config_studies(gpus: GpuConfigs, base: StudyFile, objective_given: bool) -> StudyFile:
     """The study records keyed by label, each configuration's own (from the study.json above its runs)
     with the GPU (name and count) a thing it varies on purpose (what a comparison across GPUs is for), in
-    GPU order, then each study's order (the baseline first: ties go to it). Unchanged when the runs are
-    of one GPU. Studies whose objectives differ are refused unless the objective is given: their
-    configurations would be judged by different bounds."""
+    GPU order, then the order the studies were given, then each study's order (the baseline first: ties
+    go to it). Unchanged when the runs are of one GPU. Studies whose objectives differ are refused unless
+    the objective is given: their configurations would be judged by different bounds."""
     if not gpus.by_gpu:
         return base
     studies = _studies(gpus)
-    order: list[tuple[int, int, str, StudyConfig]] = []
-    gpu_order = [k.gpu_name for k in gpus.keys.values()]
+    order: list[tuple[int, int, int, str, StudyConfig]] = []
+    gpu_order, study_order = [k.gpu_name for k in gpus.keys.values()], list(studies)
     for label, key in gpus.keys.items():
-        own = studies.get(_study_of(gpus, label), StudyFile()).configs
-        names = list(own)
+        where = _study_of(gpus, label)
+        own = studies[where].configs if where in studies else {}
         record = own[key.name] if key.name in own else StudyConfig()
-        position = names.index(key.name) if key.name in own else len(names)
-        order.append((gpu_order.index(key.gpu_name), position, label,
+        position = list(own).index(key.name) if key.name in own else len(own)
+        study_index = study_order.index(where) if where in studies else len(study_order)
+        order.append((gpu_order.index(key.gpu_name), study_index, position, label,
                       dataclasses.replace(record, varies=(*record.varies, *PER_MACHINE))))
-    objectives = {repr(sorted(s.slo.items())): where for where, s in studies.items()}
+    objectives = {_objective(s): where for where, s in studies.items()}
     if len(objectives) > 1 and not objective_given:
         raise MixedGpuError("the studies' objectives differ (" + "; ".join(f"{w}: {o}" for o, w in objectives.items())
                             + "); pass --slo to judge every GPU against one objective")
-    return dataclasses.replace(base, configs={label: record for _, _, label, record in sorted(order)})
+    return dataclasses.replace(base, configs={label: record for *_, label, record in sorted(order)})
+
+
+def _objective(study: StudyFile) -> str:
+    return ",".join(f"{k}={v:g}" for k, v in sorted(study.slo.items()) if v is not None) or "none"
 
 
 def _study_of(gpus: GpuConfigs, label: str) -> pathlib.Path | None:
     return study_dir(next(r for r in gpus.runs if r.config_name == label).run_dir)
 
 
-def _studies(gpus: GpuConfigs) -> dict[pathlib.Path | None, StudyFile]:
-    """Every study.json above the runs, read once."""
-    found = {_study_of(gpus, label) for label in gpus.keys}
+def _studies(gpus: GpuConfigs) -> dict[pathlib.Path, StudyFile]:
+    """Every study.json above the runs, read once, in the order the runs were given."""
+    found = dict.fromkeys(_study_of(gpus, label) for label in gpus.keys)
     return {where: read_study_file(where / "study.json") for where in found if where is not None}
 
 
