@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--gpu", action="append", default=[], help="catalog GPU to check (repeatable; default all)")
     parser.add_argument("--price", action="append", default=[],
-                        help="GPU=USD_PER_HOUR (repeatable) or a JSON/TOML file of them")
+                        help="GPU=USD_PER_HOUR[,GPU=USD_PER_HOUR] (repeatable) or a JSON/TOML file of them")
     parser.add_argument("--kv-cache-memory", type=parse_bytes,
                         help="KV capacity mode: blocks for this budget, as `conveyor serve` sizes them")
     parser.add_argument("--max-model-len", type=int, default=2048, help="KV capacity mode: request length")

@@ -26,7 +26,9 @@ class CostModel:
     num_gpus: int = 1
     """GPUs one server of this configuration holds."""
     price_source: str = "given"
-    """Where the price came from (study.json, --price-per-gpu-hour, a variant's own price)."""
+    """Where the price came from (study.json, --price-per-gpu-hour, --price H100, a variant's own price)."""
+    gpu: str | None = None
+    """The GPU it runs on, when a report compares GPUs: "no price given" then says for which."""
 
     @property
     def priced(self) -> bool:
@@ -34,7 +36,7 @@ class CostModel:
 
     def describe_price(self) -> str:
         if self.price_per_gpu_hour is None:
-            return "no price given"
+            return "no price given" + (f" for {self.gpu}" if self.gpu else "")
         gpus = f"{self.num_gpus} GPU" + ("s" if self.num_gpus != 1 else "")
         return f"${self.price_per_gpu_hour:.3g}/GPU-hour from {self.price_source} × {gpus}"
 
@@ -75,7 +77,7 @@ class Cost:
         """"$0.0556 [0.0500, 0.0625] per 1,000 accepted responses ($2/GPU-hour from study.json × 1 GPU ...)"."""
         estimate = self.per_accepted
         if estimate is None:
-            return "no price given" if not self.model.priced else "n/a (nothing accepted)"
+            return self.model.describe_price() if not self.model.priced else "n/a (nothing accepted)"
         return f"{money(estimate, self.interval)} ({self.inputs()})"
 
     def short(self) -> str:

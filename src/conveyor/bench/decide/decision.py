@@ -120,9 +120,15 @@ def cost_text(config: ConfigEval) -> str:
     return cost.describe()
 
 
+def _at_cost(config: ConfigEval) -> str:
+    """" at $0.139 ... per accepted response", or "; no price given for H100" (a price is no place)."""
+    cost = config.cost
+    return f"; {cost_text(config)}" if cost is not None and not cost.model.priced else f" at {cost_text(config)}"
+
+
 def _lead(best: ConfigEval, priced: bool) -> str:
     text = (f"{best.name}: meets the objective up to {best.max_rate_meeting:.3g} req/s (capacity "
-            f"{best.capacity.describe()}) at {cost_text(best)}")
+            f"{best.capacity.describe()}){_at_cost(best)}")
     if not priced:
         gpus = best.operating_point.cost.model.num_gpus if best.operating_point else 1
         text += (f"; not every configuration has a price, so they are ranked by capacity per GPU "
@@ -141,8 +147,8 @@ def _versus(config: ConfigEval) -> str:
             return f"{config.name} has no valid measurement"
         word = "is undecided" if failure.status is not PointStatus.MISSED else "never meets the objective: missed"
         return f"{config.name} {word} at {failure.offered_rate:.3g} req/s ({failure.verdict.describe()})"
-    text = (f"{config.name} sustains {config.max_rate_meeting:.3g} req/s (capacity {config.capacity.describe()}) at "
-            f"{cost_text(config)}")
+    text = (f"{config.name} sustains {config.max_rate_meeting:.3g} req/s (capacity {config.capacity.describe()})"
+            f"{_at_cost(config)}")
     return text + (f"; {inconsistent.describe()}" if inconsistent is not None else "")
 
 

@@ -248,7 +248,8 @@ def cheaper(configs: list[ConfigEval], recommendation: Recommendation, main_rate
         return ChecklistItem(question, Answer.NO, costs + f" ({recommendation.confidence} a tie, not a saving)")
     if not recommendation.priced:
         return ChecklistItem(question, Answer.UNKNOWN, f"{costs}; not every configuration has a price "
-                             "(price_per_gpu_hour in the study, or --price-per-gpu-hour), so there is no cost to compare")
+                             "(price_per_gpu_hour in the study, --price-per-gpu-hour, or --price GPU=...), so there is no "
+                             "cost to compare")
     at = f"serving {main_rate:.3g} req/s" if main_rate else "at the operating point (no main rate given)"
     evidence = f"{costs}; {at}: " + "; ".join(_serving(c, main_rate) for c in [best, *others])
     best_cost, best_hourly = best.cost_per_accepted or 0.0, (servers_needed(best, main_rate) or (0, 0.0, 0.0))[2]

@@ -92,8 +92,9 @@ def headline(recommendation: Recommendation, configs: list[ConfigEval]) -> str:
         return f"No configuration recommended ({recommendation.outcome.value.replace('_', ' ')}); confidence: {word}"
     tied = f" (tied with {', '.join(n for n in recommendation.tied if n != best.name)})" \
         if recommendation.outcome is Outcome.TIE else ""
+    unpriced = best.cost.model.describe_price() if best.cost is not None else "no price given"
     cost = f"cost {best.cost.short()}" if best.cost is not None and best.cost.per_accepted is not None else (
-        "no price given (ranked by capacity per GPU)" if not recommendation.priced else f"cost {cost_text(best)}")
+        f"{unpriced} (ranked by capacity per GPU)" if not recommendation.priced else f"cost {cost_text(best)}")
     return f"{best.name}{tied}: capacity {best.capacity.describe()}, {cost}; confidence: {word}"
 
 

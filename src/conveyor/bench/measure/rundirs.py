@@ -101,13 +101,24 @@ class RunResult:
         return {k: str(v) for k, v in Fields.of(self.server_info, "server.json").child("config_info").data.items()}
 
 
-def _config_name(run_dir: pathlib.Path, summary: RunSummary) -> str:
+def sweep_dir(run_dir: pathlib.Path) -> pathlib.Path | None:
+    """The sweep a run belongs to: the nearest enclosing directory with a sweep.json, below any study."""
     for parent in run_dir.resolve().parents:
         if (parent / SWEEP_FILE).is_file():
-            return parent.name
+            return parent
         if (parent / STUDY_FILE).is_file():
             break
-    return summary.label
+    return None
+
+
+def study_dir(run_dir: pathlib.Path) -> pathlib.Path | None:
+    """The study a run belongs to: the nearest enclosing directory with a study.json."""
+    return next((p for p in run_dir.resolve().parents if (p / STUDY_FILE).is_file()), None)
+
+
+def _config_name(run_dir: pathlib.Path, summary: RunSummary) -> str:
+    sweep = sweep_dir(run_dir)
+    return summary.label if sweep is None else sweep.name
 
 
 def load_run(run_dir: pathlib.Path) -> RunResult:
@@ -225,15 +236,20 @@ class StudyFile:
                    {name: StudyConfig.from_json(c) for name, c in f.child("configs").children().items()})
 
 
+def read_study_file(path: pathlib.Path) -> StudyFile:
+    """One study.json; RunDirError (naming it) when malformed."""
+    try:
+        return StudyFile.from_json(json.loads(path.read_text()), str(path))
+    except (json.JSONDecodeError, JsonShapeError) as error:
+        raise RunDirError(f"{path}: {error}") from None
+
+
 def find_study_file(paths: list[pathlib.Path]) -> StudyFile:
     """The study.json of the first path that has one (empty if none): configs' prices, SLO, main rate."""
     for path in paths:
         for candidate in (path / STUDY_FILE, path.parent / STUDY_FILE):
             if candidate.is_file():
-                try:
-                    return StudyFile.from_json(json.loads(candidate.read_text()), str(candidate))
-                except (json.JSONDecodeError, JsonShapeError) as error:
-                    raise RunDirError(f"{candidate}: {error}") from None
+                return read_study_file(candidate)
     return StudyFile()
 
 

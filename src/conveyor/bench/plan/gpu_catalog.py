@@ -64,16 +64,24 @@ def find_gpu(name: str) -> GPU:
 
 def parse_prices(items: list[str]) -> dict[str, float]:
     """`H100=2.49` items (or one path to a JSON/TOML {gpu: price} file) -> {catalog name: USD/hour}."""
+    return {find_gpu(name).name: price for name, price in parse_price_items(items).items()}
+
+
+def parse_price_items(items: list[str]) -> dict[str, float]:
+    """`--price` values as given: `H100=2.49`, `H100=2.49,H200=3.5` or a JSON/TOML {gpu: price} file ->
+    {name as written: USD/hour}. The names are not looked up: `conveyor plan` maps them onto the catalog,
+    `conveyor report` onto the GPU names its runs recorded."""
     prices: dict[str, float] = {}
     for item in items:
         path = pathlib.Path(item)
         if "=" not in item and path.is_file():
             prices.update(_prices_from_file(path))
             continue
-        name, sep, value = item.partition("=")
-        if not sep:
-            raise CatalogError(f"--price: expected GPU=USD_PER_HOUR or a file, got {item!r}")
-        prices[find_gpu(name.strip()).name] = _price(value.strip(), "--price")
+        for part in item.split(","):
+            name, sep, value = part.partition("=")
+            if not sep or not name.strip():
+                raise CatalogError(f"--price: expected GPU=USD_PER_HOUR[,GPU=USD_PER_HOUR] or a file, got {item!r}")
+            prices[name.strip()] = _price(value.strip(), "--price")
     return prices
 
 
@@ -91,7 +99,7 @@ def _prices_from_file(path: pathlib.Path) -> dict[str, float]:
     data = read_table_file(path)
     if not isinstance(data, dict):
         raise CatalogError(f"{path}: expected an object {{GPU: USD_PER_HOUR}}")
-    return {find_gpu(str(k)).name: _price(v, str(path)) for k, v in data.items()}
+    return {str(k): _price(v, str(path)) for k, v in data.items()}
 
 
 def priced_catalog(prices: dict[str, float], names: list[str] | None = None) -> list[GPU]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import pathlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from conveyor.bench.decide.decision import (
@@ -27,13 +27,16 @@ from conveyor.bench.decide.decision import (
 )
 from conveyor.bench.decide.decision_checklist import ChecklistInputs, ChecklistItem
 from conveyor.bench.decide.diagnose import Finding, diagnose
+from conveyor.bench.decide.gpu_prices import GpuPrice, gpu_costs, match_prices
 from conveyor.bench.decide.headline import decide
 from conveyor.bench.decide.point_verdict import PointStatus
 from conveyor.bench.decide.slo import SLO, SLOVerdict, describe_objective, slo_from_mapping
 from conveyor.bench.measure.fixed import FixedDifference, FixedRecord, differences, unknown_keys
+from conveyor.bench.measure.gpu_groups import PER_MACHINE, GpuConfigs, config_studies, key_runs, within_gpu_differences
 from conveyor.bench.measure.intervals import IntervalConfig
 from conveyor.bench.measure.cache_summary import cache_report_lines, hit_rate_cell
 from conveyor.bench.measure.rundirs import Point, RunResult, StudyFile, discover_runs, find_study_file, group_points
+from conveyor.bench.report.gpu_report import GPU_COLUMNS, gpu_lines, gpu_rows, shows_gpus
 from conveyor.bench.report.report_format import fmt_interval, summary_cell
 from conveyor.bench.units import fmt_bytes, fmt_count, fmt_percent, fmt_rate
 
@@ -61,6 +64,8 @@ class ReportInputs:
     """Main-scenario rate (None: the study's, else the lowest measured)."""
     allow_mixed: bool = False
     """Compare runs whose fixed things differ (the report then says how)."""
+    gpu_prices: Mapping[str, float] = field(default_factory=dict)
+    """USD per GPU-hour by GPU name as the user wrote it (`--price H100=2.99`), matched to fixed.gpu_name."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,10 @@ class Analysis:
     """Fixed things some run did not record."""
     headline: str = ""
     """The recommendation in one line: configuration, capacity, cost, confidence (decide/headline.py)."""
+    gpus: GpuConfigs = field(default_factory=GpuConfigs)
+    """Each configuration's (GPU, name) (measure/gpu_groups.py)."""
+    gpu_prices: Mapping[str, GpuPrice] = field(default_factory=dict)
+    """gpu_name -> the price the user gave for it."""
 
     def runs(self) -> list[RunResult]:
         return [r for pts in self.points.values() for p in pts for r in p.runs]
@@ -112,6 +121,7 @@ def check_fixed(runs: list[RunResult], study: StudyFile,
     records = [FixedRecord(r.label, r.config_name, dict(r.summary.fixed)) for r in runs]
     varied = {name: set(c.varies) for name, c in study.configs.items()}
     found = differences(records, varied)
+    found += [d for d in within_gpu_differences(records) if all(f.key != d.key for f in found)]
     if found and not allow_mixed:
         raise MixedRunsError("these runs differ in what must stay fixed between compared runs: "
                              + "; ".join(d.describe() for d in found)
@@ -120,20 +130,22 @@ def check_fixed(runs: list[RunResult], study: StudyFile,
 
 
 def analyze(inputs: ReportInputs) -> Analysis:
-    study = find_study_file(list(inputs.paths))
-    slo = inputs.slo or slo_from_mapping({k: v for k, v in study.slo.items() if v is not None}, "study.json [slo]")
-    main_rate = inputs.main_rate if inputs.main_rate is not None else study.main_rate
-    runs = discover_runs(list(inputs.paths))
-    mixed, unknown = check_fixed(runs, study, inputs.allow_mixed)
-    points = group_points(runs)
+    base = find_study_file(list(inputs.paths))
+    slo = inputs.slo or slo_from_mapping({k: v for k, v in base.slo.items() if v is not None}, "study.json [slo]")
+    main_rate = inputs.main_rate if inputs.main_rate is not None else base.main_rate
+    gpus = key_runs(discover_runs(list(inputs.paths)), inputs.allow_mixed)
+    study = config_studies(gpus, base, inputs.slo is not None)
+    prices = match_prices(inputs.gpu_prices, gpus.gpu_names)
+    mixed, unknown = check_fixed(list(gpus.runs), study, inputs.allow_mixed)
+    points = group_points(list(gpus.runs))
     order = list(study.configs)
     points = dict(sorted(points.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order))))
-    decision = DecisionInputs(slo=slo, default_cost=inputs.default_cost,
-                              costs=_costs(study, inputs.default_cost), main_rate=main_rate)
+    costs = gpu_costs(gpus, prices, _costs(study, inputs.default_cost), inputs.default_cost)
+    decision = DecisionInputs(slo=slo, default_cost=inputs.default_cost, costs=costs, main_rate=main_rate)
     configs = evaluate_configs(points, decision)
     decided = decide(configs, ChecklistInputs(main_rate, study.planned_context_len, mixed, unknown))
     return Analysis(slo, points, configs, decided.recommendation, list(decided.checklist), diagnose(points), study,
-                    main_rate, mixed, unknown, decided.headline)
+                    main_rate, mixed, unknown, decided.headline, gpus, prices)
 
 
 def objective_cell(run: RunResult, verdict: SLOVerdict) -> str:
@@ -247,8 +259,10 @@ def fixed_lines(analysis: Analysis) -> list[str]:
                 + "; ".join(d.describe() for d in analysis.fixed_differences)]
     runs = analysis.runs()
     fixed = dict(runs[0].summary.fixed) if runs else {}
+    # across GPUs the GPU's name and the host's count are each configuration's: the per-GPU lines show them
+    per_config = {"server_flags", *PER_MACHINE} if analysis.gpus.by_gpu else {"server_flags"}
     shown = ", ".join(f"{k}={str(v)[:12] if k.endswith('sha256') else v}" for k, v in fixed.items()
-                      if k != "server_flags" and v is not None)
+                      if k not in per_config and v is not None)
     unknown = f"; unknown: {', '.join(analysis.fixed_unknown)}" if analysis.fixed_unknown else ""
     return [f"Fixed across all runs: {shown or 'nothing recorded'}{unknown}"]
 
@@ -274,9 +288,17 @@ def decision_lines(analysis: Analysis) -> list[str]:
     return lines
 
 
+def _gpu_section(analysis: Analysis, table: Callable[[tuple[str, ...], list[list[str]]], str],
+                 title: str = "Per GPU (valid runs):", bullet: str = "") -> list[str]:
+    if not shows_gpus(analysis.gpus, analysis.gpu_prices):
+        return []
+    return [title, *(bullet + line for line in gpu_lines(analysis.gpus, analysis.gpu_prices)), "",
+            table(GPU_COLUMNS, gpu_rows(analysis.configs, analysis.gpus)), ""]
+
+
 def format_terminal(analysis: Analysis) -> str:
     return "\n".join([format_table(DASHBOARD_COLUMNS, dashboard_rows(analysis)), "",
-                      *_spec_section(analysis, format_table),
+                      *_spec_section(analysis, format_table), *_gpu_section(analysis, format_table),
                       format_table(POINT_COLUMNS, point_rows(analysis)), "",
                       format_table(CONFIG_COLUMNS, config_rows(analysis)), "", *decision_lines(analysis)])
 
@@ -289,5 +311,5 @@ def format_markdown(analysis: Analysis) -> str:
                       format_markdown_table(CONFIG_COLUMNS, config_rows(analysis)), "", "## Points", "",
                       format_markdown_table(POINT_COLUMNS, point_rows(analysis)), "", "## Dashboard", "",
                       format_markdown_table(DASHBOARD_COLUMNS, dashboard_rows(analysis)), "",
-                      *_spec_section(analysis, format_markdown_table),
+                      *_spec_section(analysis, format_markdown_table), *_gpu_section(analysis, format_markdown_table, "## Per GPU (valid runs)\n", "- "),
                       "## Decision details", "", *decision_lines(analysis), ""])

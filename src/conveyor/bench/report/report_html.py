@@ -1,7 +1,8 @@
 """The HTML report: one self-contained page (plots embedded as data URIs; also kept as PNG files).
 
 Sections, each with a stable id (tests check them): recommendation (with its confidence and the
-objective as a sentence), checklist, diagnosis, configurations, points (valid repeats pooled, with
+objective as a sentence), checklist, diagnosis, configurations, gpus (only when the runs span several GPUs
+or prices were given per GPU: the dashboard per GPU), points (valid repeats pooled, with
 intervals), dashboard (one row per run; invalid runs greyed out), fixed (the fixed things), cache (the
 runs' prefix-cache state and warnings), plots (throughput, latency, timeseries, per-class), per-class table.
 """
@@ -27,6 +28,7 @@ from conveyor.bench.report.dashboard import (
     point_rows,
     spec_rows,
 )
+from conveyor.bench.report.gpu_report import GPU_COLUMNS, gpu_lines, gpu_rows, shows_gpus
 from conveyor.bench.report.report_format import class_cell
 
 SECTION_IDS = ("recommendation", "checklist", "diagnosis", "configurations", "points", "dashboard", "fixed",
@@ -104,6 +106,11 @@ def _recommendation(analysis: Analysis) -> str:
             "could not keep up) are greyed out and counted nowhere.</p>")
 
 
+def _gpus(analysis: Analysis) -> str:
+    lines = "".join(f"<p>{html.escape(line)}</p>" for line in gpu_lines(analysis.gpus, analysis.gpu_prices))
+    return lines + _table(GPU_COLUMNS, gpu_rows(analysis.configs, analysis.gpus))
+
+
 def render_html(analysis: Analysis, plot_paths: list[pathlib.Path]) -> str:
     checklist = "".join(
         f'<li><b class="{i.answer.value}">{i.answer.value}</b> {html.escape(i.question)}<br>'
@@ -119,6 +126,8 @@ def render_html(analysis: Analysis, plot_paths: list[pathlib.Path]) -> str:
         _section("checklist", "Decision checklist", f"<ul>{checklist}</ul>"),
         _section("diagnosis", "Diagnosis", f"<ul>{findings}</ul>"),
         _section("configurations", "Configurations", _table(CONFIG_COLUMNS, config_rows(analysis))),
+        *([_section("gpus", "Per GPU (valid runs)", _gpus(analysis))] if shows_gpus(analysis.gpus, analysis.gpu_prices)
+          else []),
         _section("points", "Points (valid repeats pooled)", _table(POINT_COLUMNS, point_rows(analysis))),
         _section("dashboard", "Dashboard (one row per run)",
                  _table(DASHBOARD_COLUMNS, dashboard_rows(analysis), grey_invalid=True)),
