@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from conveyor.config import CacheConfig, SchedulerConfig
 from conveyor.core.errors import AdmissionError, QueueFullError
 from conveyor.core.fake_runner import FakeModelRunner
-from conveyor.core.outputs import EngineCoreOutputs
+from conveyor.core.outputs import EngineCoreOutput, EngineCoreOutputs
 from conveyor.core.policies import make_scheduler
 from conveyor.core.scheduler import Scheduler
 from conveyor.core.simulate import StepTimeModel, VirtualClock
@@ -79,6 +79,8 @@ class SimOutcome:
     end_s: float
     cached_tokens: int = 0
     num_preemptions: int = 0
+    queue_s: float | None = None
+    """Due to first scheduled (None: never scheduled), as the server's queue-time histogram observes it."""
     error: str | None = None
     """Why it failed: `http_4xx` (can never fit), `http_503` (queue full or timed out), as bench's ErrorKind."""
 
@@ -199,7 +201,7 @@ def _cancel_late(run: _Run) -> None:
 
 def _abort(run: _Run, flight: _InFlight, end_s: float) -> None:
     (output,) = run.scheduler.finish_requests([flight.request.request_id], FinishReason.ABORT)
-    _end(run, flight, CANCELLED, end_s, output.num_cached_tokens, output.num_preemptions)
+    _end(run, flight, CANCELLED, end_s, output)
 
 
 def _step(run: _Run, runner: FakeModelRunner) -> None:
@@ -231,8 +233,7 @@ def _collect(run: _Run, outputs: EngineCoreOutputs) -> None:
         flight = run.in_flight[finished.request_id]
         _chunk(flight, finished.new_token_ids, now_s)
         error = _ERRORS.get(finished.finish_reason) if finished.finish_reason else None
-        _end(run, flight, FAILED if error else COMPLETED, now_s, finished.num_cached_tokens,
-             finished.num_preemptions, error=error)
+        _end(run, flight, FAILED if error else COMPLETED, now_s, finished, error)
     for request_id in outputs.req_ids:
         flight = run.in_flight[request_id]
         limit = flight.request.cancel_after_tokens
@@ -246,13 +247,16 @@ def _chunk(flight: _InFlight, token_ids: list[int], now_s: float) -> None:
         flight.output_token_ids.extend(token_ids)
 
 
-def _end(run: _Run, flight: _InFlight, status: str, end_s: float, cached_tokens: int = 0,
-         num_preemptions: int = 0, error: str | None = None) -> None:
+def _end(run: _Run, flight: _InFlight, status: str, end_s: float, final: EngineCoreOutput | None = None,
+         error: str | None = None) -> None:
     """Record the outcome and make the session's next turn due (after any outcome, as the client does)."""
     request = flight.request
     run.in_flight.pop(request.request_id, None)
-    run.outcomes.append(SimOutcome(request, flight.due_s, status, len(flight.prompt), len(flight.output_token_ids),
-                                   tuple(flight.chunk_times_s), end_s, cached_tokens, num_preemptions, error))
+    scheduled_s = final.timings.first_scheduled_s if final is not None and final.timings is not None else None
+    run.outcomes.append(SimOutcome(
+        request, flight.due_s, status, len(flight.prompt), len(flight.output_token_ids), tuple(flight.chunk_times_s),
+        end_s, final.num_cached_tokens if final else 0, final.num_preemptions if final else 0,
+        None if scheduled_s is None else scheduled_s - flight.due_s, error))
     if request.session_id is None or request.turn is None:
         return
     following = run.later_turns.pop((request.session_id, request.turn + 1), None)
