@@ -10,14 +10,23 @@ prints the simulation's error per metric (sim/validate.py).
 from __future__ import annotations
 
 import argparse
+import pathlib
 import shlex
 import sys
 
+from conveyor.bench.measure.rundirs import RunDirError
 from conveyor.bench.measure.runner import dashboard_table
 from conveyor.bench.trace.traces import TraceError
 from conveyor.core import simulate_cli
 from conveyor.sim.engine_setup import add_engine_flags
-from conveyor.sim.replay import run_trace
+from conveyor.sim.replay import run_trace, step_price
+from conveyor.sim.validate import (
+    fitted_runs,
+    refuse_fitted,
+    terminal_table,
+    validate_runs,
+    write_tables,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,18 +40,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     trace.add_argument("--arrival", choices=["poisson", "gamma", "constant", "replay"])
     trace.add_argument("--burstiness", type=float, default=1.0, help="gamma shape k (gamma arrivals)")
     trace.add_argument("--time-scale", type=float, default=1.0, help="replay: trace seconds per simulated second")
+    check = parser.add_argument_group("validate on measured runs")
+    check.add_argument("--validate", nargs="+", metavar="RUN_DIR",
+                       help="replay these measured runs (their trace, rate, flags) with --calibration and print the "
+                            "error per metric; tables and simulated twins go to --out-dir (default simulate-validation)")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.trace is None:
+    if args.trace is None and args.validate is None:
         return simulate_cli.run(args)
+    command = "conveyor simulate " + shlex.join(sys.argv[2:])
     try:
-        summary, num_steps = run_trace(args, "conveyor simulate " + shlex.join(sys.argv[2:]))
-    except (ValueError, TraceError) as error:  # ConfigError, LoadProfileError and TraceError name the flag
+        if args.validate is not None:
+            return _validate(args, command)
+        summary, num_steps = run_trace(args, command)
+    except (ValueError, TraceError, RunDirError) as error:  # each names the flag or the run directory
         print(f"conveyor simulate: error: {error}", file=sys.stderr)
         return 2
     simulated = summary.simulated
     print(f"simulated {summary.num_prompts} requests of {args.trace} in {num_steps} engine steps; step = "
           f"{simulated.step_time if simulated else '?'}; wrote {args.out_dir}")
     print(dashboard_table([summary]))
+    return 0
+
+
+def _validate(args: argparse.Namespace, command: str) -> int:
+    if args.trace is not None:
+        raise ValueError("--validate replays each run's own trace: drop --trace")
+    if args.calibration is None:
+        raise ValueError("--validate needs --calibration FILE (the step-time model whose error it measures)")
+    run_dirs = [pathlib.Path(d) for d in args.validate]
+    refuse_fitted(run_dirs, fitted_runs(pathlib.Path(args.calibration), args.calibration_hardware))
+    step_time, simulated = step_price(args)
+    out_dir = pathlib.Path(args.out_dir or "simulate-validation")
+    results = validate_runs(run_dirs, step_time, simulated, out_dir, command)
+    print(f"simulation error on {len(results)} measured run(s); step = {simulated.step_time}")
+    print(terminal_table(results))
+    print(f"wrote {write_tables(out_dir, results)} and validation.csv; simulated twins in {out_dir / 'runs'}")
     return 0

@@ -16,7 +16,7 @@ import itertools
 import json
 import math
 import pathlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.bench.jsonvalue import JSON
@@ -60,6 +60,8 @@ class SimRunSpec:
     simulated: Simulated
     model: str = ""
     """The model the calibration was fitted on (empty: none)."""
+    window: WindowConfig = field(default_factory=WindowConfig)
+    """Which requests count (a validated run's own warm-up and cool-down; default: all)."""
 
 
 def request_record(outcome: SimOutcome) -> RequestRecord:
@@ -111,19 +113,21 @@ def _identity(spec: SimRunSpec) -> dict[str, Any]:
 def build_summary(spec: SimRunSpec, result: TraceSimResult) -> tuple[RunSummary, list[RequestRecord]]:
     """The run's summary, computed from its records as `bench run` computes a measured one."""
     records = sorted((request_record(o) for o in result.outcomes), key=lambda r: (r.sent_s, r.request_id))
-    window = apply_window(records, WindowConfig())
+    window = apply_window(records, spec.window)
+    measured = [r for r in records if r.in_window]
     summary = _identity(spec)
-    summary.update(client_summary(records, None))
+    summary.update(client_summary(measured, None))
     summary.update(num_sent=len(records), send_lag_p99_ms=0.0, window=window, client={"simulated": True},
-                   **turn_fields(records))
+                   **turn_fields(measured))
     summary.update(max_send_lag_p99_ms=None, valid=True, invalid_reason=None, server=server_values(result))
     trace = pathlib.Path(spec.trace_path)
     fixed = {"server_name": SERVER_NAME, "trace_sha256": file_sha256(trace) if trace.is_file() else None,
              "server_flags": server_flags(spec.setup)}
-    extend_summary(summary, records, None, ValidityBounds(), RunContext(fixed=fixed))
-    sent = [r for r in spec.trace.requests if r.request_id in {rec.request_id for rec in records}]
+    extend_summary(summary, measured, None, ValidityBounds(), RunContext(fixed=fixed))
+    sent_ids = {rec.request_id for rec in records}
+    sent = [r for r in spec.trace.requests if r.request_id in sent_ids]
     expected = expected_hit_rate(sent, spec.setup.cache.block_size)
-    summary["cache"] = cache_summary(CacheMode.ISOLATED.value, None, records,
+    summary["cache"] = cache_summary(CacheMode.ISOLATED.value, None, measured,
                                      summary["server"]["prefix_cache_hit_rate"], expected).to_json()
     summary["simulated"] = spec.simulated.to_json()
     return summary_from_json(summary, spec.label, "the simulated run's summary"), records
