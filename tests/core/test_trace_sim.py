@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from conveyor.config import CacheConfig, SchedulerConfig
+from conveyor.config import Batching, CacheConfig, SchedulerConfig
 from conveyor.core.simulate import StepTimeModel
 from conveyor.core.trace_sim import (
     CANCELLED,
@@ -76,3 +76,18 @@ def test_a_small_pool_preempts_and_every_request_still_completes() -> None:
     assert result.num_preemptions > 0
     assert all(o.status == COMPLETED and o.output_tokens == 60 for o in result.outcomes)
     assert simulate_trace(requests, tight) == result  # deterministic
+
+
+def test_a_stream_closed_during_the_last_step_is_cancelled_not_completed() -> None:
+    slow = replace(CONFIG, step_time=StepTimeModel(step_time_base_s=0.5, step_time_per_token_s=0.0))
+    (outcome,) = simulate_trace([request("c", 0.0, [5] * 20, output_len=2, cancel_after_s=0.7)], slow).outcomes
+    assert outcome.status == CANCELLED and outcome.end_s == pytest.approx(0.7)
+    assert outcome.output_tokens == 1  # the chunk at 0.5 s was read, the one at 1.0 s came after the close
+
+
+def test_static_batching_replays_too() -> None:
+    static = replace(CONFIG, scheduler=replace(CONFIG.scheduler, batching=Batching.STATIC))
+    requests = [request(f"r{i}", 0.05 * i, [200 + i] * 30, output_len=5 + i) for i in range(10)]
+    result = simulate_trace(requests, static)
+    assert sorted(o.request.request_id for o in result.outcomes) == sorted(r.request_id for r in requests)
+    assert all(o.status == COMPLETED for o in result.outcomes)

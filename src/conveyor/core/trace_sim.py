@@ -193,10 +193,10 @@ def _send_due(run: _Run) -> None:
 def _cancel_late(run: _Run) -> None:
     """Time-based cancellations whose moment has passed: aborted before the next step."""
     now_s = run.clock.now_s
-    late = [f for f in run.in_flight.values()
-            if f.request.cancel_after_s is not None and f.due_s + f.request.cancel_after_s <= now_s]
-    for flight in late:
-        _abort(run, flight, flight.due_s + float(flight.request.cancel_after_s or 0.0))
+    late = [(f, closed_s) for f in run.in_flight.values() if (closed_s := _closed_at(f)) is not None
+            and closed_s <= now_s]
+    for flight, closed_s in late:
+        _abort(run, flight, closed_s)
 
 
 def _abort(run: _Run, flight: _InFlight, end_s: float) -> None:
@@ -210,6 +210,8 @@ def _step(run: _Run, runner: FakeModelRunner) -> None:
     runner_output = runner.execute(output)
     if not output.is_empty:
         clock.now_s += run.config.step_time.batch_time_s(step_record(output))
+    elif run.due:  # nothing could run (a static batch filling up): time passes until the next request is due
+        clock.now_s = max(clock.now_s, run.due[0][0])
     outputs, stats = scheduler.update_from_output(output, runner_output)
     c = run.counts
     c["steps"] += 1
@@ -233,7 +235,11 @@ def _collect(run: _Run, outputs: EngineCoreOutputs) -> None:
         flight = run.in_flight[finished.request_id]
         _chunk(flight, finished.new_token_ids, now_s)
         error = _ERRORS.get(finished.finish_reason) if finished.finish_reason else None
-        _end(run, flight, FAILED if error else COMPLETED, now_s, finished, error)
+        closed_s = _closed_at(flight)
+        if closed_s is not None and closed_s <= now_s:  # the client gave up before the last chunk came
+            _end(run, flight, CANCELLED, closed_s, finished)
+        else:
+            _end(run, flight, FAILED if error else COMPLETED, now_s, finished, error)
     for request_id in outputs.req_ids:
         flight = run.in_flight[request_id]
         limit = flight.request.cancel_after_tokens
@@ -241,8 +247,16 @@ def _collect(run: _Run, outputs: EngineCoreOutputs) -> None:
             _abort(run, flight, now_s)
 
 
+def _closed_at(flight: _InFlight) -> float | None:
+    """When the client closes the stream by its timer (None: it waits for the end)."""
+    cancel_s = flight.request.cancel_after_s
+    return None if cancel_s is None else flight.due_s + cancel_s
+
+
 def _chunk(flight: _InFlight, token_ids: list[int], now_s: float) -> None:
-    if token_ids:
+    """A chunk the client reads, unless it closed the stream during the step (it is aborted next)."""
+    closed_s = _closed_at(flight)
+    if token_ids and (closed_s is None or now_s < closed_s):
         flight.chunk_times_s.append(now_s)
         flight.output_token_ids.extend(token_ids)
 
