@@ -40,6 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     trace.add_argument("--arrival", choices=["poisson", "gamma", "constant", "replay"])
     trace.add_argument("--burstiness", type=float, default=1.0, help="gamma shape k (gamma arrivals)")
     trace.add_argument("--time-scale", type=float, default=1.0, help="replay: trace seconds per simulated second")
+    hardware = parser.add_argument_group("cross-hardware what-if (with --trace and --calibration)")
+    hardware.add_argument("--target-gpu", metavar="GPU", help="scale the calibration to this catalog GPU (H100, H200, "
+                          "...): weight and KV reads by bandwidth, token compute by bf16 FLOP/s")
+    hardware.add_argument("--model-config", metavar="CONFIG.json", help="the model's config.json, for the target's "
+                          "KV pool from the memory plan (or give --num-gpu-blocks-override)")
+    hardware.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="for the memory plan (default 0.9)")
     check = parser.add_argument_group("validate on measured runs")
     check.add_argument("--validate", nargs="+", metavar="RUN_DIR",
                        help="replay these measured runs (their trace, rate, flags) with --calibration and print the "
@@ -65,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace, command: str) -> int:
-    if args.trace is not None:
-        raise ValueError("--validate replays each run's own trace: drop --trace")
+    if args.trace is not None or args.target_gpu is not None:
+        raise ValueError("--validate replays each run as it ran: drop --trace and --target-gpu")
     if args.calibration is None:
         raise ValueError("--validate needs --calibration FILE (the step-time model whose error it measures)")
     run_dirs = [pathlib.Path(d) for d in args.validate]

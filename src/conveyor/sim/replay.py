@@ -10,12 +10,14 @@ import argparse
 import math
 import pathlib
 
+from conveyor.bench.measure.calibration import Calibration, read_calibrations
 from conveyor.bench.measure.summary import RunSummary, Simulated
 from conveyor.bench.trace.traces import read_trace
 from conveyor.core import simulate_cli
 from conveyor.core.simulate import StepTimeModel
 from conveyor.core.step_time import CalibratedStepTime
 from conveyor.core.trace_sim import TraceSimConfig, TraceSimResult, simulate_trace
+from conveyor.sim.cross_hardware import retarget
 from conveyor.sim.engine_setup import apply_engine_flags, default_setup
 from conveyor.sim.run_dir import SimRunSpec, write_run_dir
 from conveyor.sim.workload import LoadSettings, sim_requests
@@ -36,6 +38,12 @@ def step_price(args: argparse.Namespace) -> tuple[StepPrice, Simulated]:
     return model, Simulated(model.describe(), None if calibration is None else str(calibration))
 
 
+def calibration_entries(path: pathlib.Path, hardware: str | None) -> list[Calibration]:
+    """The file's calibrations that --calibration-hardware picks, by the rule core/step_time.py reads with
+    (the step times come from there; the record, with its key and fitted runs, from here)."""
+    return [c for c in read_calibrations(path) if hardware is None or hardware.lower() in c.key.hardware.lower()]
+
+
 def load_from_args(args: argparse.Namespace) -> LoadSettings:
     rate = math.inf if args.rate is None else args.rate
     if not rate > 0:
@@ -52,7 +60,11 @@ def run_trace(args: argparse.Namespace, command: str) -> tuple[RunSummary, int]:
     if (out_dir / "summary.json").exists():
         raise ValueError(f"--out-dir {out_dir} already holds a run; pick a new directory")
     step_time, simulated = step_price(args)
+    setup = apply_engine_flags(default_setup(), args)
+    if args.target_gpu is not None:
+        found = calibration_entries(pathlib.Path(args.calibration), args.calibration_hardware) if args.calibration else []
+        step_time, setup, simulated = retarget(args, step_time, setup, simulated, found)
     spec = SimRunSpec(args.label or out_dir.name, args.trace, read_trace(args.trace), load_from_args(args),
-                      apply_engine_flags(default_setup(), args), simulated)
+                      setup, simulated)
     result = replay(spec, step_time)
     return write_run_dir(out_dir, spec, result, command), result.num_steps

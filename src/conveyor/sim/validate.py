@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from conveyor.bench.jsonvalue import Fields
-from conveyor.bench.measure.calibration import read_calibrations
 from conveyor.bench.measure.rundirs import RunResult, load_run
 from conveyor.bench.measure.summary import RunSummary, Simulated
 from conveyor.bench.measure.window import WindowConfig
@@ -26,7 +25,7 @@ from conveyor.bench.report.dashboard import format_markdown_table, format_table
 from conveyor.bench.trace.traces import read_trace
 from conveyor.bench.units import fmt_rate
 from conveyor.sim.engine_setup import setup_from_server_flags
-from conveyor.sim.replay import StepPrice, replay
+from conveyor.sim.replay import StepPrice, calibration_entries, replay
 from conveyor.sim.run_dir import SimRunSpec, write_run_dir
 from conveyor.sim.workload import LoadSettings
 
@@ -74,9 +73,8 @@ def compare(measured: RunSummary, simulated: RunSummary) -> tuple[MetricError, .
 def fitted_runs(calibration: pathlib.Path, hardware: str | None) -> set[pathlib.Path]:
     """The run directories the chosen calibration was fitted on, resolved from here and from the file's folder
     (`bench calibrate` stores them as given on its command line)."""
-    chosen = [c for c in read_calibrations(calibration)
-              if hardware is None or hardware.lower() in c.key.hardware.lower()]
-    return {base / run for c in chosen for run in c.runs for base in (pathlib.Path.cwd(), calibration.parent)}
+    return {base / run for c in calibration_entries(calibration, hardware) for run in c.runs
+            for base in (pathlib.Path.cwd(), calibration.parent)}
 
 
 def refuse_fitted(run_dirs: Sequence[pathlib.Path], fitted: set[pathlib.Path]) -> None:
