@@ -56,6 +56,8 @@ _SCHEDULER_FIELDS: dict[str, tuple[str, Callable[[str], object]]] = {
 """server_flags key -> (SchedulerConfig field, parser of the engine's rendering)."""
 _CACHE_FIELDS: dict[str, tuple[str, Callable[[str], object]]] = {
     "block_size": ("block_size", int), "enable_prefix_caching": ("enable_prefix_caching", _flag_bool)}
+SIMULATED_FLAGS = frozenset((*_SCHEDULER_FIELDS, *_CACHE_FIELDS))
+"""The engine flags the simulation models (with num_gpu_blocks_override, the pool): what a what-if may change."""
 
 
 def _fields(flags: Mapping[str, str], table: Mapping[str, tuple[str, Callable[[str], object]]],
@@ -93,14 +95,19 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
 
 def apply_engine_flags(setup: EngineSetup, args: argparse.Namespace) -> EngineSetup:
     """`setup` with the flags given on the command line applied (ConfigError names a bad flag)."""
-    given = {key: str(value) for key in (*_SCHEDULER_FIELDS, *_CACHE_FIELDS)
+    given = {key: str(value) for key in (*SIMULATED_FLAGS, "num_gpu_blocks_override")
              if (value := getattr(args, key, None)) is not None and value != "both"}  # --batching both: the run's
-    scheduler = replace(setup.scheduler, **_fields(given, _SCHEDULER_FIELDS, "flags"))  # type: ignore[arg-type]
-    cache = replace(setup.cache, **_fields(given, _CACHE_FIELDS, "flags"))  # type: ignore[arg-type]
-    blocks = getattr(args, "num_gpu_blocks_override", None)
-    if blocks is not None and blocks < 1:
-        raise ConfigError(f"--num-gpu-blocks-override must be >= 1 (got {blocks})")
-    return EngineSetup(scheduler, cache, setup.num_blocks if blocks is None else blocks)
+    return apply_flags(setup, given, "flags")
+
+
+def apply_flags(setup: EngineSetup, flags: Mapping[str, str], where: str) -> EngineSetup:
+    """`setup` with engine flags (vLLM names, underscores) applied; `num_gpu_blocks_override` sizes the pool."""
+    scheduler = replace(setup.scheduler, **_fields(flags, _SCHEDULER_FIELDS, where))  # type: ignore[arg-type]
+    cache = replace(setup.cache, **_fields(flags, _CACHE_FIELDS, where))  # type: ignore[arg-type]
+    blocks = flags.get("num_gpu_blocks_override", "none")
+    if blocks.lower() != "none" and not (blocks.isdigit() and int(blocks) >= 1):
+        raise ConfigError(f"{where}: num_gpu_blocks_override must be an integer >= 1 (got {blocks})")
+    return EngineSetup(scheduler, cache, int(blocks) if blocks.isdigit() else setup.num_blocks)
 
 
 def server_flags(setup: EngineSetup) -> dict[str, str]:
