@@ -97,9 +97,12 @@ def _validate(args: argparse.Namespace, command: str) -> int:
     refuse_fitted(run_dirs, fitted_runs(pathlib.Path(args.calibration), args.calibration_hardware))
     step_time, simulated = step_price(args)
     out_dir = pathlib.Path(args.out_dir or "simulate-validation")
-    results = validate_runs(run_dirs, step_time, simulated, out_dir, command)
+    results = validate_runs(run_dirs, step_time, simulated, out_dir, command,
+                            lambda setup: apply_engine_flags(setup, args))
     print(f"simulation error on {len(results)} measured run(s); step = {simulated.step_time}")
     print(terminal_table(results))
+    for note in (n for r in results for n in r.notes):
+        print(f"note: {note}")
     print(f"wrote {write_tables(out_dir, results)} and validation.csv; simulated twins in {out_dir / 'runs'}")
     return 0
 

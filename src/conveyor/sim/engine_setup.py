@@ -73,10 +73,11 @@ def _fields(flags: Mapping[str, str], table: Mapping[str, tuple[str, Callable[[s
 
 
 def setup_from_server_flags(flags: Mapping[str, str], where: str) -> EngineSetup:
-    """The engine a measured run's `fixed.server_flags` describe (engine defaults for what they lack)."""
+    """The engine a measured run's `fixed.server_flags` describe (engine defaults for what they lack: a vLLM
+    server's vllm:cache_config_info has the block size, pool and prefix caching, not the scheduler limits)."""
     scheduler = SchedulerConfig(**_fields(flags, _SCHEDULER_FIELDS, where))  # type: ignore[arg-type]
     cache = CacheConfig(**_fields(flags, _CACHE_FIELDS, where))  # type: ignore[arg-type]
-    blocks = flags.get("num_kv_blocks", "")
+    blocks = flags.get("num_kv_blocks") or flags.get("num_gpu_blocks") or ""  # conveyor's label, vLLM's
     return EngineSetup(scheduler, cache, int(blocks) if blocks.isdigit() else DEFAULT_NUM_BLOCKS)
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import csv
 import json
 import pathlib
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from conveyor.bench.jsonvalue import Fields
 from conveyor.bench.measure.rundirs import RunResult, load_run
@@ -24,7 +24,7 @@ from conveyor.bench.measure.window import WindowConfig
 from conveyor.bench.report.dashboard import format_markdown_table, format_table
 from conveyor.bench.trace.traces import read_trace
 from conveyor.bench.units import fmt_rate
-from conveyor.sim.engine_setup import setup_from_server_flags
+from conveyor.sim.engine_setup import EngineSetup, setup_from_server_flags
 from conveyor.sim.replay import StepPrice, calibration_entries, replay
 from conveyor.sim.run_dir import SimRunSpec, write_run_dir
 from conveyor.sim.workload import LoadSettings
@@ -51,6 +51,8 @@ class RunValidation:
     label: str
     request_rate: float
     errors: tuple[MetricError, ...]
+    notes: tuple[str, ...] = ()
+    """What the replay could not reproduce of this run (printed under the table)."""
 
 
 def relative_error(measured: float | None, simulated: float | None) -> float | None:
@@ -118,15 +120,28 @@ def _config_json(run_dir: pathlib.Path) -> Fields:
 
 
 def validate_runs(run_dirs: Sequence[pathlib.Path], step_time: StepPrice, simulated: Simulated,
-                  out_dir: pathlib.Path, command: str) -> list[RunValidation]:
-    """Replay each run (its simulated twin written to out_dir/runs/<name>) and compare."""
+                  out_dir: pathlib.Path, command: str, overrides: Callable[[EngineSetup], EngineSetup]) -> list[RunValidation]:
+    """Replay each run (its simulated twin written to out_dir/runs/<name>) and compare; `overrides` applies
+    the engine flags given on the command line (for what a run did not record, e.g. a vLLM server's limits)."""
     results = []
     for run_dir in run_dirs:
         run = load_run(run_dir)
         spec = spec_of(run, simulated)
+        spec = replace(spec, setup=overrides(spec.setup))
         twin = write_run_dir(out_dir / "runs" / run_dir.name, spec, replay(spec, step_time), command)
-        results.append(RunValidation(str(run_dir), run.label, run.offered_rate, compare(run.summary, twin)))
+        results.append(RunValidation(str(run_dir), run.label, run.offered_rate, compare(run.summary, twin),
+                                     _notes(run)))
     return results
+
+
+def _notes(run: RunResult) -> tuple[str, ...]:
+    notes = []
+    if run.summary.cache.mode == "warm":
+        notes.append(f"{run.label}: measured with a warmed prefix cache; the replay starts cold")
+    server = Fields.of(dict(run.summary.fixed), "fixed").opt_text("server_name")
+    if server not in (None, "conveyor"):
+        notes.append(f"{run.label}: served by {server}, not conveyor's scheduler")
+    return tuple(notes)
 
 
 def fmt_error(error: MetricError) -> str:
