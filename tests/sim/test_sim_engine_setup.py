@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from conveyor.config import Batching, CacheConfig, ConfigError, SchedulerConfig
-from conveyor.sim.engine_setup import EngineSetup, apply_flags, server_flags, setup_from_server_flags
+from conveyor.sim.engine_setup import (
+    EngineSetup,
+    apply_flags,
+    server_flags,
+    setup_from_server_flags,
+)
 
 
 def test_server_flags_round_trip() -> None:
