@@ -93,3 +93,14 @@ def test_a_run_replayed_with_the_model_that_made_it_has_no_error(
 def test_validate_needs_a_calibration(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["simulate", "--validate", str(tmp_path)]) == 2
     assert "--calibration" in capsys.readouterr().err
+
+
+def test_notes_name_what_the_replay_cannot_reproduce(tmp_path: pathlib.Path) -> None:
+    from conveyor.bench.measure.cache_summary import CacheSummary
+    from conveyor.bench.measure.rundirs import RunResult
+    from conveyor.sim.validate import replay_notes
+    fixed = {"server_name": "vllm", "server_flags": {"speculative_config": '{"method": "ngram"}',
+                                                     "max_num_queued_tokens": "none"}}
+    run = RunResult(tmp_path, "r", RunSummary(RunIdentity("r"), fixed=fixed, cache=CacheSummary(mode="warm")))
+    notes = replay_notes(run)
+    assert len(notes) == 3 and "warmed" in notes[0] and "vllm" in notes[1] and "speculative decoding" in notes[2]

@@ -130,17 +130,22 @@ def validate_runs(run_dirs: Sequence[pathlib.Path], step_time: StepPrice, simula
         spec = replace(spec, setup=overrides(spec.setup))
         twin = write_run_dir(out_dir / "runs" / run_dir.name, spec, replay(spec, step_time), command)
         results.append(RunValidation(str(run_dir), run.label, run.offered_rate, compare(run.summary, twin),
-                                     _notes(run)))
+                                     replay_notes(run)))
     return results
 
 
-def _notes(run: RunResult) -> tuple[str, ...]:
+def replay_notes(run: RunResult) -> tuple[str, ...]:
+    """What of this run the replay cannot reproduce (printed under the table)."""
     notes = []
     if run.summary.cache.mode == "warm":
         notes.append(f"{run.label}: measured with a warmed prefix cache; the replay starts cold")
-    server = Fields.of(dict(run.summary.fixed), "fixed").opt_text("server_name")
+    fixed = Fields.of(dict(run.summary.fixed), "fixed")
+    server, flags = fixed.opt_text("server_name"), fixed.child("server_flags")
     if server not in (None, "conveyor"):
         notes.append(f"{run.label}: served by {server}, not conveyor's scheduler")
+    for flag, what in (("speculative_config", "speculative decoding"), ("max_num_queued_tokens", "the prefill-token cap")):
+        if flags.text(flag, "none").lower() != "none":
+            notes.append(f"{run.label}: ran with {what} ({flag}), which the replay does not model")
     return tuple(notes)
 
 
