@@ -74,3 +74,10 @@ def test_trace_flags_fail_in_one_line(tmp_path: pathlib.Path, capsys: pytest.Cap
     assert cli.main(["simulate", "--trace", str(trace), "--out-dir", str(tmp_path / "o"), "--rate", "0"]) == 2
     err = capsys.readouterr().err
     assert "--rate" in err and len(err.strip().splitlines()) == 1
+
+
+def test_poisson_workload_flags_are_refused_with_a_trace(tmp_path: pathlib.Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    trace = small_trace(tmp_path / "t.jsonl")
+    assert cli.main(["simulate", "--trace", str(trace), "--out-dir", str(tmp_path / "o"), "--request-rate", "3"]) == 2
+    assert "--request-rate shapes the Poisson workload" in capsys.readouterr().err

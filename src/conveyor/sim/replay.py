@@ -23,6 +23,9 @@ from conveyor.sim.run_dir import SimRunSpec, write_run_dir
 from conveyor.sim.workload import LoadSettings, sim_requests
 
 StepPrice = StepTimeModel | CalibratedStepTime
+_POISSON_ONLY = ("request_rate", "long_fraction", "short_prompt_tokens", "short_output_tokens", "long_prompt_tokens",
+                 "long_output_tokens")
+"""core/simulate_cli.py's workload flags that a trace replaces (--num-requests and --seed keep a meaning)."""
 
 
 def replay(spec: SimRunSpec, step_time: StepPrice) -> TraceSimResult:
@@ -56,6 +59,10 @@ def run_trace(args: argparse.Namespace, command: str) -> tuple[RunSummary, int]:
     """`simulate --trace`: replay, write --out-dir, return its summary and the engine steps it took."""
     if not args.out_dir:
         raise ValueError("--trace needs --out-dir DIR (the run directory to write)")
+    poisson = [name for name in _POISSON_ONLY if getattr(args, name, None) is not None]
+    if poisson:
+        raise ValueError(f"--{poisson[0].replace('_', '-')} shapes the Poisson workload; with --trace the trace is "
+                         "the workload (--rate sets its pace)")
     out_dir = pathlib.Path(args.out_dir)
     if (out_dir / "summary.json").exists():
         raise ValueError(f"--out-dir {out_dir} already holds a run; pick a new directory")
