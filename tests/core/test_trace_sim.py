@@ -91,3 +91,15 @@ def test_static_batching_replays_too() -> None:
     result = simulate_trace(requests, static)
     assert sorted(o.request.request_id for o in result.outcomes) == sorted(r.request_id for r in requests)
     assert all(o.status == COMPLETED for o in result.outcomes)
+
+
+def test_a_concurrency_cap_sends_each_request_when_a_slot_frees() -> None:
+    capped = replace(CONFIG, max_concurrency=1)
+    requests = [request(f"r{i}", 0.0, [300 + i] * 20, output_len=3) for i in range(3)]
+    outcomes = by_id(simulate_trace(requests, capped))
+    r0, r1, r2 = (outcomes[f"r{i}"] for i in range(3))
+    assert r0.sent_s == 0.0 and r1.sent_s == pytest.approx(r0.end_s)  # type: ignore[attr-defined]
+    assert r2.sent_s == pytest.approx(r1.end_s) and r2.scheduled_s == 0.0  # type: ignore[attr-defined]
+    assert r2.chunk_times_s[0] == pytest.approx(r2.sent_s + 0.01)  # type: ignore[attr-defined]
+    open_loop = by_id(simulate_trace(requests, CONFIG))
+    assert all(o.sent_s == 0.0 for o in open_loop.values())  # type: ignore[attr-defined]

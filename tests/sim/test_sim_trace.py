@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import pathlib
 
@@ -81,3 +82,14 @@ def test_poisson_workload_flags_are_refused_with_a_trace(tmp_path: pathlib.Path,
     trace = small_trace(tmp_path / "t.jsonl")
     assert cli.main(["simulate", "--trace", str(trace), "--out-dir", str(tmp_path / "o"), "--request-rate", "3"]) == 2
     assert "--request-rate shapes the Poisson workload" in capsys.readouterr().err
+
+
+def test_a_closed_loop_profile_sends_one_request_at_a_time(tmp_path: pathlib.Path) -> None:
+    trace, out = small_trace(tmp_path / "t.jsonl"), tmp_path / "sync"
+    assert cli.main(["simulate", "--trace", str(trace), "--profile", "synchronous", "--out-dir", str(out)]) == 0
+    summary = load_run(out).summary
+    assert summary.identity.max_concurrency == 1 and summary.completed + summary.cancelled == 16
+    rows = sorted((json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()),
+                  key=lambda r: r["sent_s"])
+    assert all(later["sent_s"] >= earlier["end_s"] - 1e-9 for earlier, later in itertools.pairwise(rows))
+    assert max(r["client_queue_s"] for r in rows) > 0  # all due at once, each waited for its slot

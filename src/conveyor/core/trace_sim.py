@@ -17,6 +17,7 @@ tokens the previous turn actually produced, then its own input, as the load gene
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 from dataclasses import dataclass, field
@@ -69,7 +70,9 @@ class SimOutcome:
 
     request: SimRequest
     scheduled_s: float
-    """When it was due (and sent: the simulated client never lags)."""
+    """When it was due."""
+    sent_s: float
+    """When it was sent: when due, or when a slot freed under a concurrency cap (the client is never late)."""
     status: str
     """completed | cancelled | failed."""
     prompt_tokens: int
@@ -118,6 +121,8 @@ class TraceSimConfig:
     cache: CacheConfig
     num_blocks: int
     step_time: StepTimeModel | CalibratedStepTime
+    max_concurrency: int | None = None
+    """The client's in-flight cap (bench run's --max-concurrency; None: open loop)."""
     sample_interval_s: float = 1.0
     """Gauges are sampled at most this often (bench run's --scrape-interval-s)."""
     max_steps: int = 10_000_000
@@ -129,6 +134,7 @@ class _InFlight:
     request: SimRequest
     due_s: float
     prompt: list[int]
+    sent_s: float = 0.0
     chunk_times_s: list[float] = field(default_factory=list)
     output_token_ids: list[int] = field(default_factory=list)
 
@@ -144,8 +150,14 @@ class _Run:
     """Heap of (due time, tie-break, request, history prefix) not yet sent."""
     later_turns: dict[tuple[str, int], SimRequest]
     in_flight: dict[str, _InFlight] = field(default_factory=dict)
+    blocked: collections.deque[_InFlight] = field(default_factory=collections.deque)
+    """Due, waiting for a slot under the concurrency cap (first due, first sent)."""
     outcomes: list[SimOutcome] = field(default_factory=list)
     samples: list[EngineSample] = field(default_factory=list)
+    free_slots: int = 0
+    """Slots the cap left free after the last sends (set by _send_due)."""
+    last_free_s: float = 0.0
+    """When the latest request ended: a slot it frees is taken then (the client sends at once)."""
     order: itertools.count[int] = field(default_factory=itertools.count)
     """Tie-break of equal due times: the order they became due in (requests do not compare)."""
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
@@ -162,8 +174,9 @@ def simulate_trace(requests: list[SimRequest], config: TraceSimConfig) -> TraceS
     for request in requests:
         if request.due_s is not None:
             heapq.heappush(run.due, (request.due_s, next(run.order), request, []))
-    while run.due or scheduler.has_unfinished_requests():
-        if not scheduler.has_unfinished_requests():
+    run.free_slots = config.max_concurrency or 0
+    while run.due or run.blocked or scheduler.has_unfinished_requests():
+        if not scheduler.has_unfinished_requests() and not run.blocked:
             clock.now_s = max(clock.now_s, run.due[0][0])
         _send_due(run)
         _cancel_late(run)
@@ -177,17 +190,34 @@ def simulate_trace(requests: list[SimRequest], config: TraceSimConfig) -> TraceS
 
 
 def _send_due(run: _Run) -> None:
+    """What is due joins the slot queue; the queue is sent while the cap allows (all of it, open loop).
+    A request due during a step is sent at its due time: the server receives it then, and it waits for
+    the next step boundary as it would there."""
     while run.due and run.due[0][0] <= run.clock.now_s:
         due_s, _, request, history = heapq.heappop(run.due)
-        flight = _InFlight(request, due_s, history + list(request.input_token_ids))
-        params = SamplingParams(max_tokens=request.output_len, ignore_eos=True, temperature=0.0)
-        try:
-            run.scheduler.add_request(Request(request.request_id, list(flight.prompt), params, arrival_s=due_s))
-        except (AdmissionError, QueueFullError) as error:
-            kind = "http_4xx" if isinstance(error, AdmissionError) else "http_503"
-            _end(run, flight, FAILED, run.clock.now_s, error=kind)
-            continue
-        run.in_flight[request.request_id] = flight
+        run.blocked.append(_InFlight(request, due_s, history + list(request.input_token_ids)))
+    cap = run.config.max_concurrency
+    # Slots only free up between boundaries, so those free after the last sends were free all along: the
+    # first requests due since take them at their due time, the rest when a request ended.
+    free = run.free_slots
+    while run.blocked and (cap is None or len(run.in_flight) < cap):
+        flight = run.blocked.popleft()
+        flight.sent_s = flight.due_s if cap is None or free > 0 else max(flight.due_s, run.last_free_s)
+        free -= 1
+        _send(run, flight)
+    run.free_slots = 0 if cap is None else cap - len(run.in_flight)
+
+
+def _send(run: _Run, flight: _InFlight) -> None:
+    request = flight.request
+    params = SamplingParams(max_tokens=request.output_len, ignore_eos=True, temperature=0.0)
+    try:
+        run.scheduler.add_request(Request(request.request_id, list(flight.prompt), params, arrival_s=flight.sent_s))
+    except (AdmissionError, QueueFullError) as error:
+        kind = "http_4xx" if isinstance(error, AdmissionError) else "http_503"
+        _end(run, flight, FAILED, flight.sent_s, error=kind)
+        return
+    run.in_flight[request.request_id] = flight
 
 
 def _cancel_late(run: _Run) -> None:
@@ -250,7 +280,7 @@ def _collect(run: _Run, outputs: EngineCoreOutputs) -> None:
 def _closed_at(flight: _InFlight) -> float | None:
     """When the client closes the stream by its timer (None: it waits for the end)."""
     cancel_s = flight.request.cancel_after_s
-    return None if cancel_s is None else flight.due_s + cancel_s
+    return None if cancel_s is None else flight.sent_s + cancel_s
 
 
 def _chunk(flight: _InFlight, token_ids: list[int], now_s: float) -> None:
@@ -266,11 +296,12 @@ def _end(run: _Run, flight: _InFlight, status: str, end_s: float, final: EngineC
     """Record the outcome and make the session's next turn due (after any outcome, as the client does)."""
     request = flight.request
     run.in_flight.pop(request.request_id, None)
+    run.last_free_s = max(run.last_free_s, end_s)
     scheduled_s = final.timings.first_scheduled_s if final is not None and final.timings is not None else None
     run.outcomes.append(SimOutcome(
-        request, flight.due_s, status, len(flight.prompt), len(flight.output_token_ids), tuple(flight.chunk_times_s),
+        request, flight.due_s, flight.sent_s, status, len(flight.prompt), len(flight.output_token_ids), tuple(flight.chunk_times_s),
         end_s, final.num_cached_tokens if final else 0, final.num_preemptions if final else 0,
-        None if scheduled_s is None else scheduled_s - flight.due_s, error))
+        None if scheduled_s is None else scheduled_s - flight.sent_s, error))
     if request.session_id is None or request.turn is None:
         return
     following = run.later_turns.pop((request.session_id, request.turn + 1), None)

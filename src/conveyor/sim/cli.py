@@ -15,6 +15,7 @@ import shlex
 import sys
 
 from conveyor.bench.decide.study import load_study_file
+from conveyor.bench.load.profiles import LoadProfile
 from conveyor.bench.measure.rundirs import RunDirError, prepare_out_dir
 from conveyor.bench.measure.runner import dashboard_table
 from conveyor.bench.trace.traces import TraceError
@@ -51,6 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     trace.add_argument("--arrival", choices=["poisson", "gamma", "constant", "replay"])
     trace.add_argument("--burstiness", type=float, default=1.0, help="gamma shape k (gamma arrivals)")
     trace.add_argument("--time-scale", type=float, default=1.0, help="replay: trace seconds per simulated second")
+    trace.add_argument("--max-concurrency", type=int, help="at most this many requests in flight (a closed loop)")
+    trace.add_argument("--profile", choices=[p.value for p in LoadProfile], help="GuideLLM's load profiles, as bench run")
     hardware = parser.add_argument_group("cross-hardware what-if (with --trace and --calibration)")
     hardware.add_argument("--target-gpu", metavar="GPU", help="scale the calibration to this catalog GPU (H100, H200, "
                           "...): weight and KV reads by bandwidth, token compute by bf16 FLOP/s")

@@ -30,7 +30,8 @@ _POISSON_ONLY = ("request_rate", "long_fraction", "short_prompt_tokens", "short_
 
 def replay(spec: SimRunSpec, step_time: StepPrice) -> TraceSimResult:
     setup = spec.setup
-    config = TraceSimConfig(setup.scheduler, setup.cache, setup.num_blocks, step_time)
+    config = TraceSimConfig(setup.scheduler, setup.cache, setup.num_blocks, step_time,
+                            max_concurrency=spec.load.shape().max_concurrency)
     return simulate_trace(sim_requests(spec.trace, spec.load), config)
 
 
@@ -52,7 +53,8 @@ def load_from_args(args: argparse.Namespace) -> LoadSettings:
     if not rate > 0:
         raise ValueError(f"--rate must be > 0 or inf (got {args.rate})")
     return LoadSettings(request_rate=rate, arrival=args.arrival, burstiness=args.burstiness,
-                        time_scale=args.time_scale, seed=args.seed or 0, num_requests=args.num_requests)
+                        time_scale=args.time_scale, seed=args.seed or 0, num_requests=args.num_requests,
+                        profile=args.profile, max_concurrency=args.max_concurrency)
 
 
 def run_trace(args: argparse.Namespace, command: str) -> tuple[RunSummary, int]:

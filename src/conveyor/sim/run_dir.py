@@ -1,7 +1,8 @@
 """A replay's outcome as a run directory in `conveyor bench run`'s format, marked simulated.
 
 Each simulated request becomes the `RequestRecord` the client would have written (TTFT, ITL, E2E from its
-chunk times; no send lag: the simulated client is never late), and the summary is computed from those
+chunk times after its send; the wait for a --max-concurrency slot as client_queue_s; no send lag: the
+simulated client is never late), and the summary is computed from those
 records by bench's own code (`metrics.client_summary`, `load_summary.turn_fields`, `run_record.extend_summary`,
 `cache_summary`), so a simulated number means exactly what the measured one does. The server half comes
 from the engine's own counters (preemptions, prefix-cache hits, token totals) and its gauges sampled over
@@ -66,12 +67,13 @@ class SimRunSpec:
 
 def request_record(outcome: SimOutcome) -> RequestRecord:
     """What the client would have recorded (latencies as `vllm bench serve` defines them)."""
-    chunks, sent_s = outcome.chunk_times_s, outcome.scheduled_s
+    chunks, sent_s = outcome.chunk_times_s, outcome.sent_s
     request = outcome.request
     kind = ErrorKind(outcome.error) if outcome.error else None
     completed = outcome.status == RequestStatus.COMPLETED.value
     record = RequestRecord(
-        request.request_id, request.request_class, scheduled_s=sent_s, sent_s=sent_s,
+        request.request_id, request.request_class, scheduled_s=outcome.scheduled_s, sent_s=sent_s,
+        client_queue_s=sent_s - outcome.scheduled_s,
         status=RequestStatus(outcome.status), error_kind=kind,
         http_status=_HTTP_STATUS[kind] if kind is not None else 200, prompt_tokens=outcome.prompt_tokens,
         output_tokens=outcome.output_tokens, ttft_s=chunks[0] - sent_s if chunks else None,
@@ -105,8 +107,8 @@ def _identity(spec: SimRunSpec) -> dict[str, Any]:
             "endpoint": "completions", "temperature": 0.0, "trace_path": spec.trace_path,
             "trace_version": spec.trace.header.version,
             "request_rate": "inf" if math.isinf(load.request_rate) else load.request_rate,
-            "burstiness": load.burstiness, "arrival": load.arrival or "poisson", "profile": load.profile,
-            "max_concurrency": None, "seed": load.seed,
+            "burstiness": load.burstiness, "arrival": load.shape().arrival.process.value, "profile": load.profile,
+            "max_concurrency": load.shape().max_concurrency, "seed": load.seed,
             "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
 
 

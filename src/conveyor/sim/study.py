@@ -10,14 +10,16 @@ simulated capacity (the highest offered rate meeting the objective), written as 
 study file with only those variants, for `conveyor bench study` to verify on real servers.
 
 Only what the simulation models can be varied: scheduler limits and policy, block size, prefix caching,
-the pool size, and the trace. A variant that changes anything else (the model, dtype, tensor
-parallelism, CUDA graphs) changes what a step costs, which one calibration cannot say: it is refused.
+the pool size, and the trace; rate and concurrency sweeps alike. A variant that changes anything else
+(the model, dtype, tensor parallelism, CUDA graphs) changes what a step costs, which one calibration
+cannot say: it is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import pathlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -42,8 +44,6 @@ _VARIABLE = SIMULATED_FLAGS | {"num_gpu_blocks_override", "trace"}
 
 def check_simulable(spec: StudySpec) -> None:
     """ValueError naming the first variant the simulation cannot model (module docstring)."""
-    if spec.sweep.axis is SweepAxis.CONCURRENCY:
-        raise ValueError("--study: a concurrency sweep is a closed loop, which the simulation does not model")
     for variant in spec.variants:
         if variant.changed is not None and variant.changed not in _VARIABLE:
             raise ValueError(f"--study: variant {variant.name} changes {variant.changed}, which changes what a step "
@@ -74,12 +74,15 @@ class SimulatedServers:
         options = Fields.of(dict(template.options), "--study [run]")
 
         def run(rate: float, repeat: int, run_dir: pathlib.Path, num_requests: int | None) -> RunSummary:
-            load = LoadSettings(request_rate=rate, arrival=options.opt_text("arrival"),
+            closed = template.axis is SweepAxis.CONCURRENCY  # the swept value is the cap, as bench's run function
+            load = LoadSettings(request_rate=options.number("request_rate", math.inf) if closed else rate,
+                                arrival=options.opt_text("arrival"), profile=options.opt_text("profile"),
+                                max_concurrency=int(rate) if closed else options.opt_integer("max_concurrency"),
                                 burstiness=options.number("burstiness", 1.0), time_scale=options.number("time_scale", 1.0),
                                 seed=options.integer("seed") + repeat,  # as bench's run function: repeat k, seed + k
                                 num_requests=num_requests or options.opt_integer("num_requests"))
-            spec = SimRunSpec(f"{template.label}@{rate:.4g}#{repeat}", template.trace_path, trace, load, setup,
-                              self.simulated)
+            label = f"{template.label}@c{rate:g}#{repeat}" if closed else f"{template.label}@{rate:.4g}#{repeat}"
+            spec = SimRunSpec(label, template.trace_path, trace, load, setup, self.simulated)
             return write_run_dir(run_dir, spec, replay(spec, self.step_time), "conveyor simulate --study")
 
         return run

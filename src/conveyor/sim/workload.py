@@ -3,7 +3,8 @@
 Due times: the same dispatch units (`traces.dispatch_units`: standalone requests and each session's first
 turn) and the same arrival draws (`load/profiles.resolve_load`, `trace/arrivals.send_offsets_s`) as
 `conveyor bench run` with the same --rate, --arrival, --burstiness, --time-scale and --seed, so a replay
-sends each request when the measured run did (give or take the client's send lag).
+sends each request when the measured run did (give or take the client's send lag); a --max-concurrency
+cap (or a closed-loop --profile) holds a due request until a slot frees, as bench's slot gate does.
 
 Prompts: the simulation needs token ids, so that the real prefix cache hits exactly where the server's
 would. A trace's own `prompt_token_ids` are used as they are. Otherwise the prompt is `prompt_len` tokens
@@ -17,7 +18,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from conveyor.bench.load.profiles import LoadFlags, LoadProfile, resolve_load
+from conveyor.bench.load.profiles import LoadFlags, LoadProfile, LoadShape, resolve_load
 from conveyor.bench.trace.arrivals import ArrivalProcess, send_offsets_s
 from conveyor.bench.trace.traces import Trace, TraceRequest, dispatch_units
 from conveyor.core.trace_sim import SimRequest
@@ -42,21 +43,21 @@ class LoadSettings:
     profile: str | None = None
     """GuideLLM's profile name, as the run gave it."""
     max_concurrency: int | None = None
-    """The run's in-flight cap: refused, the simulated client is open-loop."""
+    """The client's in-flight cap (--max-concurrency; closed-loop profiles set one)."""
+
+    def shape(self) -> LoadShape:
+        """The arrival process and cap, resolved by bench's own rules (LoadProfileError names a flag)."""
+        return resolve_load(LoadFlags(
+            profile=None if self.profile is None else LoadProfile(self.profile), request_rate=self.request_rate,
+            arrival=None if self.arrival is None else ArrivalProcess(self.arrival), max_concurrency=self.max_concurrency,
+            burstiness=self.burstiness, time_scale=self.time_scale, seed=self.seed))
 
 
 def due_times(trace: Trace, load: LoadSettings) -> tuple[list[TraceRequest], list[list[TraceRequest]], list[float]]:
     """(requests sent, dispatch units, each unit's due time) exactly as `bench run` plans them."""
     requests = trace.requests[: load.num_requests] if load.num_requests else trace.requests
-    shape = resolve_load(LoadFlags(
-        profile=None if load.profile is None else LoadProfile(load.profile), request_rate=load.request_rate,
-        arrival=None if load.arrival is None else ArrivalProcess(load.arrival), max_concurrency=load.max_concurrency,
-        burstiness=load.burstiness, time_scale=load.time_scale, seed=load.seed))
-    if shape.max_concurrency is not None:
-        raise ValueError(f"--max-concurrency {shape.max_concurrency}: a concurrency cap (a closed loop) is not "
-                         "simulated; replay open-loop with --rate")
     units = dispatch_units(requests)
-    return requests, units, send_offsets_s(shape.arrival, len(units), [u[0].arrival_s for u in units])
+    return requests, units, send_offsets_s(load.shape().arrival, len(units), [u[0].arrival_s for u in units])
 
 
 def sim_requests(trace: Trace, load: LoadSettings) -> list[SimRequest]:
