@@ -104,3 +104,13 @@ def test_notes_name_what_the_replay_cannot_reproduce(tmp_path: pathlib.Path) -> 
     run = RunResult(tmp_path, "r", RunSummary(RunIdentity("r"), fixed=fixed, cache=CacheSummary(mode="warm")))
     notes = replay_notes(run)
     assert len(notes) == 3 and "warmed" in notes[0] and "vllm" in notes[1] and "speculative decoding" in notes[2]
+
+
+def test_a_relative_trace_path_is_found_above_the_run(tmp_path: pathlib.Path) -> None:
+    from conveyor.sim.validate import find_trace
+    (tmp_path / "t.jsonl").write_text("{}\n")
+    run_dir = tmp_path / "runs" / "rate-1"
+    run_dir.mkdir(parents=True)
+    assert find_trace(run_dir, pathlib.Path("t.jsonl"), "r") == tmp_path / "t.jsonl"
+    with pytest.raises(ValueError, match="not found"):
+        find_trace(run_dir, pathlib.Path("missing.jsonl"), "r")

@@ -93,9 +93,7 @@ def spec_of(run: RunResult, simulated: Simulated) -> SimRunSpec:
     s, where = run.summary, str(run.run_dir)
     if s.simulated is not None:
         raise ValueError(f"--validate {where}: this run was simulated, not measured; validate on measured runs")
-    path = pathlib.Path(s.identity.trace_path)
-    if not path.is_file():
-        raise ValueError(f"--validate {where}: its trace {path} is not here (run from where bench run ran)")
+    path = find_trace(run.run_dir, pathlib.Path(s.identity.trace_path), where)
     trace = read_trace(path)
     if s.identity.trace_version and trace.header.version != s.identity.trace_version:
         raise ValueError(f"--validate {where}: {path} is not the trace it ran (version differs)")
@@ -112,6 +110,16 @@ def spec_of(run: RunResult, simulated: Simulated) -> SimRunSpec:
                                           warmup_s=window.number("warmup_s"),
                                           cooldown_requests=window.integer("cooldown_requests"),
                                           cooldown_s=window.number("cooldown_s")))
+
+
+def find_trace(run_dir: pathlib.Path, recorded: pathlib.Path, where: str) -> pathlib.Path:
+    """The trace a run recorded: its path from here, else from each folder above the run directory (a
+    relative path was relative to where bench run ran, often the folder holding the runs)."""
+    candidates = [recorded] if recorded.is_absolute() else [recorded, *(p / recorded for p in run_dir.resolve().parents)]
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None:
+        raise ValueError(f"--validate {where}: its trace {recorded} is not found from here or above the run")
+    return found
 
 
 def _config_json(run_dir: pathlib.Path) -> Fields:
