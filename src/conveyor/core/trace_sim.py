@@ -240,8 +240,8 @@ def _step(run: _Run, runner: FakeModelRunner) -> None:
     runner_output = runner.execute(output)
     if not output.is_empty:
         clock.now_s += run.config.step_time.batch_time_s(step_record(output))
-    elif run.due:  # nothing could run (a static batch filling up): time passes until the next request is due
-        clock.now_s = max(clock.now_s, run.due[0][0])
+    else:  # nothing could run (a static batch filling up): time passes to the next arrival or cancellation
+        clock.now_s = max(clock.now_s, _next_event_s(run))
     outputs, stats = scheduler.update_from_output(output, runner_output)
     c = run.counts
     c["steps"] += 1
@@ -254,6 +254,16 @@ def _step(run: _Run, runner: FakeModelRunner) -> None:
     if not run.samples or clock.now_s - run.samples[-1].t_s >= run.config.sample_interval_s:
         run.samples.append(EngineSample(clock.now_s, scheduler.num_running, scheduler.num_waiting,
                                         scheduler.kv_cache_usage))
+
+
+def _next_event_s(run: _Run) -> float:
+    """The next moment something outside the scheduler happens; RuntimeError when nothing ever will (an
+    empty step with nothing to wait for would repeat forever)."""
+    moments = [run.due[0][0]] if run.due else []
+    moments += [closed_s for f in run.in_flight.values() if (closed_s := _closed_at(f)) is not None]
+    if not moments:
+        raise RuntimeError("the scheduler scheduled nothing and nothing is due: the replay cannot progress")
+    return min(moments)
 
 
 def _collect(run: _Run, outputs: EngineCoreOutputs) -> None:
@@ -307,5 +317,5 @@ def _end(run: _Run, flight: _InFlight, status: str, end_s: float, final: EngineC
     following = run.later_turns.pop((request.session_id, request.turn + 1), None)
     if following is not None:
         history = flight.prompt + flight.output_token_ids
-        due_s = max(end_s, run.clock.now_s) + following.think_time_s
+        due_s = end_s + following.think_time_s  # may be before now (a cancel by timer): sent then, as the client
         heapq.heappush(run.due, (due_s, next(run.order), following, history))
