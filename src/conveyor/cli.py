@@ -19,7 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("conveyor.demo", "Run the continuous-vs-static study on the embedded model and write the report"),
     "serve": ("conveyor.server.cli", "Start the OpenAI-compatible server (vLLM flags)"),
     "generate": ("conveyor.engine.cli", "Generate offline from prompts on the command line"),
-    "simulate": ("conveyor.core.simulate_cli", "Step-level simulation: continuous vs static batching"),
+    "simulate": ("conveyor.sim.cli", "Step-level simulation: continuous vs static, or a trace replayed (what-if)"),
     "trace": ("conveyor.bench.cli.trace", "Make, import, anonymize and show request traces"),
     "bench": ("conveyor.bench.cli.bench", "Drive a server with a trace: run, sweep, study"),
     "report": ("conveyor.bench.cli.report", "Dashboard tables, plots and recommendation from run directories"),

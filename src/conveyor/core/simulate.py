@@ -88,9 +88,10 @@ class StepTimeModel:
 class SimulationConfig:
     """One simulated run."""
 
-    scheduler: SchedulerConfig = SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=2048)
+    scheduler: SchedulerConfig = field(
+        default_factory=lambda: SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=2048))
     """Batching policy and limits (`batching` picks continuous or static)."""
-    cache: CacheConfig = CacheConfig()
+    cache: CacheConfig = field(default_factory=CacheConfig)
     """Block size and prefix caching."""
     num_blocks: int = 4096
     """KV blocks in the pool."""
@@ -124,7 +125,9 @@ class SimulationResult:
 
 
 @dataclass
-class _VirtualClock:
+class VirtualClock:
+    """The time the scheduler reads: advanced by the simulation, never by the wall."""
+
     now_s: float = 0.0
 
     def __call__(self) -> float:
@@ -157,7 +160,7 @@ def make_arrivals(workload: WorkloadConfig) -> list[tuple[float, Request]]:
 
 def simulate(config: SimulationConfig) -> SimulationResult:
     """Run every arrival to completion under `config.scheduler.batching`."""
-    clock = _VirtualClock()
+    clock = VirtualClock()
     scheduler = make_scheduler(config.scheduler, config.cache, config.num_blocks, clock)
     runner = FakeModelRunner(config.cache.block_size)
     trace = _Trace(make_arrivals(config.workload))
@@ -175,7 +178,7 @@ def simulate(config: SimulationConfig) -> SimulationResult:
     return _summarize(config.scheduler.batching, trace, num_steps, num_tokens)
 
 
-def _step(scheduler: Scheduler, runner: FakeModelRunner, clock: _VirtualClock,
+def _step(scheduler: Scheduler, runner: FakeModelRunner, clock: VirtualClock,
           model: StepTimeModel | CalibratedStepTime, trace: _Trace) -> int:
     output = scheduler.schedule()
     runner_output = runner.execute(output)

@@ -11,7 +11,8 @@ collinear logs (decode tokens = decode sequences without speculation) trades a n
 larger one and extrapolates badly.
 
 The fit's error is reported on the log it was fitted on: R² and the median and p95 of the per-step
-relative error |predicted - measured| / measured. Held-out validation is a later step (issue 36 item 6).
+relative error |predicted - measured| / measured; `bench calibrate --held-out` measures the same on other
+runs' steps, and `conveyor simulate --validate` the simulation's error per metric on held-out runs.
 """
 
 from __future__ import annotations

@@ -17,7 +17,11 @@ from dataclasses import dataclass, field
 from conveyor.bench.jsonvalue import JSON, Fields
 from conveyor.bench.measure.cache_summary import CacheSummary
 from conveyor.bench.measure.intervals import Interval
-from conveyor.bench.measure.server_summary import ServerSummary, intervals_from, intervals_to_json
+from conveyor.bench.measure.server_summary import (
+    ServerSummary,
+    intervals_from,
+    intervals_to_json,
+)
 
 SCHEMA_VERSION = 1
 """summary.json's layout version (unchanged by the typed records: the file is the same)."""
@@ -108,6 +112,25 @@ class RetrySummary:
                 "num_retries": self.num_retries, "retry_wait_s": self.retry_wait_s}
 
 
+@dataclass(frozen=True)
+class Simulated:
+    """Marks a run `conveyor simulate --trace` wrote: the real scheduler on a virtual clock, not a server."""
+
+    step_time: str
+    """The step-time model that priced each step, as the simulation printed it."""
+    calibration: str | None = None
+    """The calibration file that model came from (None: the two-parameter model)."""
+    target_gpu: str | None = None
+    """Cross-hardware: the GPU the calibration was scaled to (None: the hardware it was fitted on)."""
+
+    @classmethod
+    def from_json(cls, f: Fields) -> Simulated | None:
+        return cls(f.text("step_time"), f.opt_text("calibration"), f.opt_text("target_gpu")) if f.data else None
+
+    def to_json(self) -> dict[str, JSON]:
+        return {"step_time": self.step_time, "calibration": self.calibration, "target_gpu": self.target_gpu}
+
+
 _IDENTITY_TEXT = ("label", "base_url", "model", "endpoint", "trace_path", "trace_version", "arrival", "profile",
                   "started_at")
 _TOTALS = ("duration", "total_input_tokens", "total_output_tokens", "request_throughput", "output_throughput",
@@ -116,7 +139,7 @@ _KNOWN = {"schema_version", *_IDENTITY_TEXT, "temperature", "request_rate", "bur
           *_COUNTS, "num_sent", *_TOTALS, *latency_keys(), "slo", "goodput", "error_rate", "errors_by_kind",
           "per_class", "send_lag_p99_ms", "max_send_lag_p99_ms", "window", "client", "num_sessions", "per_turn",
           "valid", "invalid_reason", "invalid_reasons", "client_cpu_utilization", "num_client_side_errors",
-          "server", "ci", "fixed", "retries", "cache"}
+          "server", "ci", "fixed", "retries", "cache", "simulated"}
 
 
 @dataclass(frozen=True)
@@ -226,7 +249,7 @@ class RunSummary:
     """Trace class -> its summary."""
     validity: Validity = Validity()
     """Whether the run counts."""
-    server: ServerSummary = ServerSummary()
+    server: ServerSummary = field(default_factory=ServerSummary)
     """What the server's /metrics said over the run."""
     ci: Mapping[str, Interval] = field(default_factory=dict)
     """Summary key -> its interval (run_stats.py)."""
@@ -244,8 +267,10 @@ class RunSummary:
     """Session turn index -> its summary."""
     retries: RetrySummary | None = None
     """Retries, when --retry was on."""
-    cache: CacheSummary = CacheSummary()
+    cache: CacheSummary = field(default_factory=CacheSummary)
     """The prefix-cache state the run had and the hit rate it measured (mode 'unknown' for older runs)."""
+    simulated: Simulated | None = None
+    """Set when the simulator wrote the run (None: measured on a server)."""
     schema_version: int = SCHEMA_VERSION
     """Layout version of the file it came from."""
     extra: Mapping[str, JSON] = field(default_factory=dict)
@@ -303,7 +328,7 @@ def summary_from_json(data: JSON, default_label: str, where: str) -> RunSummary:
         load_client=dict(f.child("client").data), num_sessions=f.opt_integer("num_sessions"),
         per_turn=_classes(f.child("per_turn")),
         retries=RetrySummary.from_json(retries) if retries.data else None,
-        cache=CacheSummary.from_json(f.child("cache")),
+        cache=CacheSummary.from_json(f.child("cache")), simulated=Simulated.from_json(f.child("simulated")),
         schema_version=f.integer("schema_version", SCHEMA_VERSION),
         extra={k: v for k, v in f.data.items() if k not in _KNOWN})
 
@@ -330,4 +355,6 @@ def summary_to_json(s: RunSummary) -> dict[str, JSON]:
     if s.retries is not None:
         out["retries"] = s.retries.to_json()
     out["cache"] = s.cache.to_json()
+    if s.simulated is not None:
+        out["simulated"] = s.simulated.to_json()
     return {**out, **s.extra}

@@ -2,6 +2,9 @@
 
 Memory is the total the driver reports (nvidia-smi "MiB" × 2^20; for the H200, the total CUDA reports,
 measured here), because that is what an engine budgets from; the marketed figure is kept beside it.
+Memory bandwidth and dense bf16 tensor throughput are the datasheets' peaks, for scaling a calibrated
+step-time model from one GPU to another (`conveyor simulate --target-gpu`): only their ratios are used,
+and None where no datasheet figure is recorded here.
 Prices are never built in:
 they vary by provider, region and commitment, so the user supplies them (`--price H100=2.5` or a file).
 """
@@ -34,13 +37,25 @@ class GPU:
     """The headline figure (decimal GB as sold)."""
     price_per_hour: float | None = None
     """User-supplied rental price, USD per GPU-hour (None: unknown)."""
+    memory_bandwidth_bytes_per_s: float | None = None
+    """Peak device-memory bandwidth, bytes/s, as the datasheet gives it (None: not recorded)."""
+    bf16_dense_flops: float | None = None
+    """Peak dense (no sparsity) bf16 tensor-core FLOP/s, as the datasheet gives it (None: not recorded)."""
 
 
 CATALOG: tuple[GPU, ...] = (
-    GPU("A100-80GB", "NVIDIA A100 80GB SXM (HBM2e)", 81920 * _MIB, 80.0),
-    GPU("H100", "NVIDIA H100 80GB SXM (HBM3)", 81559 * _MIB, 80.0),
+    # "NVIDIA A100 Tensor Core GPU" datasheet, A100 80GB SXM: 2,039 GB/s; BF16 tensor 312 TFLOPS (624 sparse).
+    GPU("A100-80GB", "NVIDIA A100 80GB SXM (HBM2e)", 81920 * _MIB, 80.0,
+        memory_bandwidth_bytes_per_s=2.039e12, bf16_dense_flops=312e12),
+    # "NVIDIA H100 Tensor Core GPU" datasheet, H100 SXM: 3.35 TB/s; BF16 tensor 1,979 TFLOPS with sparsity,
+    # so 989 dense.
+    GPU("H100", "NVIDIA H100 80GB SXM (HBM3)", 81559 * _MIB, 80.0,
+        memory_bandwidth_bytes_per_s=3.35e12, bf16_dense_flops=989e12),
     # Measured here: CUDA reports 150109880320 bytes total on an H200 (nvidia-smi: 143771 MiB, 0.4% more).
-    GPU("H200", "NVIDIA H200 141GB SXM (HBM3e)", 150_109_880_320, 141.0),
+    # "NVIDIA H200 Tensor Core GPU" datasheet, H200 SXM: 4.8 TB/s; BF16 tensor 1,979 TFLOPS with sparsity
+    # (989 dense): the H100's compute with 1.43x its bandwidth.
+    GPU("H200", "NVIDIA H200 141GB SXM (HBM3e)", 150_109_880_320, 141.0,
+        memory_bandwidth_bytes_per_s=4.8e12, bf16_dense_flops=989e12),
     # HGX/DGX B200 ship 180 GB per GPU (the first announcement said 192 GB); the driver reports 183359 MiB.
     GPU("B200", "NVIDIA B200 180GB SXM (HBM3e)", 183359 * _MIB, 180.0),
     # B300 (Blackwell Ultra): 288 GB HBM3e marketed; the reported total is not confirmed here.

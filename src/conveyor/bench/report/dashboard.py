@@ -58,7 +58,7 @@ class ReportInputs:
     """Run, sweep or study directories."""
     slo: SLO | None = None
     """Objective (None: the study's, else none)."""
-    default_cost: CostModel = CostModel()
+    default_cost: CostModel = field(default_factory=CostModel)
     """Price of configurations the study does not price (none by default: no price is built in)."""
     main_rate: float | None = None
     """Main-scenario rate (None: the study's, else the lowest measured)."""
@@ -155,6 +155,23 @@ def objective_cell(run: RunResult, verdict: SLOVerdict) -> str:
     return {"met": "met", "missed": "MISSED"}.get(verdict.status.value, verdict.status.value)
 
 
+def run_cell(run: RunResult) -> str:
+    """The run's name; a simulated one says so on every row, so a what-if is never read as a measurement."""
+    return f"{run.label} (simulated)" if run.summary.simulated is not None else run.label
+
+
+def simulated_lines(analysis: Analysis) -> list[str]:
+    """One line per simulated run: what priced its steps (and the GPU it was scaled to)."""
+    lines = []
+    for run in analysis.runs():
+        sim = run.summary.simulated
+        if sim is not None:
+            target = f"; scaled to {sim.target_gpu} (cross-hardware)" if sim.target_gpu else ""
+            source = f" from {sim.calibration}" if sim.calibration else ""
+            lines.append(f"Simulated, not measured: {run.label} (step time {sim.step_time}{source}{target}).")
+    return lines
+
+
 def dashboard_rows(analysis: Analysis) -> list[list[str]]:
     """One row per run: the guide's dashboard (RUNDIR.md mapping), with intervals, and its own verdict."""
     rows = []
@@ -163,7 +180,7 @@ def dashboard_rows(analysis: Analysis) -> list[list[str]]:
             for run, verdict in zip(evaluated.point.runs, evaluated.verdicts, strict=True):
                 s = run.summary
                 rows.append([
-                    config.name, run.label, fmt_rate(run.offered_rate), summary_cell(s, "request_throughput"),
+                    config.name, run_cell(run), fmt_rate(run.offered_rate), summary_cell(s, "request_throughput"),
                     summary_cell(s, "p95_ttft_ms"), summary_cell(s, "server.queue_time_p95_ms"),
                     summary_cell(s, "p95_e2el_ms"), summary_cell(s, "error_rate"),
                     fmt_count(run.metric("num_preemptions")), fmt_bytes(run.metric("peak_gpu_memory_bytes")),
@@ -276,7 +293,7 @@ def decision_lines(analysis: Analysis) -> list[str]:
     rec = analysis.recommendation
     lines = [f"Objective: {describe_objective(analysis.slo)}",
              f"Intervals: {IntervalConfig().confidence:.0%} confidence (bootstrap over requests and repeats).",
-             *fixed_lines(analysis), *cache_lines(analysis),
+             *fixed_lines(analysis), *simulated_lines(analysis), *cache_lines(analysis),
              f"Recommendation: {analysis.headline}", "Because:", *(f"- {r}" for r in rec.reasons),
              f"Confidence: {rec.confidence}", "", "Checklist:"]
     lines.extend(f"- [{i.answer.value}] {i.question} {i.evidence}" for i in analysis.checklist)

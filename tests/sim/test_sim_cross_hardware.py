@@ -1,0 +1,87 @@
+"""`conveyor simulate --target-gpu`: a calibration scaled term by term to another GPU, the pool from the plan."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from conveyor import cli
+from conveyor.bench.measure.calibration import (
+    Calibration,
+    CalibrationKey,
+    write_calibration,
+)
+from conveyor.bench.measure.rundirs import load_run
+from conveyor.bench.measure.step_model import FitError, StepTimeCoefficients
+from conveyor.bench.plan.gpu_catalog import find_gpu
+from conveyor.bench.report.dashboard import ReportInputs, analyze, decision_lines
+from conveyor.config import CacheConfig, SchedulerConfig
+from conveyor.core.step_time import CalibratedStepTime
+from conveyor.sim.cross_hardware import (
+    HardwareScale,
+    catalog_gpu,
+    plan_num_blocks,
+    scale_step_time,
+)
+from conveyor.sim.engine_setup import EngineSetup
+
+FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "bench" / "fixtures" / "models"
+FIT = FitError(num_steps=100, r2=0.99, median_rel_error=0.02, p95_rel_error=0.08)
+H100_KEY = CalibrationKey("NVIDIA H100 80GB HBM3 x1", "llama-3.1-8b (abc)", "bfloat16", (("device", "cuda"),))
+CALIBRATION = Calibration(H100_KEY, StepTimeCoefficients(0.010, 2e-5, 3e-5, 4e-5, 5e-9), FIT, ("runs/a",))
+
+
+def test_h100_to_h200_scales_memory_terms_by_bandwidth_only() -> None:
+    scale = HardwareScale(find_gpu("H100"), find_gpu("H200"))
+    assert scale.bandwidth_ratio == pytest.approx(3.35 / 4.8) and scale.compute_ratio == 1.0
+    scaled = scale_step_time(CalibratedStepTime(0.010, 2e-5, 3e-5, 4e-5, 5e-9, label="h100"), scale)
+    assert scaled.per_step_s == pytest.approx(0.010 * 3.35 / 4.8)
+    assert scaled.per_context_token_s == pytest.approx(5e-9 * 3.35 / 4.8)
+    assert (scaled.per_seq_s, scaled.per_prefill_token_s, scaled.per_decode_token_s) == (2e-5, 3e-5, 4e-5)
+
+
+def test_a100_to_h100_scales_compute_terms_by_flops() -> None:
+    scale = HardwareScale(find_gpu("A100"), find_gpu("H100"))
+    scaled = scale_step_time(CalibratedStepTime(0.010, 2e-5, 3e-5, 4e-5, 5e-9), scale)
+    assert scaled.per_prefill_token_s == pytest.approx(3e-5 * 312 / 989)
+    assert scaled.per_decode_token_s == pytest.approx(4e-5 * 312 / 989)
+    assert scaled.per_step_s == pytest.approx(0.010 * 2.039 / 3.35) and scaled.per_seq_s == 2e-5
+
+
+def test_the_calibrations_hardware_names_a_catalog_gpu() -> None:
+    assert catalog_gpu("NVIDIA H100 80GB HBM3 x1").name == "H100"
+    assert catalog_gpu("NVIDIA H200 x8").name == "H200"
+    assert catalog_gpu("NVIDIA A100-SXM4-80GB x1").name == "A100-80GB"
+    with pytest.raises(ValueError, match="not a GPU of the catalog"):
+        catalog_gpu("cpu")
+    with pytest.raises(ValueError, match="no memory bandwidth for B300"):
+        _ = HardwareScale(find_gpu("H100"), find_gpu("B300")).bandwidth_ratio
+
+
+def test_the_target_pool_comes_from_the_memory_plan() -> None:
+    setup = EngineSetup(SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=8192, max_model_len=8192),
+                        CacheConfig(block_size=16), 1)
+    config = FIXTURES / "llama-3.1-8b"
+    h100, h200 = (plan_num_blocks(config, setup, find_gpu(g), CALIBRATION, 0.9) for g in ("H100", "H200"))
+    assert h200 > h100 > 0
+    per_block = 131_072 * 16  # Llama-3.1-8B: 128 KiB of KV per token in bf16
+    assert (h200 - h100) * per_block == pytest.approx((150_109_880_320 - 81559 * 2**20) * 0.9, rel=1e-3)
+
+
+def test_target_gpu_writes_a_run_marked_cross_hardware(tmp_path: pathlib.Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    calib = tmp_path / "calib.json"
+    write_calibration(calib, CALIBRATION)
+    trace = tmp_path / "t.jsonl"
+    assert cli.main(["trace", "make", "--num-requests", "20", "--seed", "1", "--out", str(trace),
+                     "--max-model-len", "2048"]) == 0
+    base = ["simulate", "--trace", str(trace), "--rate", "4", "--calibration", str(calib), "--target-gpu", "H200"]
+    assert cli.main([*base, "--out-dir", str(tmp_path / "x")]) == 2
+    assert "--model-config" in capsys.readouterr().err
+    out = tmp_path / "h200"
+    assert cli.main([*base, "--out-dir", str(out), "--model-config", str(FIXTURES / "llama-3.1-8b")]) == 0
+    simulated = load_run(out).summary.simulated
+    assert simulated is not None and simulated.target_gpu == "H200 (from H100)"
+    assert "scaled H100 -> H200" in simulated.step_time
+    assert any("cross-hardware" in line for line in decision_lines(analyze(ReportInputs((out,)))))

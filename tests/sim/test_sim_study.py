@@ -1,0 +1,67 @@
+"""`conveyor simulate --study`: bench's study run on the simulator, then a shortlist to verify on servers."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from conveyor import cli
+from conveyor.bench.decide.study import load_study_file, spec_from_mapping
+from conveyor.bench.measure.calibration import (
+    Calibration,
+    CalibrationKey,
+    write_calibration,
+)
+from conveyor.bench.measure.rundirs import discover_runs
+from conveyor.bench.measure.step_model import FitError, StepTimeCoefficients
+from conveyor.sim.study import check_simulable
+
+FIT = FitError(num_steps=100, r2=0.99, median_rel_error=0.02, p95_rel_error=0.08)
+
+
+def _files(tmp_path: pathlib.Path, variants: list[dict[str, object]]) -> tuple[pathlib.Path, pathlib.Path]:
+    trace = tmp_path / "t.jsonl"
+    assert cli.main(["trace", "make", "--mix", "chat=0.8,long=0.2", "--num-requests", "24", "--seed", "2",
+                     "--out", str(trace), "--max-model-len", "2048"]) == 0
+    study = {"command": "conveyor serve --port {port} {args}", "trace": str(trace),
+             "slo": {"ttft_p95_ms": 1500, "e2e_p95_ms": 20000},
+             "baseline": {"max_num_seqs": 2, "max_num_batched_tokens": 2048}, "variants": variants,
+             "sweep": {"rates": [0.5, 2.0, 8.0], "num_repeats": 1, "max_repeats": 1}}
+    study_file = tmp_path / "study.json"
+    study_file.write_text(json.dumps(study))
+    calibration = tmp_path / "calib.json"
+    write_calibration(calibration, Calibration(CalibrationKey("cpu", "tiny (abc)", "float32", ()),
+                                               StepTimeCoefficients(0.01, 0.0, 2e-5, 2e-5, 0.0), FIT, ("runs/a",)))
+    return study_file, calibration
+
+
+def test_a_study_on_the_simulator_shortlists_the_configurations_to_verify(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    variants = [{"name": "seqs16", "max_num_seqs": 16}, {"name": "tiny_pool", "num_gpu_blocks_override": 40},
+                {"name": "static", "batching": "static"}]
+    study_file, calibration = _files(tmp_path, variants)
+    out = tmp_path / "sim-study"
+    assert cli.main(["simulate", "--study", str(study_file), "--calibration", str(calibration), "--out-dir", str(out),
+                     "--shortlist", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "baseline" in printed and "seqs16" in printed and "verify on servers" in printed
+    runs = discover_runs([out])
+    assert runs and all(r.summary.simulated is not None for r in runs)
+    assert {r.config_name for r in runs} == {"baseline", "seqs16", "tiny_pool", "static"}
+    seqs16 = [r for r in runs if r.config_name == "seqs16"]
+    assert {r.summary.fixed["server_flags"]["max_num_seqs"] for r in seqs16} == {"16"}  # type: ignore[index]
+    shortlist = load_study_file(out / "shortlist.json")
+    assert [v.name for v in shortlist.variants] == ["baseline", "seqs16"]  # more sequences: more capacity
+
+
+def test_a_variant_the_simulation_cannot_price_is_refused(tmp_path: pathlib.Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    study_file, calibration = _files(tmp_path, [{"name": "fp8", "dtype": "fp8"}])
+    with pytest.raises(ValueError, match="variant fp8 changes dtype"):
+        check_simulable(spec_from_mapping(json.loads(study_file.read_text()), "study.json"))
+    assert cli.main(["simulate", "--study", str(study_file), "--calibration", str(calibration),
+                     "--out-dir", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "dtype" in err

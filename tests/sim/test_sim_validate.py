@@ -1,0 +1,116 @@
+"""`conveyor simulate --validate`: signed relative errors per metric, and the refusal of fitted runs."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from conveyor import cli
+from conveyor.bench.measure.calibration import (
+    Calibration,
+    CalibrationKey,
+    write_calibration,
+)
+from conveyor.bench.measure.server_summary import ServerSummary
+from conveyor.bench.measure.step_model import FitError, StepTimeCoefficients
+from conveyor.bench.measure.summary import RunIdentity, RunSummary
+from conveyor.sim.validate import METRICS, compare, relative_error
+
+FIT = FitError(num_steps=100, r2=0.99, median_rel_error=0.02, p95_rel_error=0.08)
+KEY = CalibrationKey("cpu", "tiny (abc)", "float32", ())
+
+
+def summary(throughput: float, ttft50: float, ttft95: float, itl50: float, e2e95: float, preempt: float) -> RunSummary:
+    return RunSummary(RunIdentity("r"), totals={"request_throughput": throughput},
+                      latency={"p50_ttft_ms": ttft50, "p95_ttft_ms": ttft95, "p50_itl_ms": itl50, "p95_e2el_ms": e2e95},
+                      server=ServerSummary(True, {"num_preemptions": preempt}))
+
+
+def test_relative_error_is_signed_and_undefined_only_against_zero() -> None:
+    assert relative_error(10.0, 12.0) == pytest.approx(0.2)
+    assert relative_error(10.0, 8.0) == pytest.approx(-0.2)
+    assert relative_error(0.0, 0.0) == 0.0
+    assert relative_error(0.0, 3.0) is None and relative_error(None, 1.0) is None
+
+
+def test_compare_takes_every_metric_from_the_summaries() -> None:
+    measured = summary(2.0, 100.0, 400.0, 20.0, 3000.0, 4.0)
+    simulated = summary(2.2, 90.0, 500.0, 20.0, 2400.0, 0.0)
+    errors = {e.key: e.relative_error for e in compare(measured, simulated)}
+    assert list(errors) == [key for key, _ in METRICS]
+    assert errors == pytest.approx({"request_throughput": 0.1, "p50_ttft_ms": -0.1, "p95_ttft_ms": 0.25,
+                                    "p50_itl_ms": 0.0, "p95_e2el_ms": -0.2, "num_preemptions": -1.0})
+
+
+def _trace(path: pathlib.Path) -> pathlib.Path:
+    assert cli.main(["trace", "make", "--mix", "chat=0.7,long=0.3", "--num-requests", "30", "--seed", "3",
+                     "--out", str(path), "--max-model-len", "2048"]) == 0
+    return path
+
+
+def _measured(tmp_path: pathlib.Path, trace: pathlib.Path, name: str, rate: str) -> pathlib.Path:
+    """A run directory standing in for a measured one: a simulation with its marker removed."""
+    out = tmp_path / name
+    assert cli.main(["simulate", "--trace", str(trace), "--rate", rate, "--seed", "7", "--out-dir", str(out),
+                     "--max-num-seqs", "8", "--step-time-base-s", "0.01", "--step-time-per-token-s", "0.00005"]) == 0
+    data = json.loads((out / "summary.json").read_text())
+    data.pop("simulated")
+    (out / "summary.json").write_text(json.dumps(data))
+    return out
+
+
+def _calibration(path: pathlib.Path, runs: tuple[str, ...]) -> pathlib.Path:
+    write_calibration(path, Calibration(KEY, StepTimeCoefficients(0.01, 0.0, 5e-5, 5e-5, 0.0), FIT, runs))
+    return path
+
+
+def test_a_run_replayed_with_the_model_that_made_it_has_no_error(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    trace = _trace(tmp_path / "t.jsonl")
+    fitted, held = _measured(tmp_path, trace, "fitted", "3"), _measured(tmp_path, trace, "held", "6")
+    calibration = _calibration(tmp_path / "calib.json", ("fitted",))
+    capsys.readouterr()
+    assert cli.main(["simulate", "--validate", str(held), "--calibration", str(calibration),
+                     "--out-dir", str(tmp_path / "v")]) == 0
+    printed = capsys.readouterr().out
+    assert "TTFT p95" in printed and "mean |error|" in printed
+    rows = (tmp_path / "v" / "validation.csv").read_text().splitlines()
+    assert len(rows) == 1 + len(METRICS)
+    for row in rows[1:]:
+        error = row.split(",")[-1]
+        assert abs(float(error)) < 1e-6, row  # same trace, rate, seed, flags and step model: the same run
+    assert (tmp_path / "v" / "validation.md").is_file() and (tmp_path / "v" / "runs" / "held" / "summary.json").is_file()
+    assert cli.main(["simulate", "--validate", str(fitted), str(held), "--calibration", str(calibration),
+                     "--out-dir", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "fitted on by the calibration" in err and str(fitted) in err
+    assert not (tmp_path / "w").exists()  # refused before anything was replayed
+
+
+def test_validate_needs_a_calibration(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["simulate", "--validate", str(tmp_path)]) == 2
+    assert "--calibration" in capsys.readouterr().err
+
+
+def test_notes_name_what_the_replay_cannot_reproduce(tmp_path: pathlib.Path) -> None:
+    from conveyor.bench.measure.cache_summary import CacheSummary
+    from conveyor.bench.measure.rundirs import RunResult
+    from conveyor.sim.validate import replay_notes
+    fixed = {"server_name": "vllm", "server_flags": {"speculative_config": '{"method": "ngram"}',
+                                                     "max_num_queued_tokens": "none"}}
+    run = RunResult(tmp_path, "r", RunSummary(RunIdentity("r"), fixed=fixed, cache=CacheSummary(mode="warm")))
+    notes = replay_notes(run)
+    assert len(notes) == 3 and "warmed" in notes[0] and "vllm" in notes[1] and "speculative decoding" in notes[2]
+
+
+def test_a_relative_trace_path_is_found_above_the_run(tmp_path: pathlib.Path) -> None:
+    from conveyor.sim.validate import find_trace
+    (tmp_path / "t.jsonl").write_text("{}\n")
+    run_dir = tmp_path / "runs" / "rate-1"
+    run_dir.mkdir(parents=True)
+    assert find_trace(run_dir, pathlib.Path("t.jsonl"), "r") == tmp_path / "t.jsonl"
+    with pytest.raises(ValueError, match="not found"):
+        find_trace(run_dir, pathlib.Path("missing.jsonl"), "r")
