@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from aiohttp import hdrs
+
+from conveyor.bench.load.client import REQUEST_ID_HEADER
 
 Handler = Callable[[aiohttp.ClientRequest], Awaitable[aiohttp.ClientResponse]]
 
@@ -75,10 +78,10 @@ def retry_middleware(policy: RetryPolicy, log: RetryLog) -> Callable[[aiohttp.Cl
 
     async def middleware(request: aiohttp.ClientRequest, handler: Handler) -> aiohttp.ClientResponse:
         response = await handler(request)
-        request_id = request.headers.get("x-request-id", str(request.url))
+        request_id = request.headers.get(REQUEST_ID_HEADER, str(request.url))
         attempt = 0
         while response.status == 503 and attempt < policy.max_retries:
-            wait = retry_after_s(response.headers.get("Retry-After"), policy)
+            wait = retry_after_s(response.headers.get(hdrs.RETRY_AFTER), policy)
             response.release()
             await asyncio.sleep(wait)
             attempt += 1
