@@ -67,9 +67,18 @@ class RetryLog:
     wait_s: float = 0.0
     """Total time spent waiting on Retry-After."""
 
-    def summary(self, policy: RetryPolicy) -> dict[str, Any]:
-        return {"max_retries": policy.max_retries, "num_retried_requests": len(self.retries_by_request),
-                "num_retries": sum(self.retries_by_request.values()), "retry_wait_s": self.wait_s}
+    @property
+    def num_retried_requests(self) -> int:
+        return len(self.retries_by_request)
+
+    @property
+    def num_retries(self) -> int:
+        return sum(self.retries_by_request.values())
+
+    def summary(self, policy: RetryPolicy) -> dict[str, float]:
+        """summary.json `retries` (measure/ builds its typed RetrySummary from the properties instead)."""
+        return {"max_retries": policy.max_retries, "num_retried_requests": self.num_retried_requests,
+                "num_retries": self.num_retries, "retry_wait_s": self.wait_s}
 
 
 def retry_middleware(policy: RetryPolicy, log: RetryLog) -> Callable[[aiohttp.ClientRequest, Handler],
