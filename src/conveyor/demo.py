@@ -39,7 +39,7 @@ from conveyor.bench.cli.sweep import counting
 from conveyor.bench.decide.slo import SLO, describe_objective
 from conveyor.bench.decide.study import StudySpec, Variant, server_spec, study_record
 from conveyor.bench.decide.run_fn import RunTemplate, make_run_fn
-from conveyor.bench.decide.run_options import RunOptions
+from conveyor.bench.decide.run_options import RunOptions, ServerOptions
 from conveyor.bench.decide.sweep import PointProgress, SweepConfig, Sweeper
 from conveyor.bench.load.launch import LaunchError, ServerProcess
 from conveyor.bench.load.progress import ProgressReporter
@@ -147,7 +147,7 @@ def demo_spec(cfg: DemoConfig, trace_path: pathlib.Path) -> StudySpec:
         sweep=SweepConfig(slo=SLO(), num_repeats=cfg.num_repeats, max_repeats=cfg.max_repeats),
         run_options=RunOptions(seed=cfg.seed, request_timeout_s=120.0, max_send_lag_p99_ms=200.0,
                                num_requests=cfg.num_requests, show_progress=False),
-        server_options={"env": env, "startup_timeout_s": 240.0, "num_warmup_requests": 2})
+        server_options=ServerOptions(env=env, startup_timeout_s=240.0, num_warmup_requests=2))
 
 
 def _burst(base_url: str, cfg: DemoConfig, trace_path: pathlib.Path, out_dir: pathlib.Path) -> RunSummary:

@@ -1,10 +1,11 @@
-"""The options a sweep passes to every run: BenchRunConfig fields beyond what the run template fixes.
+"""The options a sweep or study passes on: to every run (RunOptions, BenchRunConfig fields beyond what the
+run template fixes) and to every server launch (ServerOptions, ServerSpec fields beyond the configuration's).
 
-They come from a study file's `[run]` table, from the sweep's and study's flags, or from a caller, and
-are read once, here, into a RunOptions record: an unknown key or a value of the wrong type is an error
-that names where it was read, before any server starts, instead of a TypeError at the first run. A field
-left None is not given, so the run gets BenchRunConfig's default. The record also reads as a mapping of
-the options given (what `BenchRunConfig(**options)` takes, and what older callers compare with a dict).
+They come from a study file's `[run]` and `[server]` tables, from the sweep's and study's flags, or from a
+caller, and are read once, here: an unknown key or a value of the wrong type is an error that names where
+it was read, before any server starts, instead of a TypeError at the first run or launch. A field left
+None is not given, so the run or server gets its own default. A record also reads as a mapping of the
+options given (what `BenchRunConfig(**options)` takes, and what older callers compare with a dict).
 """
 
 from __future__ import annotations
@@ -17,11 +18,44 @@ from conveyor.bench.load.retry import RetryPolicy
 
 
 class RunOptionsError(ValueError):
-    """An unknown run option, or one of the wrong type; the message names where it was read."""
+    """An unknown option, or one of the wrong type; the message names where it was read."""
+
+
+class _GivenOptions(Mapping[str, object]):
+    """An options record (a frozen dataclass whose fields default to None) read from and as a mapping."""
+
+    @classmethod
+    def _checked(cls, data: Mapping[str, object], origin: str) -> dict[str, Any]:
+        """The given (non-null) options of data, each name and type checked; `origin` is named in errors."""
+        known = {f.name: str(f.type) for f in fields(cls)}  # type: ignore[arg-type]  # subclasses are dataclasses
+        unknown = set(data) - set(known)
+        if unknown:
+            raise RunOptionsError(f"{origin}: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
+        for key, value in data.items():
+            if value is not None and not _has_type(value, known[key]):
+                raise RunOptionsError(f"{origin}: {key} must be {known[key].removesuffix(' | None')}, got {value!r}")
+        return {k: v for k, v in data.items() if v is not None}
+
+    def given(self) -> dict[str, Any]:
+        """The options given, as keyword arguments."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+        return {k: v for k, v in values.items() if v is not None}
+
+    def __getitem__(self, key: str) -> object:
+        found = self.given()
+        if key not in found:
+            raise KeyError(key)
+        return found[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.given())
+
+    def __len__(self) -> int:
+        return len(self.given())
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)  # eq=False: Mapping's equality (with dicts too) applies
-class RunOptions(Mapping[str, object]):
+class RunOptions(_GivenOptions):
     """BenchRunConfig fields every run of a sweep shares (None: not given, the runner's default)."""
 
     seed: int | None = None
@@ -80,30 +114,34 @@ class RunOptions(Mapping[str, object]):
     @classmethod
     def from_mapping(cls, data: Mapping[str, object], origin: str) -> RunOptions:
         """Options from {field: value}; `origin` (e.g. 'study.toml [run]') is named in any error."""
-        known = {f.name: str(f.type) for f in fields(cls)}
-        unknown = set(data) - set(known)
-        if unknown:
-            raise RunOptionsError(f"{origin}: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
-        for key, value in data.items():
-            if value is not None and not _has_type(value, known[key]):
-                raise RunOptionsError(f"{origin}: {key} must be {known[key].removesuffix(' | None')}, got {value!r}")
-        return cls(**{k: v for k, v in data.items() if v is not None})  # type: ignore[arg-type]  # checked above
+        return cls(**cls._checked(data, origin))
 
-    def given(self) -> dict[str, Any]:
-        """The options given, as BenchRunConfig keyword arguments."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
-    def __getitem__(self, key: str) -> object:
-        found = self.given()
-        if key not in found:
-            raise KeyError(key)
-        return found[key]
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ServerOptions(_GivenOptions):
+    """ServerSpec fields every configuration of a study shares (None: not given, ServerSpec's default)."""
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.given())
+    env: dict[str, str] | None = None
+    """Extra environment variables for the server process."""
+    host: str | None = None
+    """Address the server binds and the benchmark connects to."""
+    port: int | None = None
+    """Port (0: pick a free one at launch)."""
+    health_path: str | None = None
+    """GET path that returns 200 once the server is ready."""
+    startup_timeout_s: float | None = None
+    """How long to wait for health."""
+    stop_grace_s: float | None = None
+    """SIGTERM-to-SIGKILL grace."""
+    num_warmup_requests: int | None = None
+    """Short completions sent before measuring."""
+    model: str | None = None
+    """`model` field of warm-up requests."""
 
-    def __len__(self) -> int:
-        return len(self.given())
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, object], origin: str) -> ServerOptions:
+        """Options from {field: value}; `origin` (e.g. 'study.toml [server]') is named in any error."""
+        return cls(**cls._checked(data, origin))
 
 
 def _has_type(value: object, annotation: str) -> bool:
@@ -111,5 +149,5 @@ def _has_type(value: object, annotation: str) -> bool:
     if isinstance(value, bool):
         return annotation == "bool | None"
     kinds: dict[str, tuple[type, ...]] = {"int | None": (int,), "float | None": (int, float), "str | None": (str,),
-                                          "RetryPolicy | None": (RetryPolicy,)}
+                                          "RetryPolicy | None": (RetryPolicy,), "dict[str, str] | None": (dict,)}
     return isinstance(value, kinds.get(annotation, ()))

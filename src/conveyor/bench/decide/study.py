@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ContextManager
 
 from conveyor.bench.decide.run_fn import RunFn, RunTemplate, make_run_fn
-from conveyor.bench.decide.run_options import RunOptions, RunOptionsError
+from conveyor.bench.decide.run_options import RunOptions, RunOptionsError, ServerOptions
 from conveyor.bench.decide.slo import SLO, slo_from_mapping
 from conveyor.bench.decide.sweep import SweepConfig, Sweeper, SweepResult
 from conveyor.bench.jsonvalue import Fields
@@ -82,7 +82,7 @@ class StudySpec:
     """Offered rate of the main scenario (checklist)."""
     run_options: RunOptions = field(default_factory=RunOptions)
     """Further BenchRunConfig fields (num_requests, seed, endpoint, burstiness, ...)."""
-    server_options: dict[str, Any] = field(default_factory=dict)
+    server_options: ServerOptions = field(default_factory=ServerOptions)
     """Further ServerSpec fields (env, health_path, startup_timeout_s, num_warmup_requests, model)."""
     planned_context_len: int | None = None
     """Context length (prompt + output tokens) the deployment plans for (checklist question 3)."""
@@ -135,12 +135,13 @@ def spec_from_mapping(data: dict[str, Any], origin: str) -> StudySpec:
         raise StudyError(f"{origin} [sweep]: unknown key(s) {sorted(unknown)}; known: {sorted(_SWEEP_KEYS)} + rates")
     try:
         run_options = RunOptions.from_mapping(f.child("run").data, f"{origin} [run]")
+        server_options = ServerOptions.from_mapping(f.child("server").data, f"{origin} [server]")
     except RunOptionsError as error:
         raise StudyError(str(error)) from None
     return StudySpec(
         command=f.text("command"), trace_path=f.text("trace"), slo=slo, variants=_variants(f),
         sweep=SweepConfig(slo=slo, **sweep_data), rates=rates, main_rate=f.opt_number("main_rate"),
-        run_options=run_options, server_options=dict(f.child("server").data),
+        run_options=run_options, server_options=server_options,
         planned_context_len=f.opt_integer("planned_context_len"))
 
 
@@ -201,7 +202,7 @@ class ConfigurationRunner:
 
 
 def server_spec(spec: StudySpec, variant: Variant) -> ServerSpec:
-    return ServerSpec(name=variant.name, command=spec.command, args=variant.args, **spec.server_options)
+    return ServerSpec(name=variant.name, command=spec.command, args=variant.args, **spec.server_options.given())
 
 
 def run_study(spec: StudySpec, out_dir: pathlib.Path, launcher: Launcher = launch_server,
