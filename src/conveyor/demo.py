@@ -39,6 +39,7 @@ from conveyor.bench.cli.sweep import counting
 from conveyor.bench.decide.slo import SLO, describe_objective
 from conveyor.bench.decide.study import StudySpec, Variant, server_spec, study_record
 from conveyor.bench.decide.run_fn import RunTemplate, make_run_fn
+from conveyor.bench.decide.run_options import RunOptions, ServerOptions
 from conveyor.bench.decide.sweep import PointProgress, SweepConfig, Sweeper
 from conveyor.bench.load.launch import LaunchError, ServerProcess
 from conveyor.bench.load.progress import ProgressReporter
@@ -144,9 +145,9 @@ def demo_spec(cfg: DemoConfig, trace_path: pathlib.Path) -> StudySpec:
     return StudySpec(
         command=command, trace_path=str(trace_path), slo=SLO(), variants=tuple(variants),
         sweep=SweepConfig(slo=SLO(), num_repeats=cfg.num_repeats, max_repeats=cfg.max_repeats),
-        run_options={"seed": cfg.seed, "request_timeout_s": 120.0, "max_send_lag_p99_ms": 200.0,
-                     "num_requests": cfg.num_requests, "show_progress": False},
-        server_options={"env": env, "startup_timeout_s": 240.0, "num_warmup_requests": 2})
+        run_options=RunOptions(seed=cfg.seed, request_timeout_s=120.0, max_send_lag_p99_ms=200.0,
+                               num_requests=cfg.num_requests, show_progress=False),
+        server_options=ServerOptions(env=env, startup_timeout_s=240.0, num_warmup_requests=2))
 
 
 def _burst(base_url: str, cfg: DemoConfig, trace_path: pathlib.Path, out_dir: pathlib.Path) -> RunSummary:
@@ -226,7 +227,7 @@ def _interleaved(spec: StudySpec, urls: dict[str, str], study_dir: pathlib.Path,
     repeat in a later round, interleaved again. `reverse_order` runs the configurations last to first."""
     sweepers = {}
     for variant in (spec.variants[::-1] if reverse_order else spec.variants):
-        template = RunTemplate(urls[variant.name], spec.trace_path, variant.name, spec.slo, dict(spec.run_options))
+        template = RunTemplate(urls[variant.name], spec.trace_path, variant.name, spec.slo, spec.run_options)
         sweepers[variant.name] = Sweeper(variant.name, spec.sweep, counting(make_run_fn(template), reporter),
                                          study_dir / variant.name, reporter)
     states = {(name, rate): PointProgress(rate) for rate in spec.rates for name in sweepers}

@@ -9,6 +9,7 @@ import pathlib
 import shlex
 import sys
 
+from conveyor.bench.jsonvalue import Fields
 from conveyor.bench.load.cache_mode import CacheMode
 from conveyor.bench.load.profiles import LoadProfile
 from conveyor.bench.load.retry import add_retry_arguments, policy_from_args
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     if spec_line is not None:
         print(spec_line)
     print(f"{summary.completed} completed, {summary.cancelled} cancelled, {summary.failed} failed "
-          f"of {summary.num_prompts} measured; {summary.window.get('label')}; run directory {args.out}")
+          f"of {summary.num_prompts} measured; {Fields(summary.window, 'window').opt_text('label')}; run directory {args.out}")
     print(summary.cache.describe())
     if summary.cache.warning:
         print(f"WARNING: {summary.cache.warning}", file=sys.stderr)

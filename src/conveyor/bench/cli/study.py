@@ -27,6 +27,7 @@ from conveyor.bench.decide.slo import SLOError, parse_slo_flag
 from conveyor.bench.decide.study import StudyError, run_study, spec_from_mapping
 from conveyor.bench.decide.run_fn import RunTemplate, make_run_fn
 from conveyor.bench.decide.sweep import SweepError
+from conveyor.bench.jsonvalue import Fields
 from conveyor.bench.load.launch import LaunchError
 from conveyor.bench.load.progress import ProgressReporter
 from conveyor.bench.measure.rundirs import RunDirError, prepare_out_dir
@@ -109,12 +110,12 @@ def study_mapping(args: argparse.Namespace) -> dict[str, Any]:
         data["baseline"] = parse_assignments(args.baseline, "--baseline")
     if args.variant:
         data["variants"] = [parse_variant(v) for v in args.variant]
-    sweep = dict(data.get("sweep") or {})
-    sweep.update(sweep_options_from_args(args))
+    tables = Fields.of(data, str(args.study_file or "flags"))  # the file's [sweep] and [run], under the flags
+    sweep: dict[str, Any] = {**tables.child("sweep").data, **sweep_options_from_args(args)}
     if args.rates:
         sweep["rates"] = [float(r) for r in args.rates.split(",") if r.strip()]
     data["sweep"] = sweep
-    data["run"] = {**dict(data.get("run") or {}), **run_options_from_args(args)}
+    data["run"] = {**tables.child("run").data, **run_options_from_args(args)}
     return data
 
 

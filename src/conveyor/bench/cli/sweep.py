@@ -15,6 +15,7 @@ from typing import Any
 from conveyor.bench.cli.run import add_window_arguments, parse_rate
 from conveyor.bench.decide.slo import SLOError, parse_slo_flag
 from conveyor.bench.decide.run_fn import RunFn, RunTemplate, make_run_fn
+from conveyor.bench.decide.run_options import RunOptions
 from conveyor.bench.decide.sweep import SweepConfig, SweepError, SweepResult, run_sweep
 from conveyor.bench.decide.sweep_axis import SweepAxis
 from conveyor.bench.load.launch import LaunchError, ServerProcess, ServerSpec
@@ -155,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
         cfg = SweepConfig(slo=slo, **sweep_options_from_args(args))
         reporter = ProgressReporter(estimated_runs(cfg))
         with _server(args, name) as base_url:
-            template = RunTemplate(base_url, args.trace, name, slo, run_options_from_args(args), cfg.axis)
+            options = RunOptions.from_mapping(run_options_from_args(args), "flags")
+            template = RunTemplate(base_url, args.trace, name, slo, options, cfg.axis)
             result = run_sweep(name, cfg, counting(make_run_fn(template), reporter), args.out, progress=reporter)
         reporter.close()
         if cfg.axis is SweepAxis.CONCURRENCY:  # the report groups runs by offered rate, inf for every level

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from conveyor.bench.jsonvalue import Fields
 from conveyor.bench.trace.arrivals import ArrivalConfig, ArrivalProcess
 from conveyor.bench.trace.model_len import fit_config, fit_trace
 from conveyor.bench.trace.tokenize_lengths import with_exact_lengths
@@ -156,7 +157,7 @@ def _quantiles(values: list[float]) -> str:
 def describe(trace: Trace) -> str:
     h = trace.header
     lines = [f"conveyor-trace v{h.format_version}  version {h.version[:16]}  {h.num_requests} requests  "
-             f"seed {h.seed}  generator {h.generator.get('name', '?')}"]
+             f"seed {h.seed}  generator {Fields(h.generator, 'generator').text('name', '?')}"]
     stamps = [r.arrival_s for r in trace.requests if r.arrival_s is not None]
     if stamps:
         span = max(stamps) - min(stamps)

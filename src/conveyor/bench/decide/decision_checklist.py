@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 from conveyor.bench.decide.decision import ConfigEval, Outcome, PointEval, Recommendation, cost_text
@@ -85,12 +86,11 @@ def main_scenario(config: ConfigEval, main_rate: float | None) -> ChecklistItem:
 
 
 def _burst_mode(over: PointEval, base: PointEval) -> tuple[Answer, str]:
-    errors: dict[str, int] = {}
+    errors = Counter[str]()  # failures by kind over the repeats; a kind no run saw counts 0
     for run in over.valid_runs:
-        for kind, count in run.summary.errors_by_kind.items():
-            errors[kind] = errors.get(kind, 0) + count
-    rejected = errors.get("http_503", 0) + errors.get("http_429", 0)
-    timed_out = errors.get("timeout", 0)
+        errors.update(run.summary.errors_by_kind)
+    rejected = errors["http_503"] + errors["http_429"]
+    timed_out = errors["timeout"]
     growths, shown = [], []
     for metric, name in (("p95_ttft_ms", "TTFT"), ("p95_e2el_ms", "E2E")):
         value_over, value_base = _median(over, metric), _median(base, metric)

@@ -21,6 +21,7 @@ import enum
 import math
 from dataclasses import dataclass
 
+from conveyor.bench.jsonvalue import Fields
 from conveyor.bench.measure.rundirs import Point, RunResult
 
 
@@ -90,7 +91,7 @@ def _waiting_trend(run: RunResult) -> tuple[float, float] | None:
 
 
 def _max_num_seqs(run: RunResult) -> float | None:
-    value = run.config_info().get("max_num_seqs")
+    value = Fields(run.config_info(), "server.json: config_info").opt_text("max_num_seqs")
     return None if value is None else float(value)
 
 

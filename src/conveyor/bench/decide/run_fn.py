@@ -7,11 +7,12 @@ server. `make_run_fn` wires it to `conveyor.bench.measure.runner.run_benchmark`;
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
+from conveyor.bench.decide.run_options import RunOptions
 from conveyor.bench.decide.slo import SLO
 from conveyor.bench.decide.sweep_axis import SweepAxis
 from conveyor.bench.measure.summary import RunSummary
@@ -33,10 +34,14 @@ class RunTemplate:
     """Configuration name; runs are labelled `<label>@<rate>#<repeat>`."""
     slo: SLO | None = None
     """Passed to the run for goodput."""
-    options: dict[str, Any] = field(default_factory=dict)
+    options: RunOptions = field(default_factory=RunOptions)
     """Further BenchRunConfig fields (seed, num_requests, endpoint, model, burstiness, ...)."""
     axis: SweepAxis = SweepAxis.RATE
     """What the swept value sets: request_rate, or max_concurrency (a closed loop unless options give a rate)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.options, RunOptions):  # a plain mapping (a script, a test): read once, here
+            object.__setattr__(self, "options", RunOptions.from_mapping(self.options, "run options"))
 
 
 def make_run_fn(template: RunTemplate) -> RunFn:
@@ -46,17 +51,16 @@ def make_run_fn(template: RunTemplate) -> RunFn:
     def run(rate: float, repeat: int, run_dir: pathlib.Path, num_requests: int | None) -> RunSummary:
         from conveyor.bench.measure import runner  # the bench engineer's module; imported only when running
 
-        options = dict(template.options)
-        seed = int(options.pop("seed", 0)) + repeat
+        options = template.options
         if num_requests is not None:  # a lengthened repeat; the runner sends at most the trace's requests
-            options["num_requests"] = num_requests
-        if template.axis is SweepAxis.CONCURRENCY:
-            options["max_concurrency"], label = int(rate), f"{template.label}@c{rate:g}#{repeat}"
-        else:
-            options["request_rate"], label = rate, f"{template.label}@{rate:.4g}#{repeat}"
+            options = dataclasses.replace(options, num_requests=num_requests)
+        concurrency = template.axis is SweepAxis.CONCURRENCY
+        label = f"{template.label}@c{rate:g}#{repeat}" if concurrency else f"{template.label}@{rate:.4g}#{repeat}"
+        options = (dataclasses.replace(options, max_concurrency=int(rate)) if concurrency
+                   else dataclasses.replace(options, request_rate=rate))
         cfg = runner.BenchRunConfig(
             base_url=template.base_url, trace_path=template.trace_path, out_dir=str(run_dir), label=label,
-            seed=seed, slo=template.slo, **options)
+            seed=(options.seed or 0) + repeat, slo=template.slo, **dataclasses.replace(options, seed=None).given())
         return runner.run_benchmark(cfg)
 
     return run

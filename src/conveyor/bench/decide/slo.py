@@ -19,6 +19,7 @@ import pathlib
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from conveyor.bench.jsonvalue import Fields
 from conveyor.bench.measure.intervals import Interval, IntervalMethod
 from conveyor.bench.measure.run_stats import RequestSample
 from conveyor.bench.measure.summary import RunSummary
@@ -269,8 +270,9 @@ def load_slo_file(path: pathlib.Path) -> SLO:
     if not path.is_file():
         raise SLOError(f"--slo: file {path} does not exist")
     data = read_table_file(path)
-    if isinstance(data, dict) and isinstance(data.get("slo"), dict):
-        data = data["slo"]
+    nested = Fields.of(data, str(path)).raw("slo") if isinstance(data, dict) else None
+    if isinstance(nested, dict):
+        data = nested
     if not isinstance(data, dict):
         raise SLOError(f"{path}: expected a table/object of SLO bounds")
     return slo_from_mapping(data, str(path))

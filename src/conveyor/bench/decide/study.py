@@ -18,9 +18,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ContextManager
 
-from conveyor.bench.decide.slo import SLO, slo_from_mapping
 from conveyor.bench.decide.run_fn import RunFn, RunTemplate, make_run_fn
+from conveyor.bench.decide.run_options import RunOptions, RunOptionsError, ServerOptions
+from conveyor.bench.decide.slo import SLO, slo_from_mapping
 from conveyor.bench.decide.sweep import SweepConfig, Sweeper, SweepResult
+from conveyor.bench.jsonvalue import Fields
 from conveyor.bench.load.launch import LaunchError, ServerProcess, ServerSpec
 from conveyor.bench.measure.rundirs import STUDY_FILE
 from conveyor.bench.table_file import read_table_file
@@ -78,33 +80,41 @@ class StudySpec:
     """Fixed offered rates instead of a search."""
     main_rate: float | None = None
     """Offered rate of the main scenario (checklist)."""
-    run_options: dict[str, Any] = field(default_factory=dict)
+    run_options: RunOptions = field(default_factory=RunOptions)
     """Further BenchRunConfig fields (num_requests, seed, endpoint, burstiness, ...)."""
-    server_options: dict[str, Any] = field(default_factory=dict)
+    server_options: ServerOptions = field(default_factory=ServerOptions)
     """Further ServerSpec fields (env, health_path, startup_timeout_s, num_warmup_requests, model)."""
     planned_context_len: int | None = None
     """Context length (prompt + output tokens) the deployment plans for (checklist question 3)."""
 
 
-def _variants(data: dict[str, Any]) -> tuple[Variant, ...]:
-    baseline = dict(data.get("baseline") or {})
-    given = data.get("price_per_gpu_hour")  # no built-in price: a made-up one would rank by a made-up cost
-    price, num_gpus = None if given is None else float(given), int(data.get("num_gpus", 1))
-    out = [Variant(str(data.get("baseline_name", "baseline")), baseline, None, price, num_gpus)]
-    for i, raw in enumerate(data.get("variants") or []):
-        raw = dict(raw)
-        name = str(raw.pop("name", "") or f"variant{i + 1}")
-        own_cost = {k: raw.pop(k) for k in list(raw) if k in _COST_KEYS}
-        if len(raw) != 1:
-            raise StudyError(f"variants[{i}] ({name}) must change exactly one parameter of the baseline, "
-                             f"got {sorted(raw) or 'none'}")
-        (key, value), = raw.items()
-        if baseline.get(key) == value:
-            raise StudyError(f"variants[{i}] ({name}) sets {key}={value!r}, the baseline's own value")
-        args, trace = ({**baseline}, str(value)) if key == "trace" else ({**baseline, key: value}, None)
-        own_price = own_cost.get("price_per_gpu_hour", price)
-        out.append(Variant(name, args, key, None if own_price is None else float(own_price),
-                           int(own_cost.get("num_gpus", num_gpus)), trace, bool(own_cost)))
+def _variant(raw: Fields, i: int, baseline: dict[str, Any], cost: tuple[float | None, int]) -> Variant:
+    """variants[i]: a name, exactly one changed parameter, and optionally its own GPU price and count."""
+    changes: dict[str, Any] = dict(raw.data)
+    name = str(changes.pop("name", "") or f"variant{i + 1}")
+    own_cost = Fields({k: changes.pop(k) for k in list(changes) if k in _COST_KEYS}, raw.where)
+    if len(changes) != 1:
+        raise StudyError(f"variants[{i}] ({name}) must change exactly one parameter of the baseline, "
+                         f"got {sorted(changes) or 'none'}")
+    (key, value), = changes.items()
+    if baseline.get(key) == value:
+        raise StudyError(f"variants[{i}] ({name}) sets {key}={value!r}, the baseline's own value")
+    args, trace = ({**baseline}, str(value)) if key == "trace" else ({**baseline, key: value}, None)
+    own_price = own_cost.opt_number("price_per_gpu_hour") if "price_per_gpu_hour" in own_cost.data else cost[0]
+    return Variant(name, args, key, own_price, own_cost.integer("num_gpus", cost[1]), trace, bool(own_cost.data))
+
+
+def _variants(f: Fields) -> tuple[Variant, ...]:
+    # The baseline's keys are engine flags (data, rendered into the command), so it stays a mapping.
+    baseline = dict(f.child("baseline").data)
+    price = f.opt_number("price_per_gpu_hour")  # no built-in price: a made-up one would rank by a made-up cost
+    num_gpus = f.integer("num_gpus", 1)
+    out = [Variant(f.text("baseline_name", "baseline"), baseline, None, price, num_gpus)]
+    listed = f.raw("variants") or []
+    if not isinstance(listed, list):
+        raise StudyError(f"{f.where}: variants must be a list of tables, got {listed!r}")
+    for i, raw in enumerate(listed):
+        out.append(_variant(Fields.of(raw, f"{f.where} variants[{i}]"), i, baseline, (price, num_gpus)))
     names = [v.name for v in out]
     if len(set(names)) != len(names):
         raise StudyError(f"configuration names must be unique, got {names}")
@@ -112,22 +122,27 @@ def _variants(data: dict[str, Any]) -> tuple[Variant, ...]:
 
 
 def spec_from_mapping(data: dict[str, Any], origin: str) -> StudySpec:
+    f = Fields.of(data, origin)
     for key in ("command", "trace"):
-        if not data.get(key):
+        if not f.raw(key):
             raise StudyError(f"{origin}: missing {key!r} (e.g. command = \"conveyor serve --port {{port}} {{args}}\")")
-    slo = slo_from_mapping(dict(data.get("slo") or {}), f"{origin} [slo]")
-    sweep_data = dict(data.get("sweep") or {})
-    rates = tuple(float(r) for r in sweep_data.pop("rates", []))
+    slo = slo_from_mapping(dict(f.child("slo").data), f"{origin} [slo]")
+    sweep_data: dict[str, Any] = dict(f.child("sweep").data)
+    rates = Fields(sweep_data, f"{origin} [sweep]").number_list("rates")
+    sweep_data.pop("rates", None)
     unknown = set(sweep_data) - _SWEEP_KEYS
     if unknown:
         raise StudyError(f"{origin} [sweep]: unknown key(s) {sorted(unknown)}; known: {sorted(_SWEEP_KEYS)} + rates")
-    main_rate, context = data.get("main_rate"), data.get("planned_context_len")
+    try:
+        run_options = RunOptions.from_mapping(f.child("run").data, f"{origin} [run]")
+        server_options = ServerOptions.from_mapping(f.child("server").data, f"{origin} [server]")
+    except RunOptionsError as error:
+        raise StudyError(str(error)) from None
     return StudySpec(
-        command=str(data["command"]), trace_path=str(data["trace"]), slo=slo, variants=_variants(data),
-        sweep=SweepConfig(slo=slo, **sweep_data), rates=rates,
-        main_rate=None if main_rate is None else float(main_rate),
-        run_options=dict(data.get("run") or {}), server_options=dict(data.get("server") or {}),
-        planned_context_len=None if context is None else int(context))
+        command=f.text("command"), trace_path=f.text("trace"), slo=slo, variants=_variants(f),
+        sweep=SweepConfig(slo=slo, **sweep_data), rates=rates, main_rate=f.opt_number("main_rate"),
+        run_options=run_options, server_options=server_options,
+        planned_context_len=f.opt_integer("planned_context_len"))
 
 
 def load_study_file(path: pathlib.Path) -> StudySpec:
@@ -175,7 +190,7 @@ class ConfigurationRunner:
         """Sweep (or run the fixed rates of) `variant`, served at `base_url`, into `config_dir`."""
         spec = self.spec
         template = RunTemplate(base_url, variant.trace_path or spec.trace_path, variant.name, spec.slo,
-                               dict(spec.run_options))
+                               spec.run_options)
         sweeper = Sweeper(variant.name, spec.sweep, self.run_fn_factory(template), config_dir, self.progress)
         if not spec.rates:
             return sweeper.run()
@@ -187,7 +202,7 @@ class ConfigurationRunner:
 
 
 def server_spec(spec: StudySpec, variant: Variant) -> ServerSpec:
-    return ServerSpec(name=variant.name, command=spec.command, args=variant.args, **spec.server_options)
+    return ServerSpec(name=variant.name, command=spec.command, args=variant.args, **spec.server_options.given())
 
 
 def run_study(spec: StudySpec, out_dir: pathlib.Path, launcher: Launcher = launch_server,

@@ -21,6 +21,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from conveyor.bench.jsonvalue import Fields
 from conveyor.bench.measure.intervals import Interval
 from conveyor.bench.measure.rundirs import RunResult
 
@@ -40,7 +41,8 @@ class SustainRule:
 def _window(run: RunResult) -> tuple[float, float]:
     """The steady-state window's sends, in seconds from the run's start (summary.json `window`); without
     one, the dispatch window num_prompts / rate (the drain after it is not steady state)."""
-    start, end = run.summary.window.get("start_s"), run.summary.window.get("end_s")
+    window = Fields(run.summary.window, "summary.json: window")
+    start, end = window.raw("start_s"), window.raw("end_s")
     if isinstance(start, int | float) and isinstance(end, int | float) and end > start:
         return float(start), float(end)
     rate = run.offered_rate

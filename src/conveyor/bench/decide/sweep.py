@@ -33,6 +33,7 @@ from conveyor.bench.decide.point_verdict import PointStatus, point_verdict
 from conveyor.bench.decide.run_fn import RunFn
 from conveyor.bench.decide.slo import SLO
 from conveyor.bench.decide.sweep_axis import SweepAxis, axis_unit, first_value, midpoint, next_value, run_dir_name
+from conveyor.bench.jsonvalue import Fields
 from conveyor.bench.measure.intervals import IntervalConfig
 from conveyor.bench.measure.rundirs import SPREAD_METRICS, SWEEP_FILE, RunResult
 from conveyor.bench.measure.summary import RunSummary
@@ -185,7 +186,7 @@ def _server_version(run_dir: pathlib.Path) -> str:
     path = run_dir / "server.json"
     if not path.is_file():
         return "unknown"
-    return json.dumps(json.loads(path.read_text()).get("version"), sort_keys=True)
+    return json.dumps(Fields.of(json.loads(path.read_text()), str(path)).raw("version"), sort_keys=True)
 
 
 @dataclass

@@ -29,7 +29,8 @@ from typing import Any
 
 import aiohttp
 
-from conveyor.bench.jsonvalue import JSONObject
+from conveyor.bench.jsonvalue import Fields, JSONObject
+from conveyor.bench.load.stream_chunk import StreamChunk, chunk_text
 from conveyor.bench.trace.traces import TraceRequest
 
 
@@ -134,7 +135,7 @@ class RequestRecord:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RequestRecord:
         """The inverse of to_json (records come back from worker processes this way)."""
-        kind = data.get("error_kind")
+        kind = Fields.of(data, "worker record").opt_text("error_kind")
         return cls(**dict(data, status=RequestStatus(data["status"]),
                           error_kind=None if kind is None else ErrorKind(kind)))
 
@@ -182,8 +183,12 @@ def build_payload(cfg: ClientConfig, req: TraceRequest) -> dict[str, object]:
     return payload
 
 
+REQUEST_ID_HEADER = "x-request-id"
+"""Carries the trace's request id: the server logs it, and the retry middleware counts retries by it."""
+
+
 def build_headers(cfg: ClientConfig, req: TraceRequest) -> dict[str, str]:
-    headers = {"Content-Type": "application/json", "x-request-id": req.request_id}
+    headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: req.request_id}
     if cfg.api_key:
         headers["Authorization"] = f"Bearer {cfg.api_key}"
     return headers
@@ -239,19 +244,13 @@ class _Stream:
     done: bool = False
 
 
-def chunk_text(choice: dict[str, Any]) -> str:
-    if "delta" in choice:
-        return str((choice.get("delta") or {}).get("content") or "")
-    return str(choice.get("text") or "")
-
-
 def _on_event(data: bytes, st: _Stream, rec: RequestRecord, cancel_after_tokens: int | None) -> None:
     """Handle one SSE `data:` payload (stripped bytes); raises _Cancel or ValueError (stream error)."""
     if data == b"[DONE]":
         st.done = True
         return
     now = time.perf_counter()
-    obj = json_loads(data)
+    obj: StreamChunk = json_loads(data)
     if not isinstance(obj, dict):
         raise ValueError(f"SSE data is not a JSON object: {data[:200]!r}")
     if obj.get("error") is not None:
@@ -271,14 +270,17 @@ def _on_event(data: bytes, st: _Stream, rec: RequestRecord, cancel_after_tokens:
                 st.answer.append(text)
         if cancel_after_tokens is not None and st.num_token_chunks >= cancel_after_tokens:
             raise _Cancel()
-    if obj.get("usage"):
-        st.usage = obj["usage"]
+    usage = obj.get("usage")
+    if usage:
+        st.usage = usage
 
 
 class _StreamErrorObject(Exception):
     def __init__(self, error: object) -> None:
         super().__init__(json.dumps(error)[:500] if not isinstance(error, str) else error[:500])
-        self.code = error.get("code") if isinstance(error, dict) else None
+        code = Fields.of(error, "stream error").raw("code") if isinstance(error, dict) else None
+        # vLLM's numeric `code` is the HTTP status it would have answered; anything else is no status.
+        self.code = code if isinstance(code, int) and 400 <= code < 600 else None
 
 
 async def _read_stream(resp: aiohttp.ClientResponse, st: _Stream, rec: RequestRecord,
@@ -334,8 +336,7 @@ async def send_request(ctx: SendContext, prepared: PreparedRequest, rec: Request
         else:
             _fail(rec, ErrorKind.TIMEOUT, f"no complete response within {cfg.request_timeout_s} s")
     except _StreamErrorObject as exc:
-        code = exc.code if isinstance(exc.code, int) and 400 <= exc.code < 600 else None
-        _fail(rec, ErrorKind.STREAM_ERROR if code is None else ErrorKind.from_status(code), str(exc))
+        _fail(rec, ErrorKind.STREAM_ERROR if exc.code is None else ErrorKind.from_status(exc.code), str(exc))
     except (aiohttp.ClientPayloadError, ValueError) as exc:
         _fail(rec, ErrorKind.STREAM_ERROR, f"broken stream: {exc!r}")
     except aiohttp.ClientError as exc:
@@ -372,7 +373,7 @@ def _count_tokens(rec: RequestRecord, st: _Stream, req: TraceRequest) -> None:
     rec.output_tokens = st.num_text_chunks if completion is None else completion
     prompt = _usage_count(st.usage, "prompt_tokens")
     rec.prompt_tokens = req.prompt_len if prompt is None else prompt
-    details = st.usage.get("prompt_tokens_details") if isinstance(st.usage, dict) else None
+    details = Fields.of(st.usage, "usage").raw("prompt_tokens_details") if isinstance(st.usage, dict) else None
     rec.cached_tokens = _usage_count(details, "cached_tokens")
     if rec.status is RequestStatus.COMPLETED and rec.output_tokens > 1 and rec.e2e_s is not None:
         rec.tpot_s = (rec.e2e_s - (rec.ttft_s or 0.0)) / (rec.output_tokens - 1)

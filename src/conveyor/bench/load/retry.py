@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from aiohttp import hdrs
+
+from conveyor.bench.load.client import REQUEST_ID_HEADER
 
 Handler = Callable[[aiohttp.ClientRequest], Awaitable[aiohttp.ClientResponse]]
 
@@ -64,9 +67,18 @@ class RetryLog:
     wait_s: float = 0.0
     """Total time spent waiting on Retry-After."""
 
-    def summary(self, policy: RetryPolicy) -> dict[str, Any]:
-        return {"max_retries": policy.max_retries, "num_retried_requests": len(self.retries_by_request),
-                "num_retries": sum(self.retries_by_request.values()), "retry_wait_s": self.wait_s}
+    @property
+    def num_retried_requests(self) -> int:
+        return len(self.retries_by_request)
+
+    @property
+    def num_retries(self) -> int:
+        return sum(self.retries_by_request.values())
+
+    def summary(self, policy: RetryPolicy) -> dict[str, float]:
+        """summary.json `retries` (measure/ builds its typed RetrySummary from the properties instead)."""
+        return {"max_retries": policy.max_retries, "num_retried_requests": self.num_retried_requests,
+                "num_retries": self.num_retries, "retry_wait_s": self.wait_s}
 
 
 def retry_middleware(policy: RetryPolicy, log: RetryLog) -> Callable[[aiohttp.ClientRequest, Handler],
@@ -75,10 +87,10 @@ def retry_middleware(policy: RetryPolicy, log: RetryLog) -> Callable[[aiohttp.Cl
 
     async def middleware(request: aiohttp.ClientRequest, handler: Handler) -> aiohttp.ClientResponse:
         response = await handler(request)
-        request_id = request.headers.get("x-request-id", str(request.url))
+        request_id = request.headers.get(REQUEST_ID_HEADER, str(request.url))
         attempt = 0
         while response.status == 503 and attempt < policy.max_retries:
-            wait = retry_after_s(response.headers.get("Retry-After"), policy)
+            wait = retry_after_s(response.headers.get(hdrs.RETRY_AFTER), policy)
             response.release()
             await asyncio.sleep(wait)
             attempt += 1

@@ -9,15 +9,17 @@ of the benchmark can change independently.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from conveyor.bench.jsonvalue import JSONObject
 from conveyor.bench.load.client import RequestRecord
 from conveyor.bench.load.retry import RetryLog, RetryPolicy
-from conveyor.bench.measure.intervals import IntervalConfig
+from conveyor.bench.measure.intervals import Interval, IntervalConfig
 from conveyor.bench.measure.metrics import GoodputBounds, meets_bounds
 from conveyor.bench.measure.run_stats import RequestSample, class_intervals, sample_intervals
+from conveyor.bench.measure.summary import ClassSummary, RetrySummary, RunSummary, Validity
 from conveyor.bench.measure.validity import ClientCpu, ValidityBounds, assess
 
 
@@ -27,7 +29,7 @@ class RunContext:
 
     client_cpu: ClientCpu | None = None
     """CPU the benchmark process used during the open loop."""
-    fixed: dict[str, Any] = field(default_factory=dict)
+    fixed: JSONObject = field(default_factory=dict)
     """fixed.collect_fixed's record."""
     retry_policy: RetryPolicy | None = None
     """Retry policy in force (None: off)."""
@@ -39,9 +41,9 @@ class RunContext:
     """Requests the warm-up pass sent before the run (warm runs)."""
 
 
-def extend_summary(summary: dict[str, Any], records: Sequence[RequestRecord], bounds: GoodputBounds | None,
-                   validity_bounds: ValidityBounds, context: RunContext) -> None:
-    """Add intervals, validity, fixed things and retries to a run's summary (in place)."""
+def with_run_record(summary: RunSummary, records: Sequence[RequestRecord], bounds: GoodputBounds | None,
+                    validity_bounds: ValidityBounds, context: RunContext) -> RunSummary:
+    """The summary with its intervals, validity, fixed things and retries added."""
     cfg = IntervalConfig()
     by_id = {r.request_id: r for r in records}
 
@@ -50,14 +52,32 @@ def extend_summary(summary: dict[str, Any], records: Sequence[RequestRecord], bo
 
     accept = meets if bounds is not None and not bounds.is_empty() else None
     samples = [RequestSample.from_json(r.to_json()) for r in records]
-    summary["ci"] = {k: v.to_json() for k, v in sample_intervals(samples, accept, cfg).items()}
-    for name, intervals in class_intervals(samples, cfg).items():
-        if name in summary.get("per_class", {}):
-            summary["per_class"][name]["ci"] = {k: v.to_json() for k, v in intervals.items()}
-    prior = [str(summary["invalid_reason"])] if summary.get("valid") is False and summary.get("invalid_reason") else []
-    verdict = assess(records, prior, context.client_cpu, validity_bounds)
-    summary.update(valid=verdict.valid, invalid_reason=verdict.reason, invalid_reasons=list(verdict.reasons),
-                   client_cpu_utilization=verdict.client_cpu_utilization,
-                   num_client_side_errors=verdict.num_client_side_errors, fixed=context.fixed)
-    if context.retry_policy is not None and context.retry_log is not None:
-        summary["retries"] = context.retry_log.summary(context.retry_policy)
+    return dataclasses.replace(
+        summary, ci=sample_intervals(samples, accept, cfg), per_class=_with_class_intervals(summary, samples, cfg),
+        validity=_validity(summary.validity, records, validity_bounds, context), fixed=context.fixed,
+        retries=_retries(context.retry_policy, context.retry_log))
+
+
+def _with_class_intervals(summary: RunSummary, samples: list[RequestSample],
+                          cfg: IntervalConfig) -> dict[str, ClassSummary]:
+    found: dict[str, dict[str, Interval]] = class_intervals(samples, cfg)
+    return {name: dataclasses.replace(c, ci=found[name]) if name in found else c
+            for name, c in summary.per_class.items()}
+
+
+def _validity(load_side: Validity, records: Sequence[RequestRecord], bounds: ValidityBounds,
+              context: RunContext) -> Validity:
+    """The load side's verdict (send lag, an empty window) joined by the client's CPU and client-side errors."""
+    prior = [load_side.invalid_reason] if not load_side.valid and load_side.invalid_reason else []
+    verdict = assess(records, prior, context.client_cpu, bounds)
+    return dataclasses.replace(load_side, valid=verdict.valid, invalid_reason=verdict.reason,
+                               invalid_reasons=verdict.reasons,
+                               client_cpu_utilization=verdict.client_cpu_utilization,
+                               num_client_side_errors=verdict.num_client_side_errors)
+
+
+def _retries(policy: RetryPolicy | None, log: RetryLog | None) -> RetrySummary | None:
+    if policy is None or log is None:
+        return None
+    return RetrySummary(max_retries=policy.max_retries, num_retried_requests=log.num_retried_requests,
+                        num_retries=log.num_retries, retry_wait_s=log.wait_s)

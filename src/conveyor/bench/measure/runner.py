@@ -23,6 +23,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from conveyor.bench.jsonvalue import JSON, Fields, JSONObject
 from conveyor.bench.load.cache_mode import CacheMode, CacheSaltRefused, new_salt, probe_salt, warm_pass
 from conveyor.bench.load.client import ClientConfig, Endpoint, RequestRecord
 from conveyor.bench.load.loadgen import LoadPlan, new_session
@@ -33,7 +34,7 @@ from conveyor.bench.measure.cache_summary import CacheSummary, cache_summary, hi
 from conveyor.bench.measure.fixed import ServerView, collect_fixed
 from conveyor.bench.measure.load_summary import LoadOutcome, drive, load_fields, load_validity
 from conveyor.bench.measure.metrics import GoodputBounds, client_summary
-from conveyor.bench.measure.run_record import RunContext, extend_summary
+from conveyor.bench.measure.run_record import RunContext, with_run_record
 from conveyor.bench.measure.step_log import StepLogCollector, write_step_log
 from conveyor.bench.measure.server_metrics import (
     ServerObservation,
@@ -214,18 +215,34 @@ def run_benchmark(cfg: BenchRunConfig) -> RunSummary:
     return run_async(_run(cfg, trace, plan))
 
 
-async def _identify(cfg: BenchRunConfig, session: Any) -> tuple[str, dict[str, Any]]:
+@dataclass(frozen=True)
+class ServerIdentity:
+    """server.json: who the server said it was (each answer as it came; null when the endpoint failed)."""
+
+    models: JSON
+    """GET /v1/models."""
+    version: JSON
+    """GET /version."""
+    config_info: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Its engine configuration labels (vLLM's cache_config_info), scraped after the run."""
+
+    def to_json(self) -> JSONObject:
+        return {"models": self.models, "version": self.version, "config_info": dict(self.config_info)}
+
+
+async def _identify(cfg: BenchRunConfig, session: Any) -> tuple[str, ServerIdentity]:
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     root = cfg.base_url.rstrip("/")
     models = await get_json(session, f"{root}/v1/models", headers)
     version = await get_json(session, f"{root}/version", headers)
     model = cfg.model
     if model is None:
-        data = models.get("data") if isinstance(models, dict) else None
+        # Any, not JSON: a listing of another shape fails loudly on the index, as it always did
+        data: Any = Fields.of(models, f"{root}/v1/models").raw("data") if isinstance(models, dict) else None
         if not data:
             raise BenchError(f"--model not given and {root}/v1/models listed no model (is the server up?)")
         model = str(data[0]["id"])
-    return model, {"models": models, "version": version}
+    return model, ServerIdentity(models, version)
 
 
 async def _run(cfg: BenchRunConfig, trace: Trace, plan: LoadPlan) -> RunSummary:
@@ -253,10 +270,10 @@ async def _run(cfg: BenchRunConfig, trace: Trace, plan: LoadPlan) -> RunSummary:
             step_rows = await steps.stop()
         cpu = meter.stop()
         obs = await scraper.stop()
-    identity["config_info"] = config_info(obs.after or obs.before)
-    view = ServerView(identity["models"], identity["version"], obs.after or obs.before, scraper.local,
+    identity = dataclasses.replace(identity, config_info=config_info(obs.after or obs.before))
+    view = ServerView(identity.models, identity.version, obs.after or obs.before, scraper.local,
                       nvml_reading() if scraper.local else None)
-    context = RunContext(client_cpu=cpu, fixed=collect_fixed(view, identity["config_info"], cfg.trace_path),
+    context = RunContext(client_cpu=cpu, fixed=collect_fixed(view, identity.config_info, cfg.trace_path),
                          retry_policy=cfg.retry, retry_log=retry_log, cache_salt=client.cache_salt,
                          num_warm_pass=num_warm)
     summary = build_summary(cfg, trace, model, (load, obs, started_at), context)
@@ -281,16 +298,19 @@ def _cache(cfg: BenchRunConfig, trace: Trace, measured: list[RequestRecord], obs
            context: RunContext, server_rate: float | None) -> CacheSummary:
     """The trace's own sharing is rounded to the server's block size (its cache_config_info, else 16)."""
     sent = trace.requests[: cfg.num_requests] if cfg.num_requests else trace.requests
-    block = config_info(obs.after or obs.before).get("block_size", "")
+    block = Fields(config_info(obs.after or obs.before), "cache_config_info").text("block_size")
     expected = expected_hit_rate(sent, int(block) if block.isdigit() else DEFAULT_BLOCK_SIZE)
     return cache_summary(cfg.cache_mode, context.cache_salt, measured, server_rate, expected, context.num_warm_pass)
 
 
-def build_summary(cfg: BenchRunConfig, trace: Trace, model: str,
-                  run: tuple[LoadOutcome, ServerObservation, str], context: RunContext | None = None) -> RunSummary:
+def _measured(cfg: BenchRunConfig, trace: Trace, model: str, run: tuple[LoadOutcome, ServerObservation, str],
+              bounds: GoodputBounds | None) -> tuple[RunSummary, list[RequestRecord]]:
+    """What the client, the load generator and the server's /metrics measured, typed once (each piece is the
+    summary.json object its module computes and its tests assert on, read by the file's own reader), and
+    the records inside the steady-state window."""
     load, obs, started_at = run
     shape = cfg.load_shape()
-    window = apply_window(load.records, cfg.window())
+    window = apply_window(load.records, cfg.window())  # marks each record in or out of the window
     measured = [r for r in load.records if r.in_window]
     summary: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "label": cfg.run_label,
@@ -300,30 +320,35 @@ def build_summary(cfg: BenchRunConfig, trace: Trace, model: str,
         "burstiness": cfg.burstiness, "arrival": shape.arrival.process.value, "profile": cfg.profile,
         "max_concurrency": shape.max_concurrency, "seed": cfg.seed, "started_at": started_at,
     }
-    bounds = goodput_bounds(cfg.slo)
     summary.update(client_summary(measured, bounds))
     summary.update(load_fields(load, measured, window))
     valid, reason = load_validity(load, window, cfg.max_send_lag_p99_ms)
     summary.update({"max_send_lag_p99_ms": cfg.max_send_lag_p99_ms, "valid": valid, "invalid_reason": reason,
                     "server": server_summary(obs)})
+    return summary_from_json(summary, cfg.run_label, "the run's summary"), measured
+
+
+def build_summary(cfg: BenchRunConfig, trace: Trace, model: str,
+                  run: tuple[LoadOutcome, ServerObservation, str], context: RunContext | None = None) -> RunSummary:
+    bounds = goodput_bounds(cfg.slo)
     context = context or RunContext()
-    extend_summary(summary, measured, bounds, ValidityBounds(cfg.max_client_cpu), context)
-    server_rate = summary["server"].get("prefix_cache_hit_rate")
-    summary["cache"] = _cache(cfg, trace, measured, obs, context, server_rate).to_json()
-    return summary_from_json(summary, summary["label"], "the run's summary")
+    summary, measured = _measured(cfg, trace, model, run, bounds)
+    summary = with_run_record(summary, measured, bounds, ValidityBounds(cfg.max_client_cpu), context)
+    server_rate = summary.server.value("prefix_cache_hit_rate")
+    return dataclasses.replace(summary, cache=_cache(cfg, trace, measured, run[1], context, server_rate))
 
 
 def _write_jsonl(path: pathlib.Path, rows: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
 
 
-def write_run_dir(cfg: BenchRunConfig, identity: dict[str, Any], load: LoadOutcome, obs: ServerObservation,
+def write_run_dir(cfg: BenchRunConfig, identity: ServerIdentity, load: LoadOutcome, obs: ServerObservation,
                   summary: RunSummary) -> None:
     out = pathlib.Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "command.txt").write_text((cfg.command or shlex.join(sys.argv)) + "\n", encoding="utf-8")
     (out / "config.json").write_text(json.dumps(_jsonable(cfg), indent=2, default=str) + "\n", encoding="utf-8")
-    (out / "server.json").write_text(json.dumps(identity, indent=2) + "\n", encoding="utf-8")
+    (out / "server.json").write_text(json.dumps(identity.to_json(), indent=2) + "\n", encoding="utf-8")
     _write_jsonl(out / "requests.jsonl", [r.to_json() for r in load.records])
     _write_jsonl(out / "server_timeseries.jsonl", [
         {"t_s": round(s.t_abs - load.t0, 6), "num_requests_running": s.num_requests_running,

@@ -50,6 +50,10 @@ class ServerSummary:
     def value(self, name: str) -> float | None:
         return self.values.get(name)
 
+    def numbers(self, name: str) -> tuple[float, ...]:
+        """A named list of numbers; () when the server gave none."""
+        return self.lists.get(name, ())
+
     @classmethod
     def from_json(cls, f: Fields) -> ServerSummary:
         lists = {k: f.number_list(k) for k, v in f.data.items() if isinstance(v, list) and k != "queue_time_buckets"}

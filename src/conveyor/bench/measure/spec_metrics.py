@@ -65,7 +65,7 @@ def describe_spec_decode(server: ServerSummary) -> str | None:
     draft_tokens = server.value("spec_decode_num_draft_tokens")
     if not draft_tokens:
         return None
-    per_pos = ", ".join(f"{rate:.2f}" for rate in server.lists.get("spec_decode_acceptance_rate_per_pos", ()))
+    per_pos = ", ".join(f"{rate:.2f}" for rate in server.numbers("spec_decode_acceptance_rate_per_pos"))
     return (f"speculative decoding: {100.0 * (server.value('spec_decode_acceptance_rate') or 0.0):.1f}% of "
             f"{draft_tokens:,.0f} draft tokens accepted, mean accepted length "
             f"{server.value('spec_decode_mean_accepted_length') or 0.0:.2f} tokens per verifying step "

@@ -143,6 +143,35 @@ _KNOWN = {"schema_version", *_IDENTITY_TEXT, "temperature", "request_rate", "bur
 
 
 @dataclass(frozen=True)
+class RunTotals:
+    """The run's duration, token totals and throughputs (per second of the duration); None: a key the file
+    lacks, left out again when written."""
+
+    duration: float | None = None
+    """First dispatch to last completion (s)."""
+    total_input_tokens: float | None = None
+    """Prompt tokens of the completed requests."""
+    total_output_tokens: float | None = None
+    """Output tokens of the completed requests."""
+    request_throughput: float | None = None
+    """Completed requests per second."""
+    output_throughput: float | None = None
+    """Output tokens per second."""
+    total_token_throughput: float | None = None
+    """Prompt and output tokens per second."""
+
+    @classmethod
+    def from_json(cls, f: Fields) -> RunTotals:
+        return cls(**{k: f.number(k) for k in _TOTALS if k in f.data})
+
+    def as_dict(self) -> dict[str, float]:
+        """The keys the file has, in summary.json's order."""
+        values = (self.duration, self.total_input_tokens, self.total_output_tokens, self.request_throughput,
+                  self.output_throughput, self.total_token_throughput)
+        return {k: v for k, v in zip(_TOTALS, values) if v is not None}
+
+
+@dataclass(frozen=True)
 class RunIdentity:
     """What was run, against what, and how the load was shaped."""
 
@@ -233,8 +262,8 @@ class RunSummary:
     """Of which failed."""
     cancelled: int = 0
     """Of which cancelled by the client."""
-    totals: Mapping[str, float] = field(default_factory=dict)
-    """_TOTALS -> value: duration (s), token totals, throughputs (per second of the duration)."""
+    totals: RunTotals = RunTotals()
+    """Duration (s), token totals, throughputs (per second of the duration)."""
     latency: Mapping[str, float | None] = field(default_factory=dict)
     """latency_keys() -> ms, over completed requests (None: no data)."""
     error_rate: float = 0.0
@@ -290,16 +319,16 @@ class RunSummary:
 
     @property
     def duration(self) -> float:
-        return self.totals.get("duration", 0.0)
+        return self.totals.duration or 0.0
 
     @property
     def request_throughput(self) -> float:
-        return self.totals.get("request_throughput", 0.0)
+        return self.totals.request_throughput or 0.0
 
     def metric(self, name: str) -> float | None:
         """A numeric key by its summary.json name, looking into `server` for the server's (sweeps and
         reports name metrics by these keys)."""
-        own: dict[str, float | None] = {**self.totals, **self.latency, "error_rate": self.error_rate,
+        own: dict[str, float | None] = {**self.totals.as_dict(), **self.latency, "error_rate": self.error_rate,
                                         "goodput": self.goodput, "num_prompts": float(self.num_prompts),
                                         "completed": float(self.completed), "failed": float(self.failed),
                                         "cancelled": float(self.cancelled),
@@ -318,7 +347,7 @@ def summary_from_json(data: JSON, default_label: str, where: str) -> RunSummary:
     retries = f.child("retries")
     return RunSummary(
         identity=RunIdentity.from_json(f, default_label), **{k: f.integer(k) for k in _COUNTS},
-        totals={k: f.number(k) for k in _TOTALS if k in f.data},
+        totals=RunTotals.from_json(f),
         latency={k: f.opt_number(k) for k in latency_keys() if k in f.data},
         error_rate=f.number("error_rate"), goodput=f.opt_number("goodput"),
         slo=f.child("slo").numbers(), errors_by_kind={k: int(v or 0) for k, v in f.child("errors_by_kind").numbers().items()},
@@ -343,7 +372,7 @@ def summary_to_json(s: RunSummary) -> dict[str, JSON]:
     """summary.json's object (the inverse of summary_from_json)."""
     out: dict[str, JSON] = {"schema_version": s.schema_version, **s.identity.to_json(),
                             "num_prompts": s.num_prompts, "completed": s.completed, "failed": s.failed,
-                            "cancelled": s.cancelled, **s.totals, **s.latency, "slo": dict(s.slo),
+                            "cancelled": s.cancelled, **s.totals.as_dict(), **s.latency, "slo": dict(s.slo),
                             "goodput": s.goodput, "error_rate": s.error_rate,
                             "errors_by_kind": dict(s.errors_by_kind),
                             "per_class": {k: c.to_json() for k, c in s.per_class.items()}}

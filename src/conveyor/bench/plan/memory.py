@@ -105,12 +105,16 @@ def _flag(config: Mapping[str, object], key: str) -> bool:
     return bool(config.get(key, False))
 
 
+def _text(config: Mapping[str, object], key: str, default: str) -> str:
+    return str(config.get(key, default))
+
+
 def shape_from_config(config: Mapping[str, object], origin: str = "config.json") -> ModelShape:
     """Read a Hugging Face decoder config (Llama/Qwen/Mistral family): the one parse of config.json."""
     hidden = _require(config, "hidden_size", origin)
     heads = _require(config, "num_attention_heads", origin)
     return ModelShape(
-        model_type=str(config.get("model_type", "unknown")),
+        model_type=_text(config, "model_type", "unknown"),
         vocab_size=_require(config, "vocab_size", origin),
         hidden_size=hidden,
         intermediate_size=_require(config, "intermediate_size", origin),

@@ -14,7 +14,7 @@ import pathlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from conveyor.bench.jsonvalue import JSON, JSONObject
+from conveyor.bench.jsonvalue import JSON, Fields, JSONObject
 from conveyor.bench.trace.traces import TraceError
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
@@ -109,6 +109,12 @@ def list_field(row: JSONObject, key: str) -> list[JSON] | None:
     return value if isinstance(value, list) else None
 
 
+def object_field(row: JSONObject, key: str) -> JSONObject:
+    """row[key] when it is an object, else an empty one (a log line without a response, a response without usage)."""
+    value = row.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def first_value(row: JSONObject, keys: tuple[str, ...], default: JSON) -> JSON:
     """The value of the first of keys the row has (a null too), else default."""
     return next((row[k] for k in keys if k in row), default)
@@ -155,13 +161,14 @@ def log_rows(path: str, output_len: int | None) -> Iterator[ImportedRow]:
 
 def log_row(obj: JSONObject, where: str, output_len: int | None) -> ImportedRow:
     """One request-log line; fields are checked in the order the errors were always reported."""
-    timestamp = obj.get("timestamp")
+    f = Fields.of(obj, where)  # raw reads: each value is checked here, with the importer's own messages
+    timestamp = f.raw("timestamp")
     stamp = None if timestamp is None else timestamp_s(timestamp, where)
     prompt, messages = _log_text(obj, where)
-    turn = obj.get("turn")
+    turn = f.raw("turn")
     if turn is not None and not isinstance(turn, int):
         raise TraceError(f"{where}: turn must be an integer and needs a session_id")
-    session, logged = obj.get("session_id"), int_field(obj, "prompt_tokens")
+    session, logged = f.raw("session_id"), int_field(obj, "prompt_tokens")
     return ImportedRow(
         where=where, prompt=prompt, messages=messages, timestamp_s=stamp, turn=turn,
         output_tokens=output_len if output_len is not None else _output_count(obj),

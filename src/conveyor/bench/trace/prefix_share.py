@@ -25,7 +25,7 @@ DEFAULT_BLOCK_SIZE = 16
 def _units(req: TraceRequest) -> Sequence[Hashable]:
     if req.prompt_token_ids is not None:
         return req.prompt_token_ids
-    if req.messages is not None:
+    if req.messages is not None:  # the chat body as the trace sends it: a message may lack either key
         return [w for m in req.messages for w in (m.get("role", ""), *str(m.get("content", "")).split())]
     return str(req.prompt).split()
 

@@ -32,9 +32,10 @@ async def _count(session: aiohttp.ClientSession, url: str, model: str | None, re
         return len(req.prompt_token_ids or [])
     async with session.post(url, json=body) as resp:
         data = await resp.json(content_type=None) if resp.status == 200 else None
-    if not isinstance(data, dict) or not isinstance(data.get("count"), int):
+    count = data["count"] if isinstance(data, dict) and "count" in data else None  # /tokenize's answer, read once
+    if not isinstance(count, int):
         raise TokenizeError(f"--tokenize-url {url}: no token count for request {req.request_id} (HTTP {resp.status})")
-    return int(data["count"])
+    return int(count)
 
 
 async def _count_all(url: str, model: str | None, requests: list[TraceRequest]) -> list[int]:

@@ -71,17 +71,38 @@ def load_tokenizer(path: str) -> TokenCounter:
         raise TokenizerFileError(f"--tokenizer {path}: cannot read {p.name}: {exc}") from exc
 
 
+GGUF_MODEL, GGUF_BOS_TOKEN_ID = "tokenizer.ggml.model", "tokenizer.ggml.bos_token_id"
+GGUF_ADD_BOS_TOKEN = "tokenizer.ggml.add_bos_token"
+
+
+@dataclass(frozen=True)
+class _GgufTokenizerKeys:
+    """The GGUF metadata this reader needs, read once (the rest of the header is the backend's business)."""
+
+    model: object
+    """tokenizer.ggml.model: only "gpt2" (byte-level BPE) is supported."""
+    bos_token_id: int | None
+    """tokenizer.ggml.bos_token_id when it is an integer."""
+    add_bos_token: bool
+    """tokenizer.ggml.add_bos_token (absent: false)."""
+
+    @classmethod
+    def of(cls, metadata: dict[str, Any]) -> _GgufTokenizerKeys:
+        bos = metadata.get(GGUF_BOS_TOKEN_ID)
+        return cls(model=metadata.get(GGUF_MODEL), bos_token_id=bos if isinstance(bos, int) else None,
+                   add_bos_token=bool(metadata.get(GGUF_ADD_BOS_TOKEN, False)))
+
+
 def _from_gguf(path: pathlib.Path) -> TokenCounter:
     from conveyor.gguf_tokenizer import TokenizerError, byte_level_backend, read_gguf_metadata
 
     try:
         metadata = read_gguf_metadata(path)
-        if metadata.get("tokenizer.ggml.model") != "gpt2":
-            raise TokenizerError(f"GGUF tokenizer model {metadata.get('tokenizer.ggml.model')!r} is not supported "
-                                 "(only byte-level BPE)")
+        keys = _GgufTokenizerKeys.of(metadata)
+        if keys.model != "gpt2":
+            raise TokenizerError(f"GGUF tokenizer model {keys.model!r} is not supported (only byte-level BPE)")
         backend = byte_level_backend(metadata)
     except TokenizerError as exc:
         raise TokenizerFileError(f"--tokenizer {path}: {exc}") from exc
-    bos = metadata.get("tokenizer.ggml.bos_token_id")
-    adds_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", False)) and isinstance(bos, int)
-    return TokenCounter(backend=backend, path=str(path), bos_token_id=bos if adds_bos else None)
+    adds_bos = keys.add_bos_token and keys.bos_token_id is not None
+    return TokenCounter(backend=backend, path=str(path), bos_token_id=keys.bos_token_id if adds_bos else None)

@@ -29,7 +29,7 @@ import pathlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from conveyor.bench.jsonvalue import JSON, JSONObject
+from conveyor.bench.jsonvalue import JSON, Fields, JSONObject
 from conveyor.bench.trace.import_rows import (
     ChatMessage,
     ImportedRow,
@@ -38,6 +38,7 @@ from conveyor.bench.trace.import_rows import (
     first_value,
     int_field,
     list_field,
+    object_field,
     str_field,
     str_or_none,
     timestamp_s,
@@ -80,7 +81,7 @@ def _load_json_rows(path: pathlib.Path) -> list[JSON]:
                 except json.JSONDecodeError as exc:
                     raise TraceError(f"{path}:{lineno}: neither a JSON document nor JSON Lines: {exc}") from exc
         return rows
-    inner = data.get("data") if isinstance(data, dict) else data
+    inner = Fields.of(data, str(path)).raw("data") if isinstance(data, dict) else data
     return list(inner) if isinstance(inner, list) else [data]
 
 
@@ -185,29 +186,26 @@ def hf_rows(path: str, opts: ReaderOptions) -> Iterator[ImportedRow]:
     return (r for i, row in enumerate(load_rows(path)) for r in _hf_row(row, f"{path} row {i}", opts, str(i)))
 
 
-def _object(row: JSONObject, key: str) -> JSONObject:
-    """row[key] when it is an object, else an empty one (a log line without a response, a response without usage)."""
-    value = row.get(key)
-    return value if isinstance(value, dict) else {}
-
-
 def _openai_row(line: JSONObject, where: str, opts: ReaderOptions) -> ImportedRow:
-    request = line.get("request") or line.get("body")
-    if not isinstance(request, dict):
+    # Raw reads, each value checked here: a log line's fields are another tool's, any of them may be missing.
+    row = Fields.of(line, where)
+    body = row.raw("request") or row.raw("body")
+    if not isinstance(body, dict):
         raise TraceError(f"{where}: needs a 'request' object (the OpenAI request body)")
-    response = _object(line, "response")
-    usage = _object(response, "usage")
-    output = opts.output_len or usage.get("completion_tokens") or request.get("max_completion_tokens") \
-        or request.get("max_tokens")
-    stamp = first_value(line, ("timestamp", "created"), response.get("created"))
-    prompt, messages = _openai_text(request)
+    request = Fields.of(body, f"{where}: request")
+    response_obj = object_field(line, "response")
+    response, usage = Fields.of(response_obj, where), object_field(response_obj, "usage")
+    output = opts.output_len or Fields.of(usage, where).raw("completion_tokens") \
+        or request.raw("max_completion_tokens") or request.raw("max_tokens")
+    stamp = first_value(line, ("timestamp", "created"), response.raw("created"))
+    prompt, messages = _openai_text(body)
     logged = int_field(usage, "prompt_tokens")
     return ImportedRow(
         where=where, prompt=prompt, messages=messages,
         output_tokens=int(output) if isinstance(output, int) and output >= 1 else 0,
-        timestamp_s=None if stamp is None else timestamp_s(stamp, where), request_class=str_or_none(line.get("class")),
-        session_id=str_or_none(first_value(line, ("session_id",), request.get("user"))),
-        request_id=str_or_none(first_value(line, ("request_id",), response.get("id"))),
+        timestamp_s=None if stamp is None else timestamp_s(stamp, where), request_class=str_or_none(row.raw("class")),
+        session_id=str_or_none(first_value(line, ("session_id",), request.raw("user"))),
+        request_id=str_or_none(first_value(line, ("request_id",), response.raw("id"))),
         prompt_tokens=logged if logged is not None and logged >= 0 else None)
 
 
@@ -216,7 +214,7 @@ def _openai_text(request: JSONObject) -> tuple[str | None, tuple[ChatMessage, ..
     messages = list_field(request, "messages")
     if messages is None:
         return str_field(request, "prompt"), None
-    chat = [(str_field(m, "role"), m.get("content")) for m in messages if isinstance(m, dict)]
+    chat = [(str_field(m, "role"), Fields.of(m, "").raw("content")) for m in messages if isinstance(m, dict)]
     return None, tuple(chat_message(role, c if isinstance(c, str) else json.dumps(c)) for role, c in chat)
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
-from conveyor.bench.jsonvalue import JSONObject
+from conveyor.bench.jsonvalue import Fields, JSONObject
 
 TRACE_FORMAT = "conveyor-trace"
 TRACE_FORMAT_VERSION = 1
@@ -236,10 +236,12 @@ def _parse_header(path: pathlib.Path, line: str) -> TraceHeader:
         data = json.loads(line)
     except json.JSONDecodeError as exc:
         raise TraceError(f"{path}:1: header is not JSON: {exc}") from exc
-    if not isinstance(data, dict) or data.get("format") != TRACE_FORMAT:
+    header = Fields.of(data, f"{path}:1") if isinstance(data, dict) else None
+    if header is None or header.raw("format") != TRACE_FORMAT:
         raise TraceError(f"{path}:1: not a conveyor trace (header format must be {TRACE_FORMAT!r})")
-    if data.get("format_version") != TRACE_FORMAT_VERSION:
-        raise TraceError(f"{path}:1: format_version {data.get('format_version')} is not supported "
+    version = header.raw("format_version")
+    if version != TRACE_FORMAT_VERSION:
+        raise TraceError(f"{path}:1: format_version {version} is not supported "
                          f"(this conveyor reads {TRACE_FORMAT_VERSION})")
     try:
         return TraceHeader(**data)

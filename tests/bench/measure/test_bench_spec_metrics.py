@@ -7,7 +7,7 @@ import json
 import pathlib
 
 import pytest
-from test_study import STUDY, _fake_launcher
+from decide.test_study import STUDY, _fake_launcher  # tests/bench is on sys.path (conftest.py)
 
 from conveyor.bench.decide.study import run_study, spec_from_mapping
 from conveyor.bench.decide.run_fn import RunTemplate

@@ -18,7 +18,7 @@ from conveyor.bench.report.dashboard import (
     format_terminal,
 )
 
-STUDY = pathlib.Path(__file__).parent / "fixtures" / "study_ab"
+STUDY = pathlib.Path(__file__).parents[1] / "fixtures" / "study_ab"
 SLO_TTFT = SLO(ttft_p95_ms=500)
 
 

@@ -21,7 +21,7 @@ from conveyor.bench.plan.memory import (
     shape_per_rank,
 )
 
-MODELS = pathlib.Path(__file__).parent / "fixtures" / "models"
+MODELS = pathlib.Path(__file__).parents[1] / "fixtures" / "models"
 
 
 def test_llama_8b_weights_and_kv_per_token() -> None:

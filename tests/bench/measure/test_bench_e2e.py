@@ -29,7 +29,7 @@ def run_to_json(cfg: BenchRunConfig) -> dict[str, Any]:
     """One run; its summary as summary.json holds it (these tests assert on the file's keys)."""
     return summary_to_json(run_benchmark(cfg))
 
-SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
+SRC = pathlib.Path(__file__).resolve().parents[3] / "src"
 pytestmark = pytest.mark.slow
 
 

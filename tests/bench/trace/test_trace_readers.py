@@ -14,7 +14,7 @@ from conveyor.bench.trace.trace_synthetic import RandomParams
 from conveyor.bench.trace.traces import Trace, TraceError, TraceRequest, dispatch_units
 from conveyor.cli import main
 
-FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "readers"
+FIXTURES = pathlib.Path(__file__).parents[1] / "fixtures" / "readers"
 TOKENIZER = str(FIXTURES / "tokenizer.json")  # WordLevel, prepends <s>: count = words + 1
 
 

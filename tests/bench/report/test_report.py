@@ -16,7 +16,7 @@ from conveyor.bench.report.dashboard import DASHBOARD_COLUMNS, ReportInputs, ana
 from conveyor.bench.report.report_html import SECTION_IDS
 from conveyor.bench.report.write import write_report
 
-STUDY = pathlib.Path(__file__).parent / "fixtures" / "study_ab"
+STUDY = pathlib.Path(__file__).parents[1] / "fixtures" / "study_ab"
 
 
 def test_analysis_uses_the_study_objective_prices_and_order() -> None:

@@ -12,7 +12,7 @@ from conveyor.bench.jsonvalue import JSON
 from conveyor.bench.measure.rundirs import RunDirError, load_run
 from conveyor.bench.measure.summary import summary_from_json, summary_to_json
 
-FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+FIXTURES = pathlib.Path(__file__).parents[1] / "fixtures"
 SUMMARIES = sorted(FIXTURES.rglob("summary.json"))
 
 

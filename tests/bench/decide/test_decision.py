@@ -12,7 +12,7 @@ from conveyor.bench.decide.decision_checklist import Answer, ChecklistInputs, an
 from conveyor.bench.decide.slo import SLO
 from conveyor.bench.measure.rundirs import discover_runs, find_study_file, group_points
 
-FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+FIXTURES = pathlib.Path(__file__).parents[1] / "fixtures"
 STUDY = FIXTURES / "study_ab"
 SLO_AB = SLO(ttft_p95_ms=500, e2e_p95_ms=4000, error_rate=0.01)
 PRICES = {"continuous": CostModel(2.0), "static": CostModel(2.0), "cheap_breaking": CostModel(0.5)}

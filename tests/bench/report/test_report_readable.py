@@ -25,7 +25,7 @@ from conveyor.bench.report.report_format import fmt_interval
 from conveyor.bench.report.write import write_report
 from conveyor.bench.units import fmt_ms, fmt_rate
 
-STUDY = pathlib.Path(__file__).parent / "fixtures" / "study_ab"
+STUDY = pathlib.Path(__file__).parents[1] / "fixtures" / "study_ab"
 
 
 def test_numbers_have_units_and_no_scientific_notation() -> None:
@@ -139,7 +139,7 @@ def test_html_renders_in_headless_chromium(tmp_path: pathlib.Path) -> None:
     """Screenshot-level: the page renders tall, with ink and coloured plots (benchmarks/report_screenshot.sh)."""
     import subprocess
     paths = write_report(analyze(ReportInputs((STUDY,))), tmp_path / "out")
-    script = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "report_screenshot.sh"
+    script = pathlib.Path(__file__).resolve().parents[3] / "benchmarks" / "report_screenshot.sh"
     result = subprocess.run(["bash", str(script), str(paths["html"]), str(tmp_path / "shot.png")],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr

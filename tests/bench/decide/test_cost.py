@@ -26,7 +26,7 @@ from conveyor.bench.measure.intervals import Interval, IntervalMethod
 from conveyor.bench.measure.rundirs import discover_runs, group_points
 from conveyor.bench.report.dashboard import ReportInputs, analyze, config_rows
 
-STUDY = pathlib.Path(__file__).parent / "fixtures" / "study_ab"
+STUDY = pathlib.Path(__file__).parents[1] / "fixtures" / "study_ab"
 SLO_AB = SLO(ttft_p95_ms=500, e2e_p95_ms=4000, error_rate=0.01)
 
 

@@ -9,7 +9,7 @@ import pytest
 from conveyor.bench.decide.diagnose import Symptom, diagnose
 from conveyor.bench.measure.rundirs import discover_runs, group_points
 
-SYMPTOMS = pathlib.Path(__file__).parent / "fixtures" / "symptoms"
+SYMPTOMS = pathlib.Path(__file__).parents[1] / "fixtures" / "symptoms"
 
 
 def _findings(name: str):
