@@ -148,3 +148,14 @@ def test_a_configuration_that_cannot_start_is_recorded_and_the_study_goes_on(tmp
     assert record["configs"]["static"]["launch_error"] == "conveyor serve: error: no GPU memory left for the KV cache"
     assert "max_rate_meeting" not in record["configs"]["static"]
     assert record["configs"]["seqs2"]["max_rate_meeting"] is None
+
+
+def test_a_study_stopped_midway_keeps_its_configurations(tmp_path: pathlib.Path) -> None:
+    """sweep.json is written after every point, and runs under a study's configuration directory that
+    has none (a study killed before its first point ended) still belong to that configuration."""
+    launched: list[ServerSpec] = []
+    run_study(spec_from_mapping(STUDY, "t"), tmp_path, _fake_launcher(launched), _fake_runs, progress=lambda _: None)
+    (tmp_path / "static" / "sweep.json").unlink()
+    analysis = analyze(ReportInputs((tmp_path,)))
+    assert [c.name for c in analysis.configs] == ["baseline", "static", "seqs2"]
+    assert (tmp_path / "seqs2" / "sweep.json").is_file()

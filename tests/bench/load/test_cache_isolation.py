@@ -116,6 +116,8 @@ def test_the_departure_margin() -> None:
     assert departure_warning("isolated", 0.0, 0.30) is not None  # cached less than the trace shares
     assert departure_warning("warm", 0.95, 0.30) is None
     assert departure_warning("isolated", None, 0.30) is None
+    assert "preemptions" in (departure_warning("isolated", 0.26, 0.0, "server_metrics") or "")
+    assert "preemptions" not in (departure_warning("isolated", 0.26, 0.0, "usage") or "")
 
 
 def test_a_server_refusing_the_salt_stops_the_run_at_once_with_the_way_out(tmp_path: pathlib.Path,

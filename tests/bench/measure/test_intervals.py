@@ -17,7 +17,13 @@ from conveyor.bench.measure.intervals import (
     proportion_interval,
     ratio_interval,
 )
-from conveyor.bench.measure.run_stats import RequestSample, pooled_intervals, sample_intervals
+from conveyor.bench.measure.run_stats import (
+    RequestSample,
+    completion_rate,
+    pooled_intervals,
+    rate_intervals,
+    sample_intervals,
+)
 
 FAST = IntervalConfig(num_resamples=999)
 SIGMA = 0.5  # lognormal(0, 0.5): p50 = 1, p95 = exp(0.5 * 1.645)
@@ -133,3 +139,17 @@ def test_per_class_intervals_cover_what_per_class_reports() -> None:
     assert {"p50_ttft_ms", "p99_e2el_ms", "p95_itl_ms", "error_rate", "request_throughput"} <= set(by_class["chat"])
     total = sample_intervals(samples, None, FAST)["request_throughput"].estimate
     assert sum(c["request_throughput"].estimate for c in by_class.values()) == pytest.approx(total)
+
+
+def test_the_steady_completion_rate_leaves_out_the_time_to_fill_the_pipeline() -> None:
+    """60 requests at 1 req/s, each answered in 20 s: vLLM's request_throughput counts the 20 s before the
+    first answer (60 / 79 s); the steady rate sees the server keep up. A server that answers one request
+    every 1.5 s shows ~0.67 req/s either way: it did not keep up."""
+    cfg = IntervalConfig(num_resamples=300)
+    kept_up = [RequestSample(status="completed", sent_s=float(i), end_s=i + 20.0) for i in range(60)]
+    falling_behind = [RequestSample(status="completed", sent_s=float(i), end_s=20.0 + 1.5 * i) for i in range(60)]
+    whole = rate_intervals([kept_up], None, cfg)
+    assert whole["request_throughput"].estimate == pytest.approx(60 / 79)
+    assert whole["completion_rate"].estimate == pytest.approx(1.0)
+    assert completion_rate([falling_behind], cfg).high < 1.0
+    assert completion_rate([[kept_up[0]]], cfg) is None  # one end: no rate between ends

@@ -196,7 +196,9 @@ class ConfigurationRunner:
             return sweeper.run()
         config_dir.mkdir(parents=True, exist_ok=True)
         for rate in spec.rates:
-            if sweeper.run_point(rate).runaway:
+            point = sweeper.run_point(rate)
+            sweeper.write()  # after every point: a study stopped midway keeps what it measured
+            if point.runaway:
                 break  # higher fixed rates would only pile up a queue that never drains
         return sweeper.write()
 

@@ -4,7 +4,8 @@ A point may meet every latency bound and still not show capacity: 40 requests se
 fast, yet the server completed them at a lower rate than offered, and a queue that grows through the
 run would have broken the bounds had the run lasted longer. So a point counts as meeting the objective
 at R req/s only when, over its valid repeats pooled,
-  - the completed rate's interval reaches R (covers it, or lies above it), and
+  - the completed rate's interval reaches R (covers it, or lies above it) -- the steady rate, from the
+    first request end to the last (run_stats.completion_rate), where the requests are recorded -- and
   - the server's waiting requests did not grow over the steady-state window (the mean of the window's
     last third exceeds the first third's by at least `min_growth` requests and `relative_growth` of it)
     in most of the repeats that scraped enough samples; and when the server was scraped but no repeat's
@@ -78,7 +79,8 @@ def not_sustained(runs: Sequence[RunResult], intervals: dict[str, Interval],
     if not runs:
         return None
     rate = runs[0].offered_rate
-    completed = intervals.get("request_throughput")
+    # The steady completion rate when the requests are at hand (older runs: the whole run's rate).
+    completed = intervals.get("completion_rate") or intervals.get("request_throughput")
     if completed is not None and math.isfinite(rate) and completed.high < rate:
         return (f"not sustained: completed {completed.estimate:.3g} [{completed.low:.3g}, {completed.high:.3g}] "
                 f"req/s, below the offered {rate:.3g}")

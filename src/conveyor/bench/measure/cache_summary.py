@@ -69,7 +69,8 @@ def usage_hit_rate(records: Sequence[RequestRecord]) -> float | None:
     return sum(r.cached_tokens or 0 for r in reported) / prompt if reported and prompt else None
 
 
-def departure_warning(mode: str, measured: float | None, expected: float | None) -> str | None:
+def departure_warning(mode: str, measured: float | None, expected: float | None,
+                      source: str = "usage") -> str | None:
     """The warning line when the measured rate departs from the trace's sharing by more than the margin."""
     if measured is None or expected is None or abs(measured - expected) <= HIT_RATE_MARGIN:
         return None
@@ -78,6 +79,10 @@ def departure_warning(mode: str, measured: float | None, expected: float | None)
     hint = ("it may have inherited a warm prefix cache (another client on the server, or a server that "
             "ignores cache_salt)" if measured > expected else "the server cached less than the trace shares "
             "(a small KV cache evicting blocks, or prefix caching off)")
+    if measured > expected and source == "server_metrics":
+        # The server's counters see every lookup: a request preempted and recomputed hits its own blocks.
+        hint += ("; or preemptions: the server's counters also count a preempted request's recomputation "
+                 "hitting its own blocks (serve with --enable-prompt-tokens-details for the run's own rate)")
     return (f"prefix-cache hit rate {measured:.2f} departs from the trace's own sharing {expected:.2f} by more "
             f"than {HIT_RATE_MARGIN}: {hint}")
 
@@ -90,7 +95,7 @@ def cache_summary(mode: str, salt: str | None, records: Sequence[RequestRecord],
         rate, source = server_rate, "server_metrics"
     return CacheSummary(mode=mode, salt=salt, prefix_cache_hit_rate=rate,
                         hit_rate_source=source if rate is not None else None, expected_hit_rate=expected,
-                        num_warm_pass_requests=num_warm_pass, warning=departure_warning(mode, rate, expected))
+                        num_warm_pass_requests=num_warm_pass, warning=departure_warning(mode, rate, expected, source))
 
 
 def hit_rate_cell(cache: CacheSummary) -> str:

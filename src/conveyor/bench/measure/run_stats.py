@@ -120,11 +120,25 @@ def rate_intervals(repeats: Sequence[Sequence[RequestSample]], accept: AcceptFn 
         interval = ratio_interval(numerators, gaps, cfg)
         if interval is not None:
             out[key] = interval
+    steady = completion_rate(repeats, cfg)
+    if steady is not None:
+        out["completion_rate"] = steady
     counted = [s for samples in repeats for s in samples if s.status != "cancelled"]
     error = proportion_interval(sum(s.status == "failed" for s in counted), len(counted), cfg)
     if error is not None:
         out["error_rate"] = error
     return out
+
+
+def completion_rate(repeats: Sequence[Sequence[RequestSample]], cfg: IntervalConfig) -> Interval | None:
+    """Completions per second from each run's first request end to its last: the rate the server kept up
+    once its pipeline was full. request_throughput (vLLM's) divides by the whole run, whose first gap is
+    the time to fill the pipeline -- one E2E, 20 s for a 400-token answer on a 32B model -- so a 60 s run
+    that keeps up with 1 req/s shows ~0.75 req/s there; the drain after the last send is not in either."""
+    rows = [row for samples in repeats for row in _rate_rows(samples)[1:]]
+    if not rows:
+        return None
+    return ratio_interval([float(s.completed) for _, s in rows], [gap for gap, _ in rows], cfg)
 
 
 def sample_intervals(samples: Sequence[RequestSample], accept: AcceptFn | None,

@@ -2,7 +2,8 @@
 
 The model: a run directory is any directory holding `summary.json`. A sweep writes `sweep.json` beside
 its runs and a study writes `study.json` above its sweeps; a run's configuration is the name of the
-nearest enclosing directory with a `sweep.json`, else the run's own label. Runs of one configuration at
+nearest enclosing directory with a `sweep.json`, else the study's configuration directory it sits in, else
+the run's own label. Runs of one configuration at
 one offered rate are the repeats of one *point*. Nothing here judges a run; it only loads and groups.
 """
 
@@ -118,7 +119,12 @@ def study_dir(run_dir: pathlib.Path) -> pathlib.Path | None:
 
 def _config_name(run_dir: pathlib.Path, summary: RunSummary) -> str:
     sweep = sweep_dir(run_dir)
-    return summary.label if sweep is None else sweep.name
+    if sweep is not None:
+        return sweep.name
+    study = study_dir(run_dir)
+    parts = run_dir.resolve().relative_to(study).parts if study is not None else ()
+    # study/<config>/<run> without a sweep.json: a configuration cut short (a killed study) is still itself.
+    return parts[0] if len(parts) > 1 else summary.label
 
 
 def load_run(run_dir: pathlib.Path) -> RunResult:
