@@ -15,7 +15,7 @@ from conveyor.bench.measure.calibration import (
 )
 from conveyor.bench.measure.server_summary import ServerSummary
 from conveyor.bench.measure.step_model import FitError, StepTimeCoefficients
-from conveyor.bench.measure.summary import RunIdentity, RunSummary
+from conveyor.bench.measure.summary import RunIdentity, RunSummary, RunTotals
 from conveyor.sim.validate import METRICS, compare, relative_error
 
 FIT = FitError(num_steps=100, r2=0.99, median_rel_error=0.02, p95_rel_error=0.08)
@@ -23,7 +23,7 @@ KEY = CalibrationKey("cpu", "tiny (abc)", "float32", ())
 
 
 def summary(throughput: float, ttft50: float, ttft95: float, itl50: float, e2e95: float, preempt: float) -> RunSummary:
-    return RunSummary(RunIdentity("r"), totals={"request_throughput": throughput},
+    return RunSummary(RunIdentity("r"), totals=RunTotals(request_throughput=throughput),
                       latency={"p50_ttft_ms": ttft50, "p95_ttft_ms": ttft95, "p50_itl_ms": itl50, "p95_e2el_ms": e2e95},
                       server=ServerSummary(True, {"num_preemptions": preempt}))
 

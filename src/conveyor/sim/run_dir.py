@@ -3,7 +3,7 @@
 Each simulated request becomes the `RequestRecord` the client would have written (TTFT, ITL, E2E from its
 chunk times after its send; the wait for a --max-concurrency slot as client_queue_s; no send lag: the
 simulated client is never late), and the summary is computed from those
-records by bench's own code (`metrics.client_summary`, `load_summary.turn_fields`, `run_record.extend_summary`,
+records by bench's own code (`metrics.client_summary`, `load_summary.turn_fields`, `run_record.with_run_record`,
 `cache_summary`), so a simulated number means exactly what the measured one does. The server half comes
 from the engine's own counters (preemptions, prefix-cache hits, token totals) and its gauges sampled over
 the replay (server_timeseries.jsonl). `simulated` in summary.json says what priced the steps;
@@ -26,7 +26,7 @@ from conveyor.bench.load.client import ErrorKind, RequestRecord, RequestStatus
 from conveyor.bench.measure.cache_summary import cache_summary
 from conveyor.bench.measure.load_summary import turn_fields
 from conveyor.bench.measure.metrics import client_summary
-from conveyor.bench.measure.run_record import RunContext, extend_summary
+from conveyor.bench.measure.run_record import RunContext, with_run_record
 from conveyor.bench.measure.summary import (
     SCHEMA_VERSION,
     RunSummary,
@@ -123,16 +123,17 @@ def build_summary(spec: SimRunSpec, result: TraceSimResult) -> tuple[RunSummary,
                    **turn_fields(measured))
     summary.update(max_send_lag_p99_ms=None, valid=True, invalid_reason=None, server=server_values(result))
     trace = pathlib.Path(spec.trace_path)
-    fixed = {"server_name": SERVER_NAME, "trace_sha256": file_sha256(trace) if trace.is_file() else None,
-             "server_flags": server_flags(spec.setup)}
-    extend_summary(summary, measured, None, ValidityBounds(), RunContext(fixed=fixed))
+    flags: dict[str, JSON] = dict(server_flags(spec.setup))
+    fixed: dict[str, JSON] = {"server_name": SERVER_NAME,
+                              "trace_sha256": file_sha256(trace) if trace.is_file() else None, "server_flags": flags}
     sent_ids = {rec.request_id for rec in records}
     sent = [r for r in spec.trace.requests if r.request_id in sent_ids]
     expected = expected_hit_rate(sent, spec.setup.cache.block_size)
     summary["cache"] = cache_summary(CacheMode.ISOLATED.value, None, measured,
                                      summary["server"]["prefix_cache_hit_rate"], expected).to_json()
     summary["simulated"] = spec.simulated.to_json()
-    return summary_from_json(summary, spec.label, "the simulated run's summary"), records
+    typed = summary_from_json(summary, spec.label, "the simulated run's summary")
+    return with_run_record(typed, measured, None, ValidityBounds(), RunContext(fixed=fixed)), records
 
 
 def write_run_dir(out_dir: pathlib.Path, spec: SimRunSpec, result: TraceSimResult, command: str) -> RunSummary:

@@ -71,7 +71,7 @@ class SimulatedServers:
 
     def run_fn(self, template: RunTemplate) -> RunFn:
         setup, trace = self.setups[template.base_url], read_trace(template.trace_path)
-        options = Fields.of(dict(template.options), "--study [run]")
+        options = Fields.of(template.options.given(), "--study [run]")
 
         def run(rate: float, repeat: int, run_dir: pathlib.Path, num_requests: int | None) -> RunSummary:
             closed = template.axis is SweepAxis.CONCURRENCY  # the swept value is the cap, as bench's run function

@@ -27,7 +27,7 @@ from conveyor.bench.report.dashboard import (
 )
 from conveyor.bench.report.write import write_report
 
-FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "study_ab"
+FIXTURE = pathlib.Path(__file__).parents[1] / "fixtures" / "study_ab"
 H100 = "NVIDIA H100 80GB HBM3"
 H200 = "NVIDIA H200"
 
