@@ -8,9 +8,10 @@ MLP columns, ceil(vocab / tp) embedding and LM-head rows; norms replicated):
   weights     = shard parameters × dtype bytes, parameters counted from config.json: embeddings (and an
                 untied LM head), per layer q/k/v/o projections with GQA and head_dim, optional biases,
                 Qwen3's per-head q/k norms, the gated MLP (3 matrices), two RMSNorms; one final norm
-  overhead    = activations of one forward of `max_num_batched_tokens` tokens (only one layer's
-                intermediates live at a time: ~4×hidden + q/k/v + 2×intermediate values per token)
-                + float32 logits for `max_num_seqs` sampled rows + a fixed runtime allowance
+  overhead    = the larger of the activations of one forward of `max_num_batched_tokens` tokens (only
+                one layer's intermediates live at a time: ~4×hidden + q/k/v + 2×intermediate values per
+                token) and the sampler's reserve for min(max_num_seqs, token budget) rows (52 bytes
+                per logit, measured: SAMPLER_BYTES_PER_LOGIT) + a fixed runtime allowance
                 (CUDA context, allocator slack, CUDA graphs: 1 GiB, 0.5 GiB with enforce-eager)
   kv_budget   = usable − weights − overhead
   kv_per_token = 2 (K and V) × layers × the shard's kv_heads × head_dim × kv dtype bytes
@@ -261,6 +262,14 @@ class ModelMemory:
     """Fixed allowance: CUDA context, allocator slack, CUDA graphs."""
 
 
+SAMPLER_BYTES_PER_LOGIT = 52
+"""Peak bytes per (row, vocabulary entry) of the engine's profiled sampler step: float32 logits, then
+top-p 0.9's full sort (values + int64 ids), softmax, cumulative sum and masks. Measured on an H100 with the
+Qwen3-32B shape (docs/decision.md, the GPU question): the KV budget at max_num_seqs 1024 was 5,792 MiB below
+that at 256, i.e. 52.0 bytes for each of the 768 × 151,936 extra logits; vLLM's profile reserves the same
+kind of step (its dummy sampler run uses top-p 0.9 and top-k)."""
+
+
 def model_memory(shape: ModelShape, inputs: PlanInputs) -> ModelMemory:
     rank = shape_per_rank(shape, inputs.tensor_parallel_size)
     kv_token = kv_bytes_per_token(rank, dtype_bytes(inputs.kv_cache_dtype or inputs.dtype))
@@ -269,14 +278,16 @@ def model_memory(shape: ModelShape, inputs: PlanInputs) -> ModelMemory:
     q_kv = (rank.num_heads + 2 * rank.num_kv_heads) * rank.head_dim
     per_token_values = 4 * shape.hidden_size + q_kv + 2 * rank.intermediate_size
     activations = inputs.max_num_batched_tokens * per_token_values * dtype_bytes(inputs.dtype)
-    logits = inputs.max_num_seqs * shape.vocab_size * 4  # gathered: every rank holds the full logits
+    # The sampler's reserve comes after the forward's intermediates are freed: the peak is the larger.
+    rows = min(inputs.max_num_seqs, inputs.max_num_batched_tokens)
+    sampler = rows * shape.vocab_size * SAMPLER_BYTES_PER_LOGIT  # gathered: every rank holds the full logits
     return ModelMemory(
         num_parameters=count_parameters(shape).total,
         weights_bytes=count_parameters(rank).total * dtype_bytes(inputs.dtype),
         kv_bytes_per_token=kv_token,
         kv_bytes_per_request=per_request,
         kv_needed_bytes=per_request * inputs.max_num_seqs,
-        activation_bytes=activations + logits,
+        activation_bytes=max(activations, sampler),
         runtime_bytes=_RUNTIME_EAGER_BYTES if inputs.enforce_eager else _RUNTIME_BYTES,
     )
 
