@@ -9,6 +9,7 @@ one offered rate are the repeats of one *point*. Nothing here judges a run; it o
 
 from __future__ import annotations
 
+import gzip
 import json
 import pathlib
 import shutil
@@ -32,9 +33,16 @@ class RunDirError(ValueError):
 
 
 def _read_jsonl(path: pathlib.Path) -> list[dict[str, Any]]:
-    if not path.is_file():
+    """The file's rows; `NAME.jsonl.gz` stands in for a missing `NAME.jsonl` (archived results)."""
+    packed = path.with_name(path.name + ".gz")
+    if path.is_file():
+        text = path.read_text()
+    elif packed.is_file():
+        with gzip.open(packed, "rt", encoding="utf-8") as f:
+            text = f.read()
+    else:
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 @dataclass(frozen=True)
