@@ -18,7 +18,7 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from conveyor.bench.jsonvalue import JSON
+from conveyor.bench.jsonvalue import JSON, Fields
 from conveyor.bench.measure.rundirs import RunDirError, load_run
 from conveyor.bench.measure.step_log import STEP_LOG_FILE, read_step_log
 from conveyor.bench.measure.step_model import FitError, StepSample, StepTimeCoefficients, fit_error, fit_step_model
@@ -60,15 +60,16 @@ class CalibrationKey:
     @classmethod
     def from_fixed(cls, fixed: Mapping[str, JSON]) -> CalibrationKey:
         """The key of a run, from its summary.json `fixed` (unknown values spelled "unknown")."""
-        flags = fixed.get("server_flags")
-        flags = flags if isinstance(flags, dict) else {}
-        gpu, count = fixed.get("gpu_name"), fixed.get("gpu_count")
+        f = Fields(dict(fixed), "fixed")
+        given = f.raw("server_flags")
+        flags = Fields(given if isinstance(given, dict) else {}, "fixed.server_flags")
+        gpu, count = f.raw("gpu_name"), f.raw("gpu_count")
         hardware = "cpu" if gpu in (None, "cpu") else f"{gpu} x{count if isinstance(count, int) else '?'}"
-        name = flags.get("model_name") or pathlib.Path(str(fixed.get("model_path") or "unknown")).name
-        digest = fixed.get("weights_sha256")
+        name = flags.raw("model_name") or pathlib.Path(str(f.raw("model_path") or "unknown")).name
+        digest = f.raw("weights_sha256")
         model = f"{name} ({digest[:12]})" if isinstance(digest, str) else str(name)
-        configuration = tuple(sorted((flag, str(flags[flag])) for flag in COST_FLAGS if flag in flags))
-        return cls(hardware, model, str(fixed.get("dtype") or "unknown"), configuration)
+        configuration = tuple(sorted((flag, str(flags.data[flag])) for flag in COST_FLAGS if flag in flags.data))
+        return cls(hardware, model, str(f.raw("dtype") or "unknown"), configuration)
 
 
 @dataclass(frozen=True)
