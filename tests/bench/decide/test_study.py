@@ -16,7 +16,7 @@ from conveyor.bench.decide.run_fn import RunTemplate
 from conveyor.bench.decide.study import StudyError, run_study, spec_from_mapping
 from conveyor.bench.load.launch import LaunchError, ServerSpec
 from conveyor.bench.measure.summary import RunSummary, summary_from_json
-from conveyor.bench.report.dashboard import ReportInputs, analyze
+from conveyor.bench.report.dashboard import ReportInputs, analyze, decision_lines
 
 STUDY = {
     "command": "conveyor serve --port {port} {args}", "trace": "t.jsonl", "main_rate": 1.0,
@@ -148,6 +148,8 @@ def test_a_configuration_that_cannot_start_is_recorded_and_the_study_goes_on(tmp
     assert record["configs"]["static"]["launch_error"] == "conveyor serve: error: no GPU memory left for the KV cache"
     assert "max_rate_meeting" not in record["configs"]["static"]
     assert record["configs"]["seqs2"]["max_rate_meeting"] is None
+    shown = decision_lines(analyze(ReportInputs((tmp_path,))))
+    assert "Did not start: static: conveyor serve: error: no GPU memory left for the KV cache" in shown
 
 
 def test_a_study_stopped_midway_keeps_its_configurations(tmp_path: pathlib.Path) -> None:

@@ -223,11 +223,13 @@ class StudyConfig:
     """GPUs it occupies (None: the report's default)."""
     varies: tuple[str, ...] = ()
     """Fixed things it changes on purpose (e.g. the trace): not a mixed comparison."""
+    launch_error: str | None = None
+    """Why its server did not start (None: it started); such a configuration has no runs."""
 
     @classmethod
     def from_json(cls, f: Fields) -> StudyConfig:
         return cls(f.opt_text("changed"), f.opt_number("price_per_gpu_hour"), f.opt_integer("num_gpus"),
-                   f.text_list("varies"))
+                   f.text_list("varies"), f.opt_text("launch_error"))
 
 
 @dataclass(frozen=True)

@@ -288,12 +288,18 @@ def cache_lines(analysis: Analysis) -> list[str]:
     return cache_report_lines([(run.label, run.summary.cache) for run in analysis.runs()])
 
 
+def launch_lines(analysis: Analysis) -> list[str]:
+    """Configurations whose server never started: an answer too (e.g. no GPU memory left for the KV cache)."""
+    return [f"Did not start: {name}: {c.launch_error}" for name, c in analysis.study.configs.items()
+            if c.launch_error]
+
+
 def decision_lines(analysis: Analysis) -> list[str]:
     """Objective, recommendation and its confidence, checklist and diagnosis as plain lines."""
     rec = analysis.recommendation
     lines = [f"Objective: {describe_objective(analysis.slo)}",
              f"Intervals: {IntervalConfig().confidence:.0%} confidence (bootstrap over requests and repeats).",
-             *fixed_lines(analysis), *simulated_lines(analysis), *cache_lines(analysis),
+             *fixed_lines(analysis), *simulated_lines(analysis), *cache_lines(analysis), *launch_lines(analysis),
              f"Recommendation: {analysis.headline}", "Because:", *(f"- {r}" for r in rec.reasons),
              f"Confidence: {rec.confidence}", "", "Checklist:"]
     lines.extend(f"- [{i.answer.value}] {i.question} {i.evidence}" for i in analysis.checklist)
