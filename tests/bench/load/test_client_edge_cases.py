@@ -146,3 +146,26 @@ def test_temperature_is_sent_only_when_given() -> None:
     assert build_payload(greedy, request)["temperature"] == 0.0
     with pytest.raises(BenchError, match="--temperature"):
         BenchRunConfig(base_url="http://127.0.0.1:1", trace_path="t", request_rate=1.0, out_dir="o", temperature=-1.0)
+
+
+def test_duration_sends_rate_times_seconds_and_num_requests_wins() -> None:
+    from conveyor.bench.measure.runner import BenchError
+
+    def cfg(**kw: object) -> BenchRunConfig:
+        return BenchRunConfig(base_url="http://127.0.0.1:1", trace_path="t", out_dir="o", **kw)  # type: ignore[arg-type]
+
+    assert cfg(request_rate=2.0, duration_s=30.0).num_to_send() == 60
+    assert cfg(request_rate=0.75, duration_s=10.0).num_to_send() == 8  # whole requests, rounded up
+    assert cfg(request_rate=2.0, duration_s=30.0, num_requests=10).num_to_send() == 10
+    assert cfg(request_rate=2.0).num_to_send() is None
+    with pytest.raises(BenchError, match="--duration"):
+        cfg(duration_s=30.0)  # an infinite rate has no seconds of arrivals
+    with pytest.raises(BenchError, match="--duration"):
+        cfg(request_rate=1.0, duration_s=0.0)
+
+
+def test_a_run_with_a_duration_sends_that_many_requests(tmp_path: pathlib.Path) -> None:
+    requests = [_req(i, "ok") for i in range(30)]
+    with FakeServer(FakeConfig()) as server:
+        summary, records = _run(tmp_path, server, requests, duration_s=0.05)  # 200 req/s x 0.05 s
+    assert len(records) == 10 and summary["num_prompts"] == 10

@@ -65,6 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--seed", type=int, default=d["seed"].default)
     parser.add_argument("--num-requests", type=int, default=None, help="send only the first N trace requests")
+    parser.add_argument("--duration", dest="duration_s", type=float, default=None,
+                        help="seconds of arrivals: the first ceil(rate x SECONDS) trace requests (--num-requests wins)")
     parser.add_argument("--request-timeout-s", type=float, default=d["request_timeout_s"].default)
     parser.add_argument("--scrape-interval-s", type=float, default=d["scrape_interval_s"].default)
     parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
@@ -99,7 +101,7 @@ def config_from_args(args: argparse.Namespace) -> BenchRunConfig:
         burstiness=args.burstiness, arrival=args.arrival, time_scale=args.time_scale, endpoint=args.endpoint,
         temperature=args.temperature, model=args.model, seed=args.seed, max_send_lag_p99_ms=args.max_send_lag_ms,
         request_timeout_s=args.request_timeout_s, scrape_interval_s=args.scrape_interval_s, slo=slo,
-        api_key=args.api_key, num_requests=args.num_requests, show_progress=not args.no_progress,
+        api_key=args.api_key, num_requests=args.num_requests, duration_s=args.duration_s, show_progress=not args.no_progress,
         profile=args.profile, max_concurrency=args.max_concurrency, num_workers=args.workers,
         warmup_requests=args.warmup_requests, warmup_s=args.warmup_s, cooldown_requests=args.cooldown_requests,
         cooldown_s=args.cooldown_s, cache_mode=args.cache_mode or CacheMode.ISOLATED.value,

@@ -26,8 +26,8 @@ from conveyor.bench.measure.summary import RunSummary
 from conveyor.bench.report.dashboard import MixedRunsError, ReportInputs, analyze, format_terminal
 from conveyor.bench.report.write import write_report
 
-_RUN_OPTIONS = ("endpoint", "model", "burstiness", "arrival", "seed", "num_requests", "request_timeout_s",
-                "max_send_lag_p99_ms", "scrape_interval_s", "api_key", "num_workers", "warmup_requests",
+_RUN_OPTIONS = ("endpoint", "model", "burstiness", "arrival", "seed", "num_requests", "duration_s",
+                "request_timeout_s", "max_send_lag_p99_ms", "scrape_interval_s", "api_key", "num_workers", "warmup_requests",
                 "warmup_s", "cooldown_requests", "cooldown_s", "cache_mode")
 
 
@@ -40,6 +40,8 @@ def add_run_option_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--arrival", choices=["poisson", "gamma", "constant", "replay"])
     group.add_argument("--seed", type=int, help="arrival seed of repeat 0 (repeat k uses seed + k)")
     group.add_argument("--num-requests", type=int, help="send only the first N trace requests per run")
+    group.add_argument("--duration", dest="duration_s", type=float,
+                       help="seconds of arrivals per run: ceil(rate x SECONDS) requests, as long at every rate")
     group.add_argument("--request-timeout-s", type=float)
     group.add_argument("--max-send-lag-ms", dest="max_send_lag_p99_ms", type=float)
     group.add_argument("--scrape-interval-s", type=float)

@@ -62,6 +62,8 @@ class RunOptions(_GivenOptions):
     """Arrival seed of repeat 0 (repeat k uses seed + k; not given: 0)."""
     num_requests: int | None = None
     """Send only the first N trace requests."""
+    duration_s: float | None = None
+    """Seconds of arrivals per run: ceil(rate × duration_s) requests, so every rate runs as long."""
     request_rate: float | None = None
     """Offered rate of a concurrency sweep's runs (a rate sweep sets its own)."""
     max_concurrency: int | None = None

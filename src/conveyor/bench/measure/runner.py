@@ -101,6 +101,10 @@ class BenchRunConfig:
     """Bearer token for the server."""
     num_requests: int | None = None
     """Send only the first N requests of the trace."""
+    duration_s: float | None = None
+    """Send for this many seconds of arrivals: the first ceil(request_rate × duration_s) trace requests
+    (GuideLLM's --max-seconds, in requests so that every run of a trace is reproducible); num_requests,
+    when given, wins (a lengthened repeat sets it)."""
     warmup_requests: int = 0
     """The first N requests sent are warm-up: recorded, not summarized."""
     warmup_s: float = 0.0
@@ -143,6 +147,9 @@ class BenchRunConfig:
             raise BenchError(f"--rate must be > 0 or inf, got {self.request_rate}")
         if self.num_requests is not None and self.num_requests < 1:
             raise BenchError("--num-requests must be >= 1")
+        if self.duration_s is not None and not (self.duration_s > 0 and math.isfinite(self.request_rate)):
+            raise BenchError(f"--duration must be > 0 seconds with a finite --rate, got {self.duration_s} at "
+                             f"{self.request_rate} req/s")
         if self.request_timeout_s <= 0 or self.scrape_interval_s <= 0 or self.max_send_lag_p99_ms <= 0:
             raise BenchError("--request-timeout-s, --scrape-interval-s and --max-send-lag-ms must be > 0")
         if self.num_workers < 1:
@@ -152,6 +159,14 @@ class BenchRunConfig:
             self.window()
         except ValueError as exc:
             raise BenchError(str(exc)) from exc
+
+    def num_to_send(self) -> int | None:
+        """How many of the trace's first requests this run sends (None: all of them)."""
+        if self.num_requests is not None:
+            return self.num_requests
+        if self.duration_s is not None:
+            return max(1, math.ceil(self.request_rate * self.duration_s))
+        return None
 
     def load_shape(self) -> LoadShape:
         """The arrival process and concurrency cap the flags ask for."""
@@ -201,7 +216,8 @@ def _jsonable(value: Any) -> Any:
 def run_benchmark(cfg: BenchRunConfig) -> RunSummary:
     """Run the benchmark, write cfg.out_dir, return the summary dict."""
     trace = read_trace(cfg.trace_path)
-    requests = trace.requests[: cfg.num_requests] if cfg.num_requests else trace.requests
+    count = cfg.num_to_send()
+    requests = trace.requests[:count] if count else trace.requests
     shape = cfg.load_shape()
     try:
         units = dispatch_units(requests)
@@ -297,7 +313,8 @@ async def _prepare_cache(session: Any, client: ClientConfig, requests: list[Trac
 def _cache(cfg: BenchRunConfig, trace: Trace, measured: list[RequestRecord], obs: ServerObservation,
            context: RunContext, server_rate: float | None) -> CacheSummary:
     """The trace's own sharing is rounded to the server's block size (its cache_config_info, else 16)."""
-    sent = trace.requests[: cfg.num_requests] if cfg.num_requests else trace.requests
+    count = cfg.num_to_send()
+    sent = trace.requests[:count] if count else trace.requests
     block = Fields(config_info(obs.after or obs.before), "cache_config_info").text("block_size")
     expected = expected_hit_rate(sent, int(block) if block.isdigit() else DEFAULT_BLOCK_SIZE)
     return cache_summary(cfg.cache_mode, context.cache_salt, measured, server_rate, expected, context.num_warm_pass)
