@@ -102,9 +102,7 @@ class BenchRunConfig:
     num_requests: int | None = None
     """Send only the first N requests of the trace."""
     duration_s: float | None = None
-    """Send for this many seconds of arrivals: the first ceil(request_rate × duration_s) trace requests
-    (GuideLLM's --max-seconds, in requests so that every run of a trace is reproducible); num_requests,
-    when given, wins (a lengthened repeat sets it)."""
+    """Seconds of arrivals: the first ceil(request_rate × duration_s) trace requests (num_requests wins)."""
     warmup_requests: int = 0
     """The first N requests sent are warm-up: recorded, not summarized."""
     warmup_s: float = 0.0
@@ -148,8 +146,7 @@ class BenchRunConfig:
         if self.num_requests is not None and self.num_requests < 1:
             raise BenchError("--num-requests must be >= 1")
         if self.duration_s is not None and not (self.duration_s > 0 and math.isfinite(self.request_rate)):
-            raise BenchError(f"--duration must be > 0 seconds with a finite --rate, got {self.duration_s} at "
-                             f"{self.request_rate} req/s")
+            raise BenchError(f"--duration must be > 0 s with a finite --rate, got {self.duration_s}")
         if self.request_timeout_s <= 0 or self.scrape_interval_s <= 0 or self.max_send_lag_p99_ms <= 0:
             raise BenchError("--request-timeout-s, --scrape-interval-s and --max-send-lag-ms must be > 0")
         if self.num_workers < 1:
