@@ -117,6 +117,10 @@ class SchedulerConfig:
             raise ConfigError(f"queue_timeout_s must be > 0 or unset (got {self.queue_timeout_s})")
 
 
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+"""--kv-cache-dtype values conveyor stores (vLLM's spellings; fp8 means fp8_e4m3, as in vLLM)."""
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """The paged KV cache: block geometry, prefix caching and how much memory it may take."""
@@ -131,8 +135,13 @@ class CacheConfig:
     """Fraction of GPU memory the engine may use in total; the KV cache gets what the model leaves."""
     num_blocks_override: int | None = None
     """Exact number of KV blocks (tests and simulations); skips memory-based sizing."""
+    cache_dtype: str = "auto"
+    """KV cache element type (vLLM's --kv-cache-dtype): auto (the model's dtype), fp8 (= fp8_e4m3) or
+    fp8_e5m2; fp8 halves a bf16 cache's bytes per token, so the same memory holds twice the blocks."""
 
     def __post_init__(self) -> None:
+        if self.cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)} (got {self.cache_dtype!r})")
         if not _is_power_of_two(self.block_size):
             raise ConfigError(f"block_size must be a positive power of two, e.g. 16 (got {self.block_size})")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -379,6 +388,10 @@ class EngineConfig:
     """Steps the engine's step log keeps (core/step_log.py; the newest N, drained by GET /step_log); 0: off."""
 
     def __post_init__(self) -> None:
+        if self.cache.cache_dtype != "auto" and self.device.device != "cuda":
+            # Refused here, at flag parsing, so the user learns it before minutes of model loading.
+            raise ConfigError(f"cache_dtype {self.cache.cache_dtype} needs --device cuda: the FP8 KV cache is "
+                              "written and read by the Triton kernels; the CPU keeps the model's dtype (auto)")
         if self.step_log_size < 0:
             raise ConfigError(f"step_log_size must be >= 0 (got {self.step_log_size})")
         if self.speculative_config is not None and self.parallel.tensor_parallel_size > 1:

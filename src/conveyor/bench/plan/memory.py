@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 from conveyor.bench.plan.gpu_catalog import GPU
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "int8": 1}
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
+"""Bytes per element; the fp8 spellings are `--kv-cache-dtype`'s (`auto`: the weights' dtype)."""
 _RUNTIME_BYTES = 1 << 30
 _RUNTIME_EAGER_BYTES = 1 << 29
 
@@ -211,7 +212,7 @@ class PlanInputs:
     dtype: str = "bfloat16"
     """Weight dtype."""
     kv_cache_dtype: str | None = None
-    """KV cache dtype (None: same as dtype)."""
+    """KV cache dtype, as serve's --kv-cache-dtype (None or auto: same as dtype)."""
     max_num_seqs: int = 64
     """Expected concurrency: requests holding KV at once."""
     context_len: int = 8192
@@ -234,7 +235,12 @@ class PlanInputs:
         if not 0 < self.gpu_memory_utilization <= 1:
             raise PlanError(f"--gpu-memory-utilization must be in (0, 1] (got {self.gpu_memory_utilization})")
         dtype_bytes(self.dtype)
-        dtype_bytes(self.kv_cache_dtype or self.dtype)
+        dtype_bytes(self.kv_dtype)
+
+    @property
+    def kv_dtype(self) -> str:
+        """The KV cache's dtype with auto resolved to the weights'."""
+        return self.dtype if self.kv_cache_dtype in (None, "auto") else self.kv_cache_dtype
 
 
 @dataclass(frozen=True)
@@ -259,7 +265,7 @@ class ModelMemory:
 
 def model_memory(shape: ModelShape, inputs: PlanInputs) -> ModelMemory:
     rank = shape_per_rank(shape, inputs.tensor_parallel_size)
-    kv_token = kv_bytes_per_token(rank, dtype_bytes(inputs.kv_cache_dtype or inputs.dtype))
+    kv_token = kv_bytes_per_token(rank, dtype_bytes(inputs.kv_dtype))
     blocks = math.ceil(inputs.context_len / inputs.block_size)
     per_request = blocks * inputs.block_size * kv_token
     q_kv = (rank.num_heads + 2 * rank.num_kv_heads) * rank.head_dim

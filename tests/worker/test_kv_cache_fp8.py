@@ -1,0 +1,115 @@
+"""--kv-cache-dtype fp8 on the sizing side: one byte per element, so the same budget holds twice bf16's
+blocks, the engine's runner and `conveyor plan` agree on the count, and the CPU refuses the flag at
+parse time (before any model loads)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+import torch
+from runner_harness import write_tiny_llama
+
+from conveyor.bench.cli.plan import add_arguments, run
+from conveyor.cli import main
+from conveyor.config import (
+    CacheConfig,
+    ConfigError,
+    DeviceConfig,
+    LoadFormat,
+    ModelConfig,
+    SchedulerConfig,
+)
+from conveyor.worker.kv_cache import (
+    GpuMemoryProfile,
+    KVCacheSpec,
+    dtype_num_bytes,
+    num_blocks_for_gpu,
+    num_blocks_from_memory,
+    resolve_kv_cache_dtype,
+)
+from conveyor.worker.model_runner import ModelRunner
+
+BUDGET_BYTES = 3 * 10**8 + 12_345  # not a multiple of either block size: the floors differ by < 1 block
+
+
+def spec_for(cache_dtype: str, model_dtype: torch.dtype = torch.bfloat16) -> KVCacheSpec:
+    """Llama-3-8B's geometry (32 layers, 8 KV heads of 128) with --kv-cache-dtype `cache_dtype`."""
+    dtype = resolve_kv_cache_dtype(cache_dtype, model_dtype)
+    return KVCacheSpec(num_layers=32, num_kv_heads=8, head_dim=128, block_size=16, dtype_bytes=dtype_num_bytes(dtype))
+
+
+@pytest.mark.parametrize("cache_dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
+def test_fp8_blocks_are_twice_bf16_from_the_same_budget(cache_dtype: str) -> None:
+    assert spec_for(cache_dtype).dtype_bytes == 1 and spec_for("auto").dtype_bytes == 2
+    bf16 = num_blocks_from_memory(spec_for("auto"), BUDGET_BYTES)
+    fp8 = num_blocks_from_memory(spec_for(cache_dtype), BUDGET_BYTES)
+    assert fp8 == pytest.approx(2 * bf16, rel=0.01)
+    profile = GpuMemoryProfile(total_bytes=80 * 2**30, peak_torch_bytes=17 * 2**30, non_torch_bytes=2**30)
+    bf16_gpu = num_blocks_for_gpu(spec_for("auto"), 0.9, profile)
+    assert num_blocks_for_gpu(spec_for(cache_dtype), 0.9, profile) == pytest.approx(2 * bf16_gpu, rel=0.01)
+
+
+def test_auto_is_the_models_dtype_and_fp8_means_e4m3() -> None:
+    assert resolve_kv_cache_dtype("auto", torch.float16) is torch.float16
+    assert resolve_kv_cache_dtype("fp8", torch.bfloat16) is torch.float8_e4m3fn
+    assert resolve_kv_cache_dtype("fp8_e5m2", torch.bfloat16) is torch.float8_e5m2
+
+
+def runner_capacity(model_dir: pathlib.Path, cache_dtype: str, budget_bytes: int) -> tuple[int, torch.dtype]:
+    """The real runner's sizing and allocation (CPU: no profiling, no kernels launched)."""
+    runner = ModelRunner(ModelConfig(model=str(model_dir), load_format=LoadFormat.DUMMY, dtype="bfloat16"),
+                         CacheConfig(block_size=16, kv_cache_memory_bytes=budget_bytes, cache_dtype=cache_dtype),
+                         SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=256),
+                         DeviceConfig())
+    capacity = runner.initialize_kv_cache()
+    assert len(runner.kv_caches) == 2 and runner.kv_caches[0].shape[1] == capacity.num_blocks
+    return capacity.num_blocks, runner.kv_caches[0].dtype
+
+
+def planned_blocks(config_path: pathlib.Path, cache_dtype: str, budget_bytes: int,
+                   capsys: pytest.CaptureFixture[str]) -> int:
+    """`conveyor plan --config ... --dtype bfloat16 --kv-cache-memory B --kv-cache-dtype D --json`."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--config", str(config_path), "--dtype", "bfloat16", "--kv-cache-memory",
+                              str(budget_bytes), "--kv-cache-dtype", cache_dtype, "--json"])
+    assert run(args) == 0
+    return int(json.loads(capsys.readouterr().out)["num_blocks"])
+
+
+def test_plan_and_engine_agree_on_fp8_blocks(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model_dir = write_tiny_llama(tmp_path / "tiny")
+    budget = 1_000_003
+    bf16_blocks, bf16_dtype = runner_capacity(model_dir, "auto", budget)
+    fp8_blocks, fp8_dtype = runner_capacity(model_dir, "fp8", budget)
+    assert (bf16_dtype, fp8_dtype) == (torch.bfloat16, torch.float8_e4m3fn)
+    assert fp8_blocks == pytest.approx(2 * bf16_blocks, rel=0.01)
+    assert planned_blocks(model_dir, "fp8", budget, capsys) == fp8_blocks
+    assert planned_blocks(model_dir, "auto", budget, capsys) == bf16_blocks
+
+
+def test_cpu_refuses_fp8_naming_the_flag_before_loading(capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_loading(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the model must not load")
+
+    monkeypatch.setattr("conveyor.model.loader.load_model", no_loading)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--kv-cache-dtype", "fp8"])
+    assert exit_info.value.code == 2
+    error_lines = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(error_lines) == 1 and "--kv-cache-dtype fp8 needs --device cuda" in error_lines[0]
+
+
+def test_cuda_accepts_every_fp8_spelling() -> None:
+    from conveyor.config import EngineConfig
+
+    for name in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2"):
+        config = EngineConfig(cache=CacheConfig(cache_dtype=name), device=DeviceConfig(device="cuda"))
+        assert config.cache.cache_dtype == name
+    with pytest.raises(ConfigError, match="cache_dtype must be one of auto, fp8"):
+        CacheConfig(cache_dtype="int8")
