@@ -142,3 +142,18 @@ def test_cuda_runner_serves_from_an_fp8_cache(tmp_path: pathlib.Path) -> None:
     assert blocks["fp8"] == pytest.approx(2 * blocks["auto"], rel=0.01)
     pairs = [(a, b) for rid in outputs["auto"] for a, b in zip(outputs["auto"][rid], outputs["fp8"][rid])]
     assert sum(a == b for a, b in pairs) >= 0.9 * len(pairs)
+
+
+def test_the_flag_reaches_the_servers_info_metrics() -> None:
+    """conveyor:config_info gets a kv_cache_dtype label and vllm:cache_config_info its cache_dtype, which
+    a bench run records in summary.json fixed.server_flags (the report's bf16-vs-fp8 line reads them)."""
+    from conveyor.config import EngineConfig
+    from conveyor.engine.args import engine_config_to_flags
+    from conveyor.engine.types import EngineInfo
+    from conveyor.server.cache_info import cache_config_labels
+
+    config = EngineConfig(cache=CacheConfig(cache_dtype="fp8"), device=DeviceConfig(device="cuda"))
+    flags = engine_config_to_flags(config)
+    assert flags["kv-cache-dtype"] == "fp8" and engine_config_to_flags(EngineConfig())["kv-cache-dtype"] == "auto"
+    info = EngineInfo("m", max_model_len=64, block_size=16, num_kv_blocks=8, vocab_size=100, config=flags)
+    assert cache_config_labels(info)["cache_dtype"] == "fp8"
