@@ -46,12 +46,12 @@ from conveyor.worker.structured_output import StructuredOutputs
 from conveyor.worker.warmup import warm_up
 
 
-def attention_backend_for(device: torch.device, dtype: torch.dtype) -> str:
-    """The Triton kernels on CUDA with a 16-bit cache (what they support); on CPU in float32 the C
-    paged-decode kernel where it builds; the torch reference otherwise."""
+def attention_backend_for(device: torch.device, dtype: torch.dtype, kv_cache_dtype: torch.dtype) -> str:
+    """The Triton kernels on CUDA with a 16-bit model (its own or an FP8 cache); on CPU in float32 the C
+    paged-decode kernel where it builds (a float32 cache only); the torch reference otherwise."""
     if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
         return "triton"
-    if device.type == "cpu" and dtype == torch.float32 and cpu_kernels_available():
+    if device.type == "cpu" and dtype == kv_cache_dtype == torch.float32 and cpu_kernels_available():
         return "cpu"
     return "torch"
 
@@ -69,7 +69,7 @@ class ModelRunner:
         self.dtype = resolve_dtype(model_config.dtype, device_config.device)
         self.kv_cache_dtype = resolve_kv_cache_dtype(cache_config.cache_dtype, self.dtype)
         """The KV cache tensors' element type (the model's, or FP8 with --kv-cache-dtype fp8)."""
-        self.attention_backend = attention_backend_for(self.device, self.dtype)
+        self.attention_backend = attention_backend_for(self.device, self.dtype, self.kv_cache_dtype)
         loaded = self._load_model(model_config)
         self.model = loaded.module
         self.arch_config = loaded.arch_config
