@@ -44,6 +44,8 @@ class Quantization(enum.Enum):
     """Compute on the GGUF's Q4_0 / Q4_1 / Q8_0 blocks as stored (CPU, float32 activations)."""
     NONE = "none"
     """Dequantize every weight to `dtype` at load time."""
+    FP8 = "fp8"
+    """vLLM's online FP8: decoder projections quantized to e4m3 at load, per-tensor scales (CUDA)."""
 
 
 class LoadFormat(enum.Enum):
@@ -388,6 +390,9 @@ class EngineConfig:
     """Steps the engine's step log keeps (core/step_log.py; the newest N, drained by GET /step_log); 0: off."""
 
     def __post_init__(self) -> None:
+        if self.model.quantization is Quantization.FP8 and self.device.device != "cuda":
+            raise ConfigError("quantization fp8 needs --device cuda: FP8 matmuls are a GPU path; the CPU serves "
+                              "16/32-bit or GGUF weights")
         if self.cache.cache_dtype != "auto" and self.device.device != "cuda":
             # Refused here, at flag parsing, so the user learns it before minutes of model loading.
             raise ConfigError(f"cache_dtype {self.cache.cache_dtype} needs --device cuda: the FP8 KV cache is "

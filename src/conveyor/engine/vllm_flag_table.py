@@ -61,7 +61,8 @@ _ENGINE_FLAGS: tuple[VllmFlag, ...] = (
     _f("--code-revision", V, _G, HUB),
     _f("--tokenizer-revision", V, _G, HUB),
     _f("--max-model-len", V, _I, "`4k` = 4000, `4K` = 4096, `auto` / -1 = the model's max positions"),
-    _f("--quantization,-q", V, _I, "auto, gguf (GGUF blocks as stored, CPU) or none; other methods are refused"),
+    _f("--quantization,-q", V, _I, "auto, gguf (GGUF blocks as stored, CPU), none, or fp8 (online, per-tensor "
+                                   "scales, CUDA); other methods are refused"),
     _f("--quantization-config", V, _D, "quantization comes from the checkpoint (GGUF)", ""),
     _f("--allow-deprecated-quantization", B, _G, "no deprecated quantization methods exist here"),
     _f("--enforce-eager", B, _I, "no CUDA graphs"),

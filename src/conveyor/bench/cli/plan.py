@@ -57,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensor-parallel-size", type=int, default=defaults.tensor_parallel_size,
                         help="GPUs (ranks) the model is split over; memory figures are per rank")
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--quantization", choices=["none", "fp8"], help="as serve's: fp8 weights take one byte")
     parser.add_argument("--gpu", action="append", default=[], help="catalog GPU to check (repeatable; default all)")
     parser.add_argument("--price", action="append", default=[],
                         help="GPU=USD_PER_HOUR[,GPU=USD_PER_HOUR] (repeatable) or a JSON/TOML file of them")
@@ -75,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
             dtype=args.dtype or "bfloat16", kv_cache_dtype=args.kv_cache_dtype, max_num_seqs=args.max_num_seqs,
             context_len=args.context_len, max_num_batched_tokens=args.max_num_batched_tokens,
             block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
-            tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager)
+            tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager,
+            quantization=args.quantization)
         gpus = priced_catalog(parse_prices(args.price), args.gpu or None)
         memory = model_memory(shape, inputs)
     except (PlanError, CatalogError) as error:

@@ -227,6 +227,8 @@ class PlanInputs:
     """GPUs the model is split over (see `shape_per_rank`)."""
     enforce_eager: bool = False
     """No CUDA graphs: smaller runtime allowance."""
+    quantization: str | None = None
+    """serve's --quantization: fp8 stores the decoder projections in one byte per weight (None: dtype)."""
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "context_len", "max_num_batched_tokens", "block_size", "tensor_parallel_size"):
@@ -236,6 +238,8 @@ class PlanInputs:
             raise PlanError(f"--gpu-memory-utilization must be in (0, 1] (got {self.gpu_memory_utilization})")
         dtype_bytes(self.dtype)
         dtype_bytes(self.kv_dtype)
+        if self.quantization not in (None, "none", "fp8"):
+            raise PlanError(f"--quantization must be none or fp8 (got {self.quantization!r})")
 
     @property
     def kv_dtype(self) -> str:
@@ -263,6 +267,15 @@ class ModelMemory:
     """Fixed allowance: CUDA context, allocator slack, CUDA graphs."""
 
 
+def weights_bytes(params: ParameterCount, inputs: PlanInputs) -> int:
+    """All parameters at the weights' dtype, except under --quantization fp8 the projections (attention
+    and MLP, their few bias and q/k-norm values included) at one byte each."""
+    if inputs.quantization != "fp8":
+        return params.total * dtype_bytes(inputs.dtype)
+    kept = params.embedding + params.lm_head + params.norms
+    return kept * dtype_bytes(inputs.dtype) + params.attention + params.mlp
+
+
 def model_memory(shape: ModelShape, inputs: PlanInputs) -> ModelMemory:
     rank = shape_per_rank(shape, inputs.tensor_parallel_size)
     kv_token = kv_bytes_per_token(rank, dtype_bytes(inputs.kv_dtype))
@@ -274,7 +287,7 @@ def model_memory(shape: ModelShape, inputs: PlanInputs) -> ModelMemory:
     logits = inputs.max_num_seqs * shape.vocab_size * 4  # gathered: every rank holds the full logits
     return ModelMemory(
         num_parameters=count_parameters(shape).total,
-        weights_bytes=count_parameters(rank).total * dtype_bytes(inputs.dtype),
+        weights_bytes=weights_bytes(count_parameters(rank), inputs),
         kv_bytes_per_token=kv_token,
         kv_bytes_per_request=per_request,
         kv_needed_bytes=per_request * inputs.max_num_seqs,
