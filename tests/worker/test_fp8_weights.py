@@ -120,3 +120,20 @@ def test_serve_on_cpu_refuses_fp8_weights_in_one_line(capsys: pytest.CaptureFixt
     assert exit_info.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(errors) == 1 and "quantization fp8 needs --device cuda" in errors[0]
+
+
+def test_each_tensor_parallel_rank_quantizes_its_own_shard(tmp_path: pathlib.Path) -> None:
+    """Rank r's FP8 weights read back (x its own scale) as its rows / columns of the full bf16 model,
+    within e4m3's roundoff: scales are per shard, and the row-parallel sum stays exact in them."""
+    from conveyor.model.parallel_layers import TensorParallelGroup
+
+    config = ModelConfig(model=str(write_tiny_llama(tmp_path)), load_format=LoadFormat.DUMMY, dtype="bfloat16")
+    full = load_model(config, "cpu", torch.bfloat16).module
+    fp8 = ModelConfig(model=config.model, load_format=LoadFormat.DUMMY, dtype="bfloat16",
+                      quantization=Quantization.FP8)
+    for rank in range(2):
+        shard = load_model(fp8, "cpu", torch.bfloat16, tensor_parallel=TensorParallelGroup(rank, 2)).module
+        down = shard.model.layers[0].mlp.down_proj  # row-parallel: this rank's 64 of 128 input columns
+        back = down.weight.float() * down.weight_scale
+        expected = full.model.layers[0].mlp.down_proj.weight.float()[:, 64 * rank: 64 * (rank + 1)]
+        assert ((back - expected).abs() <= expected.abs() * 2.0**-4 + down.weight_scale * 2.0**-10).all()
