@@ -391,7 +391,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.model.quantization is Quantization.FP8 and self.device.device != "cuda":
-            raise ConfigError("quantization fp8 needs --device cuda: FP8 matmuls are a GPU path; the CPU serves "
+            raise ConfigError("--quantization fp8 needs --device cuda: FP8 matmuls are a GPU path; the CPU serves "
                               "16/32-bit or GGUF weights")
         if self.cache.cache_dtype != "auto" and self.device.device != "cuda":
             # Refused here, at flag parsing, so the user learns it before minutes of model loading.
