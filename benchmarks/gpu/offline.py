@@ -38,6 +38,7 @@ from conveyor.config import (
     LoadFormat,
     ModelConfig,
     ParallelConfig,
+    Quantization,
     SchedulerConfig,
 )
 from conveyor.core.stats import SpecDecodingStats
@@ -61,11 +62,11 @@ def make_workload(num_requests: int = 256, min_len: int = 100, max_input: int = 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=ModelConfig(model=args.model, load_format=LoadFormat.DUMMY, dtype="bfloat16", seed=args.seed,
-                          num_hidden_layers_override=args.num_layers),
+                          num_hidden_layers_override=args.num_layers, quantization=Quantization(args.quantization)),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_model_len=args.max_model_len, async_scheduling=args.async_scheduling),
         cache=CacheConfig(block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
-                          enable_prefix_caching=False),
+                          enable_prefix_caching=False, cache_dtype=args.kv_cache_dtype),
         device=DeviceConfig(device=args.device, enforce_eager=args.enforce_eager),
         speculative_config=args.speculative_config,
         parallel=ParallelConfig(tensor_parallel_size=args.tensor_parallel_size),
@@ -155,6 +156,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--quantization", default="none", choices=["none", "fp8"],
+                        help="fp8: decoder projections quantized to FP8 at load (vLLM's online FP8)")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"],
+                        help="KV cache element type (fp8: twice the blocks, kernels dequantize on read)")
     parser.add_argument("--async-scheduling", action="store_true", help="launch step N+1 before step N's tokens are back")
     parser.add_argument("--speculative-config", type=parse_speculative_config, default=None, metavar="JSON",
                         help="speculative decoding, as conveyor serve takes it (not with --async-scheduling)")
@@ -197,6 +202,7 @@ def main() -> int:
         "enforce_eager": args.enforce_eager, "async_scheduling": args.async_scheduling,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens, "num_kv_blocks": core.limits.num_kv_blocks,
+        "kv_cache_dtype": args.kv_cache_dtype, "quantization": args.quantization,
         "tensor_parallel_size": args.tensor_parallel_size,
         "gpu": _gpu_name(), "versions": _versions(), **spec_fields(args, timed.spec_decoding),
     }

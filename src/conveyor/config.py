@@ -44,6 +44,8 @@ class Quantization(enum.Enum):
     """Compute on the GGUF's Q4_0 / Q4_1 / Q8_0 blocks as stored (CPU, float32 activations)."""
     NONE = "none"
     """Dequantize every weight to `dtype` at load time."""
+    FP8 = "fp8"
+    """vLLM's online FP8: decoder projections quantized to e4m3 at load, per-tensor scales (CUDA)."""
 
 
 class LoadFormat(enum.Enum):
@@ -117,6 +119,9 @@ class SchedulerConfig:
             raise ConfigError(f"queue_timeout_s must be > 0 or unset (got {self.queue_timeout_s})")
 
 
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's --kv-cache-dtype spellings; fp8 = e4m3
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """The paged KV cache: block geometry, prefix caching and how much memory it may take."""
@@ -131,8 +136,12 @@ class CacheConfig:
     """Fraction of GPU memory the engine may use in total; the KV cache gets what the model leaves."""
     num_blocks_override: int | None = None
     """Exact number of KV blocks (tests and simulations); skips memory-based sizing."""
+    cache_dtype: str = "auto"
+    """KV element type (--kv-cache-dtype): auto (the model's), fp8 (= fp8_e4m3) or fp8_e5m2: 2x bf16's blocks."""
 
     def __post_init__(self) -> None:
+        if self.cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)} (got {self.cache_dtype!r})")
         if not _is_power_of_two(self.block_size):
             raise ConfigError(f"block_size must be a positive power of two, e.g. 16 (got {self.block_size})")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -190,11 +199,9 @@ class DeviceDefaults:
 
 
 CUDA_DEFAULTS = DeviceDefaults(max_num_seqs=1024, max_num_batched_tokens=8192, async_scheduling=True)
-"""`vllm serve`'s defaults on an H100/H200-class GPU (>= 70 GiB: `_get_default_max_num_seqs_and_batched_
-tokens` in vllm/engine/arg_utils.py gives the OpenAI server 8192 tokens and 1024 sequences there), and
-async scheduling on, as vLLM >= 0.24 has it. On the CPU, SchedulerConfig's own defaults are vLLM's CPU
-ones (128 sequences, 2048 tokens) and async scheduling is off: with no device to overlap, it only
-delays every token by one step."""
+"""`vllm serve`'s defaults on a >= 70 GiB GPU (vllm/engine/arg_utils.py: 8192 tokens, 1024 sequences) and
+async scheduling on, as in vLLM >= 0.24. On the CPU, SchedulerConfig's defaults are vLLM's CPU ones (128
+sequences, 2048 tokens) and async scheduling is off: with nothing to overlap it only delays each token."""
 
 
 @dataclass(frozen=True)
@@ -379,6 +386,10 @@ class EngineConfig:
     """Steps the engine's step log keeps (core/step_log.py; the newest N, drained by GET /step_log); 0: off."""
 
     def __post_init__(self) -> None:
+        if self.model.quantization is Quantization.FP8 and self.device.device != "cuda":  # before the load
+            raise ConfigError("--quantization fp8 needs --device cuda: FP8 matmuls are a GPU path")
+        if self.cache.cache_dtype != "auto" and self.device.device != "cuda":
+            raise ConfigError(f"cache_dtype {self.cache.cache_dtype} needs --device cuda: the Triton kernels read it")
         if self.step_log_size < 0:
             raise ConfigError(f"step_log_size must be >= 0 (got {self.step_log_size})")
         if self.speculative_config is not None and self.parallel.tensor_parallel_size > 1:

@@ -131,7 +131,7 @@ def test_human_readable_int(text: str, expected: int) -> None:
 
 
 @pytest.mark.parametrize(("line", "message"), [
-    ("--kv-cache-dtype fp8", "--kv-cache-dtype fp8: not supported by conveyor"),
+    ("--kv-cache-dtype fp8", "--kv-cache-dtype fp8 needs --device cuda"),
     ("--enable-lora", "--enable-lora: not supported by conveyor (LoRA adapters are not supported)"),
     ("--headless", "--headless: not supported by conveyor"),
     ("--kv-transfer-config {}", "--kv-transfer-config: not supported by conveyor"),

@@ -85,3 +85,22 @@ def test_target_gpu_writes_a_run_marked_cross_hardware(tmp_path: pathlib.Path,
     assert simulated is not None and simulated.target_gpu == "H200 (from H100)"
     assert "scaled H100 -> H200" in simulated.step_time
     assert any("cross-hardware" in line for line in decision_lines(analyze(ReportInputs((out,)))))
+
+
+def test_an_fp8_kv_calibration_plans_twice_the_target_blocks() -> None:
+    """Issue 37: the calibrated server's --kv-cache-dtype is part of its key, and the target's pool is
+    planned at that dtype (one byte per element: twice bf16's blocks from the same budget)."""
+    from conveyor.bench.measure.calibration import CalibrationKey
+
+    fixed = {"gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 1, "dtype": "bfloat16",
+             "server_flags": {"device": "cuda", "kv_cache_dtype": "fp8"}}
+    key = CalibrationKey.from_fixed(fixed)
+    assert dict(key.configuration) == {"device": "cuda", "kv_cache_dtype": "fp8"}
+    auto = {**fixed, "server_flags": {"device": "cuda", "kv_cache_dtype": "auto"}}
+    assert CalibrationKey.from_fixed(auto).configuration == H100_KEY.configuration  # as runs before the flag
+    setup = EngineSetup(SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=8192, max_model_len=8192),
+                        CacheConfig(block_size=16), 1)
+    fp8 = Calibration(key, CALIBRATION.coefficients, FIT, ("runs/b",))
+    config = FIXTURES / "llama-3.1-8b"
+    bf16_blocks = plan_num_blocks(config, setup, find_gpu("H200"), CALIBRATION, 0.9)
+    assert plan_num_blocks(config, setup, find_gpu("H200"), fp8, 0.9) == pytest.approx(2 * bf16_blocks, rel=0.01)

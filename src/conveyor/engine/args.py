@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from conveyor.config import (
     CUDA_DEFAULTS,
+    KV_CACHE_DTYPES,
     Batching,
     CacheConfig,
     CUDAGraphMode,
@@ -86,6 +87,7 @@ FLAGS: tuple[_Flag, ...] = (
     _Flag("--kv-cache-memory", "cache", "kv_cache_memory_bytes"),
     _Flag("--gpu-memory-utilization", "cache", "gpu_memory_utilization"),
     _Flag("--num-gpu-blocks-override", "cache", "num_blocks_override"),
+    _Flag("--kv-cache-dtype", "cache", "cache_dtype"),
     _Flag("--device", "device", "device"),
     _Flag("--enforce-eager", "device", "enforce_eager"),
     _Flag("--cudagraph-mode", "device", "cudagraph_mode"),
@@ -167,6 +169,7 @@ def _add_model_flags(group: argparse._ArgumentGroup) -> None:
                        help="auto, float32 (float), bfloat16, float16 (half)")
     group.add_argument("--quantization", "-q", choices=[q.value for q in Quantization],
                        help="gguf: compute on the GGUF's quantized blocks (CPU); none: dequantize at load; "
+                            "fp8: decoder projections quantized to FP8 at load (CUDA, 16-bit checkpoints); "
                             "auto (default): gguf for a GGUF on CPU in float32")
     group.add_argument("--seed", type=int, help="seed for dummy weights and unseeded sampling")
     group.add_argument("--served-model-name", nargs="+", metavar="NAME",
@@ -208,6 +211,9 @@ def _add_cache_and_device_flags(group: argparse._ArgumentGroup) -> None:
                        help="vLLM's spelling of --kv-cache-memory (4G = 4 GiB, 4g = 4e9)")
     group.add_argument("--gpu-memory-utilization", "--device-memory-utilization", type=float)
     group.add_argument("--num-gpu-blocks-override", type=int, help="exact number of KV blocks")
+    group.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES,
+                       help="KV cache element type: auto (the model's dtype; default), fp8 (= fp8_e4m3) or "
+                            "fp8_e5m2, per-tensor scales 1.0 as vLLM's default (CUDA only)")
     group.add_argument("--device", choices=["cpu", "cuda"])
     group.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None, help="no CUDA graphs")
     group.add_argument("--cudagraph-mode", choices=[m.value for m in CUDAGraphMode],

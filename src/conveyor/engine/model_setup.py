@@ -38,6 +38,9 @@ def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.mo
     `on_rank_failure` is called (on a monitor thread) if a tensor-parallel rank dies."""
     from conveyor.core.policies import make_scheduler
 
+    if config.cache.cache_dtype != "auto":
+        logger.info("KV cache dtype %s (--kv-cache-dtype): one byte per element, k_scale = v_scale = 1.0 (vLLM's "
+                    "default without calibrated scales); it may cost accuracy", config.cache.cache_dtype)
     runner = make_runner(config, on_rank_failure)
     max_model_len = min(config.scheduler.max_model_len, runner.max_position_embeddings)
     if max_model_len < config.scheduler.max_model_len:

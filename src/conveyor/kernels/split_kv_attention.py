@@ -7,7 +7,8 @@ program (seq, kv_head, split) computes attention of the group's query heads over
 writes the normalised partial output and its log-sum-exp (base 2). The reduction kernel then merges
 the splits of each (seq, head): out = sum_s 2^(lse_s - max) * o_s / sum_s 2^(lse_s - max). Empty spans
 (short sequences, padding sequences of seq_len 0) write lse = -inf and weigh nothing. Decode only:
-exactly one query token per sequence, token i belonging to sequence i.
+exactly one query token per sequence, token i belonging to sequence i. An FP8 cache is dequantized
+after each tile's load (x * scale in float32, then the query's dtype), as in unified_attention.py.
 """
 
 import math
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from conveyor.kernels.fp8_kv import UNIT_KV_SCALES, KVScales, dequantize_kv, is_fp8
 from conveyor.kernels.paged_batch import PagedBatch, check_paged_inputs, paged_attention_ref
 from conveyor.kernels.triton_compat import tl, triton
 
@@ -31,6 +33,8 @@ class SplitKVParams:
     """Softmax scale (usually head_dim ** -0.5)."""
     num_splits: int
     """Spans each context is cut into (see `choose_num_splits`)."""
+    kv_scales: KVScales = UNIT_KV_SCALES
+    """Per-tensor K/V scales an FP8 cache is read back with (ignored for 16-bit caches)."""
 
 
 # num_splits and the block-table stride vary from step to step in eager decodes: no specialization on
@@ -38,11 +42,11 @@ class SplitKVParams:
 @triton.jit(do_not_specialize=["num_splits", "stride_bt_s"])
 def _split_kv_decode_kernel(
     partial_out_ptr, partial_lse_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-    scale_log2, num_splits,
+    scale_log2, num_splits, k_scale, v_scale,
     stride_q_t, stride_q_h, stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
     stride_bt_s,
     GROUP: tl.constexpr, ROWS: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -75,6 +79,9 @@ def _split_kv_decode_kernel(
         k = tl.load(k_cache_ptr + kv_head * stride_k_h + k_offsets, mask=kv_mask, other=0.0)
         v_offsets = block_ids[:, None] * stride_v_b + in_block[:, None] * stride_v_s + dims[None, :]
         v = tl.load(v_cache_ptr + kv_head * stride_v_h + v_offsets, mask=kv_mask, other=0.0)
+        if KV_FP8:  # [TILE_N, D] fp8 -> the query's dtype before the dot products
+            k = (k.to(tl.float32) * k_scale).to(q.dtype)
+            v = (v.to(tl.float32) * v_scale).to(q.dtype)
         scores = tl.dot(q, tl.trans(k)) * scale_log2  # [ROWS, TILE_N]
         scores = tl.where(key_valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
@@ -144,11 +151,12 @@ def split_kv_attention(
     partial_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=query.device)
     _split_kv_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         partial_out, partial_lse, query, key_cache, value_cache, batch.block_tables, batch.seq_lens,
-        scale * LOG2_E, num_splits,
+        scale * LOG2_E, num_splits, params.kv_scales.k_scale, params.kv_scales.v_scale,
         query.stride(0), query.stride(1), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), batch.block_tables.stride(0),
         GROUP=group, ROWS=max(16, triton.next_power_of_2(group)), TILE_N=TILE_N, HEAD_DIM=head_dim,
-        HEAD_DIM_PAD=head_dim_pad, BLOCK_SIZE=key_cache.shape[1], num_warps=4, num_stages=2,
+        HEAD_DIM_PAD=head_dim_pad, BLOCK_SIZE=key_cache.shape[1], KV_FP8=is_fp8(key_cache.dtype), num_warps=4,
+        num_stages=2,
     )
     _split_kv_reduce_kernel[(num_seqs, num_heads)](
         out, partial_out, partial_lse, num_splits, out.stride(0), out.stride(1),
@@ -187,8 +195,9 @@ def _span_attention_ref(
         if start >= end:
             continue
         blocks = batch.block_tables[seq, : math.ceil(end / block_size)].long()
-        keys = key_cache[blocks].flatten(0, 1)[start:end].float()  # [n, kvh, d]
-        values = value_cache[blocks].flatten(0, 1)[start:end].float()
+        k_scale, v_scale = params.kv_scales.k_scale, params.kv_scales.v_scale
+        keys = dequantize_kv(key_cache[blocks].flatten(0, 1)[start:end], torch.float32, k_scale)  # [n, kvh, d]
+        values = dequantize_kv(value_cache[blocks].flatten(0, 1)[start:end], torch.float32, v_scale)
         group = num_heads // num_kv_heads
         keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # [H, n, d]
         values = values.repeat_interleave(group, dim=1).transpose(0, 1)

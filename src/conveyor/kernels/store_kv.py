@@ -4,21 +4,24 @@ The model: every scheduled token t has a flat cache slot `slot_mapping[t] = bloc
 offset`; its K row [num_kv_heads, head_dim] goes to `key_cache[block_id, offset]` and its V row to
 `value_cache[block_id, offset]`. One program per token copies all of its heads at once. A negative
 slot means "padding token" (CUDA-graph buckets pad the batch) and is skipped, so padded replays never
-touch real blocks.
+touch real blocks. An FP8 cache (--kv-cache-dtype fp8) stores x / scale saturated to the format's
+range, as kernels/fp8_kv.py's `quantize_kv` does, so the kernel and the reference write the same bits.
 """
 
 import torch
 
+from conveyor.kernels.fp8_kv import UNIT_KV_SCALES, KVScales, is_fp8, quantize_kv
 from conveyor.kernels.triton_compat import tl, triton
 
 
 @triton.jit
 def _store_kv_kernel(
-    key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, slot_mapping_ptr,
+    key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, slot_mapping_ptr, k_scale, v_scale,
     stride_key_t, stride_key_h, stride_value_t, stride_value_h,
     stride_kc_b, stride_kc_s, stride_kc_h, stride_vc_b, stride_vc_s, stride_vc_h,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    KV_FP8: tl.constexpr, FP8_MAX: tl.constexpr,
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
@@ -34,6 +37,9 @@ def _store_kv_kernel(
     value = tl.load(value_ptr + token * stride_value_t + heads * stride_value_h + dims, mask=mask)
     k_dst = key_cache_ptr + block * stride_kc_b + offset * stride_kc_s + heads * stride_kc_h + dims
     v_dst = value_cache_ptr + block * stride_vc_b + offset * stride_vc_s + heads * stride_vc_h + dims
+    if KV_FP8:  # saturate, as vLLM: a K outlier past the format's max must not become NaN
+        key = tl.minimum(tl.maximum(key.to(tl.float32) / k_scale, -FP8_MAX), FP8_MAX)
+        value = tl.minimum(tl.maximum(value.to(tl.float32) / v_scale, -FP8_MAX), FP8_MAX)
     tl.store(k_dst, key.to(key_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_dst, value.to(value_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -46,36 +52,40 @@ def _check_inputs(key, value, key_cache, value_cache, slot_mapping) -> None:
     assert key.stride(2) == 1 and value.stride(2) == 1, "key/value rows must be contiguous in head_dim"
     assert key_cache.stride(3) == 1 and value_cache.stride(3) == 1, "cache head_dim must be contiguous"
     assert slot_mapping.dtype in (torch.int32, torch.int64), f"slot_mapping dtype {slot_mapping.dtype}"
+    assert value_cache.dtype == key_cache.dtype, f"caches {key_cache.dtype} / {value_cache.dtype}"
 
 
 def store_kv(
     key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
+    slot_mapping: torch.Tensor, *, scales: KVScales = UNIT_KV_SCALES,
 ) -> None:
-    """key/value [T, kvh, d] -> key_cache/value_cache [num_blocks, block_size, kvh, d] at slot_mapping [T]."""
+    """key/value [T, kvh, d] -> key_cache/value_cache [num_blocks, block_size, kvh, d] at slot_mapping [T];
+    `scales` divide K and V first when the caches are FP8 (ignored otherwise)."""
     _check_inputs(key, value, key_cache, value_cache, slot_mapping)
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return
+    kv_fp8 = is_fp8(key_cache.dtype)
     _store_kv_kernel[(num_tokens,)](
-        key, value, key_cache, value_cache, slot_mapping,
+        key, value, key_cache, value_cache, slot_mapping, scales.k_scale, scales.v_scale,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         HEADS_PAD=triton.next_power_of_2(num_kv_heads), HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
-        BLOCK_SIZE=key_cache.shape[1],
+        BLOCK_SIZE=key_cache.shape[1], KV_FP8=kv_fp8,
+        FP8_MAX=torch.finfo(key_cache.dtype).max if kv_fp8 else 0.0,
     )
 
 
 def store_kv_ref(
     key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
+    slot_mapping: torch.Tensor, *, scales: KVScales = UNIT_KV_SCALES,
 ) -> None:
-    """Plain-torch `store_kv` (negative slots skipped)."""
+    """Plain-torch `store_kv` (negative slots skipped; FP8 caches quantized with `scales`)."""
     _check_inputs(key, value, key_cache, value_cache, slot_mapping)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     num_kv_heads, head_dim = key_cache.shape[2:]
-    key_cache.view(-1, num_kv_heads, head_dim)[slots] = key[keep].to(key_cache.dtype)
-    value_cache.view(-1, num_kv_heads, head_dim)[slots] = value[keep].to(value_cache.dtype)
+    key_cache.view(-1, num_kv_heads, head_dim)[slots] = quantize_kv(key[keep], key_cache.dtype, scales.k_scale)
+    value_cache.view(-1, num_kv_heads, head_dim)[slots] = quantize_kv(value[keep], value_cache.dtype, scales.v_scale)

@@ -11,13 +11,16 @@ diagonal, with the causal and bounds masks. The grid is (num_tokens // BLOCK_Q +
 depends only on token and sequence counts, never on the values of query lengths, so the launch is
 CUDA-graph capturable. Sequence i's query blocks start at program `query_start_loc[i] // BLOCK_Q + i`
 (this never overlaps the next sequence's); a program finds its sequence by binary search over
-`query_start_loc` and exits if it falls in the gap after the sequence's last block.
+`query_start_loc` and exits if it falls in the gap after the sequence's last block. An FP8 cache
+(KV_FP8) is dequantized tile by tile right after its load -- x * k_scale (v_scale) in float32, then the
+query's dtype, as vLLM's triton_unified_attention does -- so the dot products stay bf16/fp16 ones.
 """
 
 from dataclasses import dataclass
 
 import torch
 
+from conveyor.kernels.fp8_kv import UNIT_KV_SCALES, KVScales, is_fp8
 from conveyor.kernels.paged_batch import PagedBatch, check_paged_inputs, paged_attention_ref
 from conveyor.kernels.triton_compat import tl, triton
 
@@ -71,9 +74,9 @@ def _program_block(query_start_loc_ptr, num_seqs, BLOCK_Q: tl.constexpr, ROWS: t
 
 @triton.jit
 def _attend_tiles(acc, m_i, l_i, q, query_pos, start, end, kv_end, table_row, k_base, v_base, scale_log2,
-                  stride_k_b, stride_k_s, stride_v_b, stride_v_s, dims, dim_valid,
+                  stride_k_b, stride_k_s, stride_v_b, stride_v_s, dims, dim_valid, k_scale, v_scale,
                   TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, PAD_DIMS: tl.constexpr,
-                  MASKED: tl.constexpr):
+                  MASKED: tl.constexpr, KV_FP8: tl.constexpr):
     """Online softmax over the keys [start, end) in TILE_N tiles gathered through the block table;
     MASKED applies the causal and bounds masks (only the tiles that reach the block's diagonal)."""
     cols = tl.arange(0, TILE_N)
@@ -97,6 +100,9 @@ def _attend_tiles(acc, m_i, l_i, q, query_pos, start, end, kv_end, table_row, k_
         else:
             k = tl.load(k_base + k_offsets)
             v = tl.load(v_base + v_offsets)
+        if KV_FP8:  # [N, D] fp8 -> the query's dtype (tl.dot takes no fp8 x bf16 mix)
+            k = (k.to(tl.float32) * k_scale).to(q.dtype)
+            v = (v.to(tl.float32) * v_scale).to(q.dtype)
         scores = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_M, TILE_N], log2 units
         if MASKED:
             visible = (key_pos[None, :] <= query_pos[:, None]) & key_valid[None, :]
@@ -116,12 +122,12 @@ def _attend_tiles(acc, m_i, l_i, q, query_pos, start, end, kv_end, table_row, k_
 @triton.jit(do_not_specialize=["num_seqs", "stride_bt_s"])
 def _unified_attention_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-    scale_log2, num_seqs,
+    scale_log2, num_seqs, k_scale, v_scale,
     stride_q_t, stride_q_h, stride_o_t, stride_o_h,
     stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h, stride_bt_s,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    ROWS: tl.constexpr,
+    ROWS: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     kv_head = tl.program_id(1)
     seq, q_block, q_start, q_len, active = _program_block(query_start_loc_ptr, num_seqs, BLOCK_Q, ROWS)
@@ -154,10 +160,12 @@ def _unified_attention_kernel(
     v_base = v_cache_ptr + kv_head * stride_v_h
     acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, query_pos, 0, full_end, kv_end, table_row, k_base, v_base,
                                   scale_log2, stride_k_b, stride_k_s, stride_v_b, stride_v_s, dims,
-                                  dim_valid, TILE_N, BLOCK_SIZE, HEAD_DIM != HEAD_DIM_PAD, False)
+                                  dim_valid, k_scale, v_scale, TILE_N, BLOCK_SIZE, HEAD_DIM != HEAD_DIM_PAD,
+                                  False, KV_FP8)
     acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, query_pos, full_end, kv_end, kv_end, table_row, k_base,
                                   v_base, scale_log2, stride_k_b, stride_k_s, stride_v_b, stride_v_s, dims,
-                                  dim_valid, TILE_N, BLOCK_SIZE, HEAD_DIM != HEAD_DIM_PAD, True)
+                                  dim_valid, k_scale, v_scale, TILE_N, BLOCK_SIZE, HEAD_DIM != HEAD_DIM_PAD,
+                                  True, KV_FP8)
     acc = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # padding sequences (seq_len 0) write zeros
     o_offsets = (q_start + token)[:, None] * stride_o_t + head[:, None] * stride_o_h + dims[None, :]
     tl.store(out_ptr + o_offsets, acc.to(out_ptr.dtype.element_ty),
@@ -193,9 +201,10 @@ def decode_tile(group: int) -> UnifiedTile:
 
 def unified_attention(
     query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, batch: PagedBatch,
-    scale: float,
+    scale: float, *, kv_scales: KVScales = UNIT_KV_SCALES,
 ) -> torch.Tensor:
-    """query [T, H, d] (bf16/fp16) + paged caches [nb, bs, kvh, d] -> [T, H, d], causal; no host sync.
+    """query [T, H, d] (bf16/fp16) + paged caches [nb, bs, kvh, d] (the query's dtype, or FP8 read back
+    with `kv_scales`) -> [T, H, d], causal; no host sync.
 
     A mixed batch is two launches into one output: its one-token sequences with the decode tile, the
     others with 64-row blocks. In one launch of 64-row blocks a decode row (one token x the group's
@@ -206,26 +215,26 @@ def unified_attention(
     group = query.shape[1] // key_cache.shape[2]
     caches = (key_cache, value_cache)
     if batch.max_query_len == 1:
-        return unified_attention_with_tile(query, caches, batch, scale, unified_tile(1, group))
+        return unified_attention_with_tile(query, caches, batch, scale, unified_tile(1, group), kv_scales=kv_scales)
     out = torch.empty_like(query)
-    _launch(out, query, caches, batch, scale, decode_tile(group), DECODE_ROWS)
-    _launch(out, query, caches, batch, scale, unified_tile(batch.max_query_len, group), PREFILL_ROWS)
+    _launch(out, query, caches, batch, scale, decode_tile(group), DECODE_ROWS, kv_scales)
+    _launch(out, query, caches, batch, scale, unified_tile(batch.max_query_len, group), PREFILL_ROWS, kv_scales)
     return out
 
 
 def unified_attention_with_tile(
     query: torch.Tensor, caches: tuple[torch.Tensor, torch.Tensor], batch: PagedBatch, scale: float,
-    tile: UnifiedTile,
+    tile: UnifiedTile, *, kv_scales: KVScales = UNIT_KV_SCALES,
 ) -> torch.Tensor:
     """`unified_attention` in one launch with an explicit launch shape (benchmarks sweep it)."""
     out = torch.empty_like(query)
-    _launch(out, query, caches, batch, scale, tile, ALL_ROWS)
+    _launch(out, query, caches, batch, scale, tile, ALL_ROWS, kv_scales)
     return out
 
 
 def _launch(
     out: torch.Tensor, query: torch.Tensor, caches: tuple[torch.Tensor, torch.Tensor], batch: PagedBatch,
-    scale: float, tile: UnifiedTile, rows: int,
+    scale: float, tile: UnifiedTile, rows: int, kv_scales: KVScales,
 ) -> None:
     """One launch over the sequences `rows` selects, writing their tokens of `out` [T, H, d]."""
     key_cache, value_cache = caches
@@ -244,20 +253,21 @@ def _launch(
         grid = (num_tokens // tile.block_q + batch.num_seqs, num_kv_heads)
     _unified_attention_kernel[grid](
         out, query, key_cache, value_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
-        scale * LOG2_E, batch.num_seqs,
+        scale * LOG2_E, batch.num_seqs, kv_scales.k_scale, kv_scales.v_scale,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), batch.block_tables.stride(0),
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=tile.block_q, BLOCK_M=tile.block_m,
         TILE_N=tile.tile_n, HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_SIZE=key_cache.shape[1], ROWS=rows, num_warps=tile.num_warps, num_stages=tile.num_stages,
+        BLOCK_SIZE=key_cache.shape[1], ROWS=rows, KV_FP8=is_fp8(key_cache.dtype), num_warps=tile.num_warps,
+        num_stages=tile.num_stages,
     )
 
 
 def unified_attention_ref(
     query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, batch: PagedBatch,
-    scale: float,
+    scale: float, *, kv_scales: KVScales = UNIT_KV_SCALES,
 ) -> torch.Tensor:
     """float32 reference of `unified_attention` (any mix of query lengths)."""
-    return paged_attention_ref(query, key_cache, value_cache, batch, scale)
+    return paged_attention_ref(query, key_cache, value_cache, batch, scale, kv_scales=kv_scales)
 

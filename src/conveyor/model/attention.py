@@ -10,6 +10,10 @@ query token attends to positions `0 .. its own position` of its sequence, read t
 table (`forward`). Writing first makes the chunk's own keys visible to itself, so a prefill chunk
 with a cached prefix and a decode are the same computation with different query lengths.
 
+With --kv-cache-dtype fp8 the cache tensors are float8 and each `Attention` layer carries its per-tensor
+`KVScales` (vLLM's k_scale / v_scale, 1.0 unless calibrated): backends quantize on write (x / scale)
+and dequantize on read (x * scale) with them (kernels/fp8_kv.py).
+
 Backends are named in `ATTENTION_BACKENDS` (name -> "module:Class") and imported on demand, so a
 new backend (e.g. "triton" in attention_triton.py) is a new file plus one line here.
 """
@@ -25,6 +29,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conveyor.kernels.fp8_kv import (
+    UNIT_KV_SCALES,
+    KVScales,
+    dequantize_kv,
+    is_fp8,
+    quantize_kv,
+)
 from conveyor.model.attention_metadata import AttentionMetadata
 
 ATTENTION_BACKENDS: dict[str, str] = {
@@ -46,15 +57,19 @@ class AttentionBackend(Protocol):
     name: str
 
     def write_kv(
-        self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+        self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+        kv_scales: KVScales = UNIT_KV_SCALES,
     ) -> None:
-        """Store key/value [num_tokens, num_kv_heads, head_dim] into kv_cache at slot_mapping [num_tokens]."""
+        """Store key/value [num_tokens, num_kv_heads, head_dim] into kv_cache at slot_mapping [num_tokens]
+        (an FP8 cache: divided by kv_scales first)."""
         ...
 
     def forward(
-        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
+        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float,
+        kv_scales: KVScales = UNIT_KV_SCALES,
     ) -> torch.Tensor:
-        """query [num_tokens, num_heads, head_dim] -> output of the same shape (causal, paged)."""
+        """query [num_tokens, num_heads, head_dim] -> output of the same shape (causal, paged; an FP8
+        cache read back times kv_scales)."""
         ...
 
 
@@ -71,12 +86,17 @@ def get_attention_backend(name: str) -> AttentionBackend:
 
 
 def write_kv_torch(
-    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    kv_scales: KVScales = UNIT_KV_SCALES,
 ) -> None:
     """Scatter key/value [T, kvh, d] into the flat slots of kv_cache [2, nb, bs, kvh, d]."""
     num_kv_heads, head_dim = kv_cache.shape[-2:]
-    kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
-    kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
+    key = quantize_kv(key, kv_cache.dtype, kv_scales.k_scale)
+    value = quantize_kv(value, kv_cache.dtype, kv_scales.v_scale)
+    if is_fp8(kv_cache.dtype):  # index_copy_ has no float8 kernel on CPU: copy the bytes
+        kv_cache, key, value = kv_cache.view(torch.uint8), key.view(torch.uint8), value.view(torch.uint8)
+    kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
+    kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
 
 
 # Bytes of gathered K+V per decode group. Decodes are batched in groups of similar length whose
@@ -128,26 +148,39 @@ class TorchAttentionPlan:
 
 
 def paged_attention_torch(
-    query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
+    query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float,
+    kv_scales: KVScales = UNIT_KV_SCALES,
 ) -> torch.Tensor:
     """Reference paged attention: query [T, H, d] -> [T, H, d], K/V of this step already written.
 
     Single-token sequences (decodes) are batched in groups of similar length: their blocks are
     gathered into a padded [n, kvh, L, d] tensor and masked by length. Longer queries (prefill
     chunks) run one by one with a causal mask shifted by their cached context.
-    GQA: query head h reads KV head h // (H // kvh).
+    GQA: query head h reads KV head h // (H // kvh). An FP8 cache is gathered as it is (half the bytes)
+    and dequantized to the query's dtype after the gather.
     """
     plan = metadata.backend_plan
     if not isinstance(plan, TorchAttentionPlan):  # first layer of the step: plan once
         plan = metadata.backend_plan = plan_torch_attention(metadata, kv_cache, query.dtype)
     out = torch.empty_like(query)
     for group in plan.decode_groups:
-        k, v = gather_blocks(kv_cache, group.block_ids, plan.gather_buffer)
+        k, v = _read_kv(kv_cache, group.block_ids, plan.gather_buffer, (query.dtype, kv_scales))
         out[group.token_ids] = _decode_attention(query[group.token_ids], k, v, group, scale)
     for chunk in plan.prefill_chunks:
-        k, v = gather_blocks(kv_cache, chunk.block_ids, plan.gather_buffer)
+        k, v = _read_kv(kv_cache, chunk.block_ids, plan.gather_buffer, (query.dtype, kv_scales))
         out[chunk.tokens] = prefill_attention(query[chunk.tokens], k, v, chunk, scale)
     return out
+
+
+def _read_kv(
+    kv_cache: torch.Tensor, block_ids: torch.Tensor, buffer: torch.Tensor, read_as: tuple[torch.dtype, KVScales]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`gather_blocks`, then an FP8 cache's K and V [n, kvh, d] dequantized to `read_as`'s dtype."""
+    k, v = gather_blocks(kv_cache, block_ids, buffer)
+    if not is_fp8(kv_cache.dtype):
+        return k, v  # cast where used, as before: 16/32-bit caches need no scale
+    dtype, scales = read_as
+    return dequantize_kv(k, dtype, scales.k_scale), dequantize_kv(v, dtype, scales.v_scale)
 
 
 def plan_torch_attention(
@@ -264,20 +297,23 @@ class TorchAttentionBackend:
     name = "torch"
 
     def write_kv(
-        self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+        self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+        kv_scales: KVScales = UNIT_KV_SCALES,
     ) -> None:
-        write_kv_torch(key, value, kv_cache, slot_mapping)
+        write_kv_torch(key, value, kv_cache, slot_mapping, kv_scales)
 
     def forward(
-        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
+        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float,
+        kv_scales: KVScales = UNIT_KV_SCALES,
     ) -> torch.Tensor:
-        return paged_attention_torch(query, kv_cache, metadata, scale)
+        return paged_attention_torch(query, kv_cache, metadata, scale, kv_scales)
 
 
 class Attention(nn.Module):
     """Multi-head (GQA) attention over the paged KV cache; projections and rope live in the caller."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, backend: AttentionBackend) -> None:
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, backend: AttentionBackend,
+                 kv_scales: KVScales = UNIT_KV_SCALES) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
@@ -286,6 +322,8 @@ class Attention(nn.Module):
         self.head_dim = head_dim
         self.scale = head_dim**-0.5
         self.backend = backend
+        self.kv_scales = kv_scales
+        """This layer's per-tensor K/V scales for an FP8 cache (vLLM's default 1.0: no calibration)."""
 
     def forward(
         self,
@@ -299,7 +337,7 @@ class Attention(nn.Module):
         num_tokens = query.shape[0]
         key = key.view(num_tokens, self.num_kv_heads, self.head_dim)
         value = value.view(num_tokens, self.num_kv_heads, self.head_dim)
-        self.backend.write_kv(key, value, kv_cache, metadata.slot_mapping)
+        self.backend.write_kv(key, value, kv_cache, metadata.slot_mapping, self.kv_scales)
         query = query.view(num_tokens, self.num_heads, self.head_dim)
-        out = self.backend.forward(query, kv_cache, metadata, self.scale)
+        out = self.backend.forward(query, kv_cache, metadata, self.scale, self.kv_scales)
         return out.reshape(num_tokens, self.num_heads * self.head_dim)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from conveyor.kernels.fp8_kv import UNIT_KV_SCALES, KVScales
 from conveyor.kernels.paged_attention_cpu import (
     MAX_QUERY_TOKENS,
     kernel_supports,
@@ -77,9 +78,10 @@ class CPUAttentionBackend(TorchAttentionBackend):
     name = "cpu"
 
     def forward(
-        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
+        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float,
+        kv_scales: KVScales = UNIT_KV_SCALES,
     ) -> torch.Tensor:
-        """query [T, H, d] -> [T, H, d], this step's K/V already written."""
+        """query [T, H, d] -> [T, H, d], this step's K/V already written (float32: `kv_scales` unused)."""
         if kv_cache.dtype != torch.float32 or kv_cache.device.type != "cpu":
             raise ValueError(f"the cpu attention backend needs a float32 CPU KV cache (got {kv_cache.dtype} on "
                              f"{kv_cache.device}); use the torch backend")

@@ -5,13 +5,15 @@ that is all decodes and too small to fill the GPU (num_seqs * num_kv_heads progr
 with contexts long enough to split runs the split-KV kernel; everything else, mixed prefill/decode
 batches included, runs the unified kernel (two launches for a mixed batch: see unified_attention.py).
 The choice reads only host ints of the metadata (`max_query_len`, `max_seq_len`, tensor shapes), so it
-is the same at CUDA-graph capture and replay.
+is the same at CUDA-graph capture and replay. An FP8 cache (--kv-cache-dtype fp8) is written and read
+by the same kernels with the layer's `KVScales`, plain floats baked into a captured graph like `scale`.
 """
 
 from __future__ import annotations
 
 import torch
 
+from conveyor.kernels.fp8_kv import UNIT_KV_SCALES, KVScales
 from conveyor.kernels.paged_batch import PagedBatch
 from conveyor.kernels.split_kv_attention import SplitKVParams, choose_num_splits, split_kv_attention
 from conveyor.kernels.store_kv import store_kv
@@ -24,7 +26,7 @@ if not HAS_TRITON:
 
 
 class TritonAttentionBackend:
-    """Paged attention with the Triton kernels of `conveyor.kernels` (CUDA, bf16/fp16 caches)."""
+    """Paged attention with the Triton kernels of `conveyor.kernels` (CUDA, bf16/fp16 or FP8 caches)."""
 
     name = "triton"
 
@@ -32,12 +34,14 @@ class TritonAttentionBackend:
         self._num_sms: int | None = None  # read from the device on first use
 
     def write_kv(
-        self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+        self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+        kv_scales: KVScales = UNIT_KV_SCALES,
     ) -> None:
-        store_kv(key, value, kv_cache[0], kv_cache[1], slot_mapping)
+        store_kv(key, value, kv_cache[0], kv_cache[1], slot_mapping, scales=kv_scales)
 
     def forward(
-        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
+        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float,
+        kv_scales: KVScales = UNIT_KV_SCALES,
     ) -> torch.Tensor:
         batch = PagedBatch(
             block_tables=metadata.block_tables, seq_lens=metadata.seq_lens,
@@ -46,9 +50,9 @@ class TritonAttentionBackend:
         )
         num_splits = self._num_splits(query, kv_cache, batch)
         if num_splits > 1:
-            params = SplitKVParams(scale=scale, num_splits=num_splits)
+            params = SplitKVParams(scale=scale, num_splits=num_splits, kv_scales=kv_scales)
             return split_kv_attention(query, kv_cache[0], kv_cache[1], batch, params)
-        return unified_attention(query, kv_cache[0], kv_cache[1], batch, scale)
+        return unified_attention(query, kv_cache[0], kv_cache[1], batch, scale, kv_scales=kv_scales)
 
     def _num_splits(self, query: torch.Tensor, kv_cache: torch.Tensor, batch: PagedBatch) -> int:
         """1 (unified kernel) unless this is a decode-only batch too small to fill the GPU."""

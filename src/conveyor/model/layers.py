@@ -20,6 +20,7 @@ from torch import nn
 from conveyor.kernels.cpu_build import cpu_kernels_available
 from conveyor.kernels.cpu_gemm import prefill_linear
 from conveyor.kernels.elementwise_cpu import rms_norm_cpu, rotary_cpu_, silu_and_mul_cpu
+from conveyor.kernels.fp8_linear import fp8_linear
 from conveyor.kernels.rms_norm import rms_norm
 from conveyor.kernels.rotary import rotary_
 from conveyor.kernels.silu_and_mul import silu_and_mul
@@ -155,16 +156,23 @@ class Linear(nn.Linear):
     1.97 -> 1.59 ms at 8 rows, 2.43 -> 1.09 ms at 4; no gain for prefill-sized inputs, which go to
     oneDNN (`prefill_linear`). Rows are zero-padded to `padded_rows` (MKL's small-M kernels are up
     to 2x slower off multiples of 4 / 16 on this CPU: gate_up + down at 11 rows 2.31 ms, at 16 1.60).
-    The result is made contiguous again (callers view it per head). CUDA: F.linear.
+    The result is made contiguous again (callers view it per head). CUDA: F.linear. With --quantization
+    fp8 the weight is float8 and `weight_scale` its per-tensor scale (model/fp8_weights.py).
     """
 
+    weight_scale: torch.Tensor | None = None
+    """[] float32 scale of an FP8 weight (None: the weight has the model's dtype)."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.weight_scale)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           weight_scale: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear, except on CPU: for x [T <= CPU_FEW_ROWS, in] the padded (W @ x^T)^T of `Linear`, for
-    more rows oneDNN's GEMM (kernels/cpu_gemm.py)."""
+    more rows oneDNN's GEMM (kernels/cpu_gemm.py); an FP8 weight (`weight_scale` given): `fp8_linear`."""
+    if weight_scale is not None:
+        return fp8_linear(x.reshape(-1, x.shape[-1]), weight, weight_scale, bias).view(*x.shape[:-1], -1)
     if x.device.type != "cpu" or x.dim() != 2:
         return F.linear(x, weight, bias)
     if x.shape[0] > CPU_FEW_ROWS:

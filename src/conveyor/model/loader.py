@@ -7,7 +7,8 @@ package), a Hugging Face safetensors directory, or seeded random weights for any
 device and materialized once in the target dtype and device, so a large model is never allocated
 twice. A GGUF is served in its Q4_0 / Q4_1 / Q8_0 blocks (`Quantization.GGUF`, model/quantized.py:
 its projections and embedding are swapped for block-quantized twins before materialization) or
-dequantized to float on load (`Quantization.NONE`); `resolve_quantization` picks. Nothing is downloaded.
+dequantized to float on load (`Quantization.NONE`); `resolve_quantization` picks. `--quantization fp8`
+loads 16-bit weights, then quantizes the decoder projections (model/fp8_weights.py). Nothing is downloaded.
 Under tensor parallelism (`ModelLayout.tensor_parallel`, model/tensor_parallel.py) the meta model is
 sharded before materialization and every source hands its full tensors to the sharded layers, which
 keep their rank's part; such a model is always dequantized.
@@ -27,6 +28,7 @@ from torch import nn
 from conveyor.config import LoadFormat, ModelConfig, Quantization
 from conveyor.kernels.cpu_build import cpu_kernels, cpu_kernels_available
 from conveyor.model.attention import get_attention_backend
+from conveyor.model.fp8_weights import quantize_linears_fp8
 from conveyor.model.gguf_weights import (
     arch_config_from_gguf,
     block_formats_by_hf_name,
@@ -110,6 +112,11 @@ def resolve_quantization(requested: Quantization, fmt: LoadFormat, device: str, 
     """GGUF or NONE for a resolved load format; an impossible explicit request raises and says why."""
     if requested == Quantization.NONE:
         return Quantization.NONE
+    if requested == Quantization.FP8:
+        if fmt == LoadFormat.GGUF or dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"--quantization fp8 quantizes a 16-bit checkpoint at load: it needs safetensors or dummy "
+                             f"weights and --dtype bfloat16 or float16 (got {fmt.value}, {dtype})")
+        return Quantization.FP8
     native_possible = fmt == LoadFormat.GGUF and device == "cpu" and dtype == torch.float32
     if requested == Quantization.GGUF:
         if not native_possible:
@@ -161,6 +168,8 @@ def load_model(
         module.load_weights(iter_full_dummy_weights(reference, device, model_config.seed, DUMMY_WEIGHT_STD))
     else:
         module.load_weights(source.weights(config, module.block_weight_names(formats)))
+    if quantization == Quantization.FP8:
+        quantize_linears_fp8(module)
     module.eval()
     return LoadedModel(
         module=module,

@@ -81,11 +81,12 @@ def check_tensor_parallel(config: ModelArchConfig, world_size: int) -> None:
 
 
 def tensor_parallel_quantization(requested: Quantization) -> Quantization:
-    """Under tensor parallelism weights are dequantized (the GGUF block kernels are single-process)."""
+    """Under tensor parallelism GGUF weights are dequantized (the block kernels are single-process); FP8
+    quantizes each rank's shard after loading (model/fp8_weights.py)."""
     if requested == Quantization.GGUF:
         raise TensorParallelError(f"--quantization gguf does not run with {FLAG} > 1 (the block-quantized CPU "
                                   "path is single-process); use --quantization none")
-    return Quantization.NONE
+    return Quantization.FP8 if requested == Quantization.FP8 else Quantization.NONE
 
 
 def shard_model(model: LlamaForCausalLM, group: TensorParallelGroup) -> None:

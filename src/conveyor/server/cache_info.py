@@ -37,7 +37,8 @@ def cache_config_labels(info: EngineInfo) -> dict[str, str]:
     labels.update({
         "_block_size_resolved": "True", "block_size": block, "user_specified_block_size": str(user_block),
         "effective_attention_block_size": block, "hash_block_size": block, "cache_hit_alignment_tokens": block,
-        "cache_dtype": "auto", "enable_prefix_caching": _flag(info, "enable-prefix-caching"),
+        "cache_dtype": info.config.get("kv-cache-dtype", "auto"),
+        "enable_prefix_caching": _flag(info, "enable-prefix-caching"),
         "gpu_memory_utilization": _flag(info, "gpu-memory-utilization"), "kv_cache_memory_bytes": memory,
         "num_gpu_blocks": str(info.num_kv_blocks), "num_gpu_blocks_override": _flag(info, "num-gpu-blocks-override"),
         "kv_cache_size_tokens": str(info.num_kv_tokens), "kv_cache_max_concurrency": f"{info.max_concurrency:.2f}",

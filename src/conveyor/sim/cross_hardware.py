@@ -88,7 +88,9 @@ def plan_num_blocks(config: pathlib.Path, setup: EngineSetup, target: GPU, calib
     flags = dict(calibration.key.configuration)
     dtype = calibration.key.dtype if calibration.key.dtype in DTYPE_BYTES else "bfloat16"
     s = setup.scheduler
-    inputs = PlanInputs(dtype=dtype, max_num_seqs=s.max_num_seqs, context_len=s.max_model_len,
+    kv_dtype = flags.get("kv_cache_dtype")  # the calibrated server's: an FP8 cache holds twice the blocks
+    inputs = PlanInputs(dtype=dtype, kv_cache_dtype=kv_dtype if kv_dtype in DTYPE_BYTES else None,
+                        max_num_seqs=s.max_num_seqs, context_len=s.max_model_len,
                         max_num_batched_tokens=s.max_num_batched_tokens, block_size=setup.cache.block_size,
                         gpu_memory_utilization=gpu_memory_utilization,
                         tensor_parallel_size=int(flags.get("tensor_parallel_size", "1")),

@@ -7,7 +7,9 @@ number of blocks is the budget divided by that, floored. The budget is, in order
 `CacheConfig.num_blocks_override` (exact count), `CacheConfig.kv_cache_memory_bytes`, and otherwise
 1 GiB on CPU or, on CUDA, `total * gpu_memory_utilization - peak_torch_bytes - non_torch_bytes`
 measured after a profiling forward of the largest batch (vLLM's procedure). The scheduler's block
-pool is sized with the same number, so the two can never disagree.
+pool is sized with the same number, so the two can never disagree. `--kv-cache-dtype fp8` stores
+one byte per element instead of bf16's two (kernels/fp8_kv.py), so the same budget holds twice the
+blocks; `conveyor plan --kv-cache-dtype fp8` does the same arithmetic (tests/worker/test_kv_cache_fp8.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Protocol
 import torch
 
 from conveyor.config import CacheConfig
+from conveyor.kernels.fp8_kv import FP8_KV_DTYPES
 from conveyor.model.attention import kv_cache_shape
 
 DEFAULT_CPU_KV_CACHE_MEMORY_BYTES = 1 << 30
@@ -42,7 +45,7 @@ class KVCacheSpec:
     block_size: int
     """Tokens per block."""
     dtype_bytes: int
-    """Bytes per element of the cache dtype (2 for bfloat16/float16, 4 for float32)."""
+    """Bytes per element of the cache dtype (1 for fp8, 2 for bfloat16/float16, 4 for float32)."""
 
     @property
     def bytes_per_token(self) -> int:
@@ -123,6 +126,13 @@ class GpuMemoryProfile:
 
 def dtype_num_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
+
+
+def resolve_kv_cache_dtype(cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """--kv-cache-dtype as the cache tensors' element type: auto is the model's dtype."""
+    if cache_dtype == "auto":
+        return model_dtype
+    return FP8_KV_DTYPES[cache_dtype]
 
 
 def num_blocks_from_memory(spec: BlockCost, kv_cache_memory_bytes: int) -> int:

@@ -32,6 +32,7 @@ from conveyor.worker.kv_cache import (
     check_fits_max_model_len,
     dtype_num_bytes,
     profile_gpu_memory,
+    resolve_kv_cache_dtype,
     resolve_num_blocks,
 )
 from conveyor.worker.request_state import BlockTable, RequestState, apply_scheduler_output
@@ -45,12 +46,12 @@ from conveyor.worker.structured_output import StructuredOutputs
 from conveyor.worker.warmup import warm_up
 
 
-def attention_backend_for(device: torch.device, dtype: torch.dtype) -> str:
-    """The Triton kernels on CUDA with a 16-bit cache (what they support); on CPU in float32 the C
-    paged-decode kernel where it builds; the torch reference otherwise."""
+def attention_backend_for(device: torch.device, dtype: torch.dtype, kv_cache_dtype: torch.dtype) -> str:
+    """The Triton kernels on CUDA with a 16-bit model (its own or an FP8 cache); on CPU in float32 the C
+    paged-decode kernel where it builds (a float32 cache only); the torch reference otherwise."""
     if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
         return "triton"
-    if device.type == "cpu" and dtype == torch.float32 and cpu_kernels_available():
+    if device.type == "cpu" and dtype == kv_cache_dtype == torch.float32 and cpu_kernels_available():
         return "cpu"
     return "torch"
 
@@ -66,7 +67,9 @@ class ModelRunner:
         self.scheduler_config = scheduler_config
         self.device = torch.device(device_config.device)
         self.dtype = resolve_dtype(model_config.dtype, device_config.device)
-        self.attention_backend = attention_backend_for(self.device, self.dtype)
+        self.kv_cache_dtype = resolve_kv_cache_dtype(cache_config.cache_dtype, self.dtype)
+        """The KV cache tensors' element type (the model's, or FP8 with --kv-cache-dtype fp8)."""
+        self.attention_backend = attention_backend_for(self.device, self.dtype, self.kv_cache_dtype)
         loaded = self._load_model(model_config)
         self.model = loaded.module
         self.arch_config = loaded.arch_config
@@ -136,7 +139,7 @@ class ModelRunner:
             num_kv_heads=self.model.num_kv_heads,  # this rank's share under tensor parallelism
             head_dim=self.arch_config.head_dim,
             block_size=self.block_size,
-            dtype_bytes=dtype_num_bytes(self.dtype),
+            dtype_bytes=dtype_num_bytes(self.kv_cache_dtype),
         )
 
     def initialize_kv_cache(self) -> KVCapacity:
@@ -149,7 +152,7 @@ class ModelRunner:
             sizing, self.cache_config, self.device,
             profile=lambda: profile_gpu_memory(self.device, self.profile_run),
         ))
-        self.kv_caches = allocate_kv_caches(spec, num_blocks, self.device, self.dtype)
+        self.kv_caches = allocate_kv_caches(spec, num_blocks, self.device, self.kv_cache_dtype)
         if self.spec_decoder is not None:
             self.spec_decoder.proposer.bind_kv_cache(num_blocks)
         capacity = KVCapacity(
@@ -313,7 +316,7 @@ class ModelRunner:
         seq_lens = _split(num_tokens, max_len)
         spec = self.kv_cache_spec
         num_blocks = sum(-(-n // spec.block_size) for n in seq_lens)
-        scratch = allocate_kv_caches(spec, num_blocks, self.device, self.dtype)
+        scratch = allocate_kv_caches(spec, num_blocks, self.device, self.kv_cache_dtype)
         states, next_block = [], 0
         for index, length in enumerate(seq_lens):
             blocks = list(range(next_block, next_block + -(-length // spec.block_size)))

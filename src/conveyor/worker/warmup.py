@@ -174,7 +174,8 @@ def warm_up_split_kv(runner: WarmupRunner) -> None:
     key_cache, value_cache = runner.kv_caches[0][0], runner.kv_caches[0][1]
     num_heads = runner.model.num_heads  # this rank's query heads under tensor parallelism
     head_dim = runner.arch_config.head_dim
-    query = torch.zeros(1, num_heads, head_dim, dtype=key_cache.dtype, device=runner.device)  # [1, H, d]
+    # The model's dtype, not the cache's: an FP8 cache is read by bf16/fp16 queries.
+    query = torch.zeros(1, num_heads, head_dim, dtype=runner.dtype, device=runner.device)  # [1, H, d]
     seq_len = runner.block_size * 4
     batch = PagedBatch(
         block_tables=torch.zeros(1, 4, dtype=torch.int32, device=runner.device),

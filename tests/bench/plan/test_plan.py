@@ -141,3 +141,19 @@ def test_config_fields_are_checked_where_they_are_read(tmp_path: pathlib.Path) -
     shape = load_shape(bad)  # null optional fields take their defaults, as HF configs leave them
     assert (shape.head_dim, shape.num_kv_heads) == (config["hidden_size"] // config["num_attention_heads"],
                                                     config["num_attention_heads"])
+
+
+def test_fp8_weights_take_one_byte_per_projection_weight() -> None:
+    """`conveyor plan --quantization fp8`: attention and MLP weights at 1 byte, embedding, LM head and norms
+    at --dtype (as model/fp8_weights.py quantizes them)."""
+    from conveyor.bench.plan.memory import count_parameters, model_memory
+
+    shape = load_shape(MODELS / "llama-3.1-8b")
+    params = count_parameters(shape)
+    bf16 = model_memory(shape, PlanInputs(dtype="bfloat16")).weights_bytes
+    fp8 = model_memory(shape, PlanInputs(dtype="bfloat16", quantization="fp8")).weights_bytes
+    assert bf16 == 2 * params.total
+    assert fp8 == 2 * (params.embedding + params.lm_head + params.norms) + params.attention + params.mlp
+    assert 0.55 < fp8 / bf16 < 0.6  # Llama-3.1-8B: 6.98 of 8.03 B parameters are projections
+    with pytest.raises(PlanError, match="--quantization"):
+        PlanInputs(quantization="int4")

@@ -45,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Hugging Face config.json (or a directory holding one)")
     parser.add_argument("--dtype", choices=sorted(DTYPE_BYTES),
                         help="weight dtype (default bfloat16; float32 with --kv-cache-memory, as serve on CPU)")
-    parser.add_argument("--kv-cache-dtype", choices=sorted(DTYPE_BYTES), help="default: --dtype")
+    parser.add_argument("--kv-cache-dtype", choices=["auto", *sorted(DTYPE_BYTES)],
+                        help="as serve's flag: auto (default) is --dtype; fp8 halves bf16's KV bytes")
     parser.add_argument("--max-num-seqs", "--concurrency", type=int, default=defaults.max_num_seqs,
                         help="expected concurrent requests")
     parser.add_argument("--context-len", type=int, default=defaults.context_len,
@@ -56,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensor-parallel-size", type=int, default=defaults.tensor_parallel_size,
                         help="GPUs (ranks) the model is split over; memory figures are per rank")
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--quantization", choices=["none", "fp8"], help="as serve's: fp8 weights take one byte")
     parser.add_argument("--gpu", action="append", default=[], help="catalog GPU to check (repeatable; default all)")
     parser.add_argument("--price", action="append", default=[],
                         help="GPU=USD_PER_HOUR[,GPU=USD_PER_HOUR] (repeatable) or a JSON/TOML file of them")
@@ -74,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
             dtype=args.dtype or "bfloat16", kv_cache_dtype=args.kv_cache_dtype, max_num_seqs=args.max_num_seqs,
             context_len=args.context_len, max_num_batched_tokens=args.max_num_batched_tokens,
             block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
-            tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager)
+            tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager,
+            quantization=args.quantization)
         gpus = priced_catalog(parse_prices(args.price), args.gpu or None)
         memory = model_memory(shape, inputs)
     except (PlanError, CatalogError) as error:
@@ -91,8 +94,10 @@ def run(args: argparse.Namespace) -> int:
 def _run_kv_capacity(args: argparse.Namespace, shape: ModelShape) -> int:
     if args.tensor_parallel_size < 1:
         raise PlanError(f"--tensor-parallel-size must be >= 1 (got {args.tensor_parallel_size})")
+    weights = args.dtype or "float32"
+    kv_dtype = weights if args.kv_cache_dtype in (None, "auto") else args.kv_cache_dtype
     plan = kv_capacity(shape_per_rank(shape, args.tensor_parallel_size), args.kv_cache_memory, args.block_size,
-                       args.kv_cache_dtype or args.dtype or "float32", args.max_model_len)
+                       kv_dtype, args.max_model_len)
     if args.json:
         print(json.dumps(dataclasses.asdict(plan), indent=2))
         return 0
@@ -114,15 +119,16 @@ def _gib(num_bytes: int) -> str:
 
 
 def format_plan(source: str, inputs: PlanInputs, memory: ModelMemory, fits: list[GPUFit]) -> str:
+    kv_token = memory.kv_bytes_per_token
     lines = [
-        f"Model {source}: {memory.num_parameters / 1e9:.3f} B parameters, {inputs.dtype}, "
-        f"tensor parallel {inputs.tensor_parallel_size}",
+        (f"Model {source}: {memory.num_parameters / 1e9:.3f} B parameters, {inputs.dtype}, "
+         f"tensor parallel {inputs.tensor_parallel_size}"),
         f"  weights per GPU    {_gib(memory.weights_bytes)} GiB ({memory.weights_bytes / 1e9:.2f} GB)",
-        f"  KV per token       {memory.kv_bytes_per_token} bytes ({memory.kv_bytes_per_token / 1024:.1f} KiB)",
+        f"  KV per token       {kv_token} bytes ({kv_token / 1024:.1f} KiB), {inputs.kv_dtype}",
         f"  KV per request     {_gib(memory.kv_bytes_per_request)} GiB at {inputs.context_len} tokens",
         f"  KV needed          {_gib(memory.kv_needed_bytes)} GiB for {inputs.max_num_seqs} concurrent requests",
-        f"  overhead           {_gib(memory.activation_bytes)} GiB activations+logits "
-        f"+ {_gib(memory.runtime_bytes)} GiB runtime; margin = 1 - {inputs.gpu_memory_utilization}",
+        (f"  overhead           {_gib(memory.activation_bytes)} GiB activations+logits "
+         f"+ {_gib(memory.runtime_bytes)} GiB runtime; margin = 1 - {inputs.gpu_memory_utilization}"),
         "",
         f"{'GPU':<10} {'memory':>8} {'KV budget':>10} {'headroom':>9} {'max conc.':>9} {'fits':>5} {'$/hour':>7}",
     ]

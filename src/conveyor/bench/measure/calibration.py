@@ -25,8 +25,12 @@ from conveyor.bench.measure.step_model import FitError, StepSample, StepTimeCoef
 
 CALIBRATION_SCHEMA_VERSION = 1
 COST_FLAGS = ("device", "tensor_parallel_size", "quantization", "enforce_eager", "cudagraph_mode",
-              "async_scheduling", "num_threads", "block_size", "speculative_config")
-"""Server flags (summary.json fixed.server_flags) that change what one batch costs: part of the key."""
+              "async_scheduling", "num_threads", "block_size", "speculative_config", "kv_cache_dtype")
+"""Server flags (summary.json fixed.server_flags) that change what one batch costs: part of the key (an
+FP8 KV cache halves the bytes a decode reads)."""
+_KEY_DEFAULTS = {"kv_cache_dtype": "auto"}
+"""Flags left out of the key at these values: runs recorded before the flag existed did not report it,
+and their calibrations must still match runs at its default."""
 
 
 class CalibrationError(ValueError):
@@ -68,7 +72,8 @@ class CalibrationKey:
         name = flags.raw("model_name") or pathlib.Path(str(f.raw("model_path") or "unknown")).name
         digest = f.raw("weights_sha256")
         model = f"{name} ({digest[:12]})" if isinstance(digest, str) else str(name)
-        configuration = tuple(sorted((flag, str(flags.data[flag])) for flag in COST_FLAGS if flag in flags.data))
+        configuration = tuple(sorted((flag, str(flags.data[flag])) for flag in COST_FLAGS
+                                     if flag in flags.data and str(flags.data[flag]) != _KEY_DEFAULTS.get(flag)))
         return cls(hardware, model, str(f.raw("dtype") or "unknown"), configuration)
 
 

@@ -121,6 +121,19 @@ def collect_fixed(view: ServerView, flags: dict[str, str], trace_path: str) -> d
     return fixed
 
 
+def kv_cache_dtype(fixed: dict[str, Any]) -> str | None:
+    """The run's KV cache element type from its server flags (conveyor's `kv_cache_dtype`, vLLM's
+    `cache_dtype` label), with `auto` resolved to the model's dtype; None when the server did not say.
+    Not a fixed thing: a study may vary it (e.g. bfloat16 against fp8, docs/performance.md)."""
+    flags = fixed.get("server_flags")
+    value = None
+    if isinstance(flags, dict):
+        value = _known(flags.get("kv_cache_dtype")) or _known(flags.get("cache_dtype"))
+    if value == "auto":
+        return _known(fixed.get("dtype")) or value
+    return value
+
+
 @dataclass(frozen=True)
 class FixedDifference:
     """One fixed thing on which compared runs disagree."""

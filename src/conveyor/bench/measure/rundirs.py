@@ -223,13 +223,24 @@ class StudyConfig:
     """GPUs it occupies (None: the report's default)."""
     varies: tuple[str, ...] = ()
     """Fixed things it changes on purpose (e.g. the trace): not a mixed comparison."""
+    value: str | None = None
+    """The changed parameter's value in its engine flags (e.g. `fp8` for kv_cache_dtype)."""
     launch_error: str | None = None
     """Why its server did not start (None: it started); such a configuration has no runs."""
 
     @classmethod
     def from_json(cls, f: Fields) -> StudyConfig:
-        return cls(f.opt_text("changed"), f.opt_number("price_per_gpu_hour"), f.opt_integer("num_gpus"),
-                   f.text_list("varies"), f.opt_text("launch_error"))
+        changed = f.opt_text("changed")
+        value = f.child("args").opt_text(changed) if changed is not None else None
+        return cls(changed, f.opt_number("price_per_gpu_hour"), f.opt_integer("num_gpus"), f.text_list("varies"),
+                   value, f.opt_text("launch_error"))
+
+    @property
+    def change(self) -> str:
+        """What it changes, as the report shows it: `kv_cache_dtype=fp8`, or `-` for the baseline."""
+        if self.changed is None:
+            return "-"
+        return self.changed if self.value is None else f"{self.changed}={self.value}"
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 from conveyor.bench.plan.gpu_catalog import GPU
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "int8": 1}
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
+"""Bytes per element; the fp8 spellings are `--kv-cache-dtype`'s (`auto`: the weights' dtype)."""
 _RUNTIME_BYTES = 1 << 30
 _RUNTIME_EAGER_BYTES = 1 << 29
 
@@ -216,7 +217,7 @@ class PlanInputs:
     dtype: str = "bfloat16"
     """Weight dtype."""
     kv_cache_dtype: str | None = None
-    """KV cache dtype (None: same as dtype)."""
+    """KV cache dtype, as serve's --kv-cache-dtype (None or auto: same as dtype)."""
     max_num_seqs: int = 64
     """Expected concurrency: requests holding KV at once."""
     context_len: int = 8192
@@ -231,6 +232,8 @@ class PlanInputs:
     """GPUs the model is split over (see `shape_per_rank`)."""
     enforce_eager: bool = False
     """No CUDA graphs: smaller runtime allowance."""
+    quantization: str | None = None
+    """serve's --quantization: fp8 stores the decoder projections in one byte per weight (None: dtype)."""
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "context_len", "max_num_batched_tokens", "block_size", "tensor_parallel_size"):
@@ -239,7 +242,14 @@ class PlanInputs:
         if not 0 < self.gpu_memory_utilization <= 1:
             raise PlanError(f"--gpu-memory-utilization must be in (0, 1] (got {self.gpu_memory_utilization})")
         dtype_bytes(self.dtype)
-        dtype_bytes(self.kv_cache_dtype or self.dtype)
+        dtype_bytes(self.kv_dtype)
+        if self.quantization not in (None, "none", "fp8"):
+            raise PlanError(f"--quantization must be none or fp8 (got {self.quantization!r})")
+
+    @property
+    def kv_dtype(self) -> str:
+        """The KV cache's dtype with auto resolved to the weights'."""
+        return self.dtype if self.kv_cache_dtype in (None, "auto") else self.kv_cache_dtype
 
 
 @dataclass(frozen=True)
@@ -270,9 +280,18 @@ that at 256, i.e. 52.0 bytes for each of the 768 × 151,936 extra logits; vLLM's
 kind of step (its dummy sampler run uses top-p 0.9 and top-k)."""
 
 
+def weights_bytes(params: ParameterCount, inputs: PlanInputs) -> int:
+    """All parameters at the weights' dtype, except under --quantization fp8 the projections (attention
+    and MLP, their few bias and q/k-norm values included) at one byte each."""
+    if inputs.quantization != "fp8":
+        return params.total * dtype_bytes(inputs.dtype)
+    kept = params.embedding + params.lm_head + params.norms
+    return kept * dtype_bytes(inputs.dtype) + params.attention + params.mlp
+
+
 def model_memory(shape: ModelShape, inputs: PlanInputs) -> ModelMemory:
     rank = shape_per_rank(shape, inputs.tensor_parallel_size)
-    kv_token = kv_bytes_per_token(rank, dtype_bytes(inputs.kv_cache_dtype or inputs.dtype))
+    kv_token = kv_bytes_per_token(rank, dtype_bytes(inputs.kv_dtype))
     blocks = math.ceil(inputs.context_len / inputs.block_size)
     per_request = blocks * inputs.block_size * kv_token
     q_kv = (rank.num_heads + 2 * rank.num_kv_heads) * rank.head_dim
@@ -283,7 +302,7 @@ def model_memory(shape: ModelShape, inputs: PlanInputs) -> ModelMemory:
     sampler = rows * shape.vocab_size * SAMPLER_BYTES_PER_LOGIT  # gathered: every rank holds the full logits
     return ModelMemory(
         num_parameters=count_parameters(shape).total,
-        weights_bytes=count_parameters(rank).total * dtype_bytes(inputs.dtype),
+        weights_bytes=weights_bytes(count_parameters(rank), inputs),
         kv_bytes_per_token=kv_token,
         kv_bytes_per_request=per_request,
         kv_needed_bytes=per_request * inputs.max_num_seqs,

@@ -31,7 +31,7 @@ from conveyor.bench.decide.gpu_prices import GpuPrice, gpu_costs, match_prices
 from conveyor.bench.decide.headline import decide
 from conveyor.bench.decide.point_verdict import PointStatus
 from conveyor.bench.decide.slo import SLO, SLOVerdict, describe_objective, slo_from_mapping
-from conveyor.bench.measure.fixed import FixedDifference, FixedRecord, differences, unknown_keys
+from conveyor.bench.measure.fixed import FixedDifference, FixedRecord, differences, kv_cache_dtype, unknown_keys
 from conveyor.bench.measure.gpu_groups import PER_MACHINE, GpuConfigs, config_studies, key_runs, within_gpu_differences
 from conveyor.bench.measure.intervals import IntervalConfig
 from conveyor.bench.measure.cache_summary import cache_report_lines, hit_rate_cell
@@ -209,7 +209,7 @@ def config_rows(analysis: Analysis) -> list[list[str]]:
     configs = analysis.study.configs
     rows = []
     for config in analysis.configs:
-        changed = (configs[config.name].changed if config.name in configs else None) or "-"
+        changed = configs[config.name].change if config.name in configs else "-"
         mark = ""
         if config.name == analysis.recommendation.recommended:
             mark = "recommended"
@@ -284,6 +284,19 @@ def fixed_lines(analysis: Analysis) -> list[str]:
     return [f"Fixed across all runs: {shown or 'nothing recorded'}{unknown}"]
 
 
+def kv_cache_dtype_lines(analysis: Analysis) -> list[str]:
+    """Each configuration's KV cache element type from its servers' flags, when configurations differ in
+    it (a study of --kv-cache-dtype: bf16 against fp8 holds twice the blocks, which is the point)."""
+    dtypes: dict[str, str] = {}
+    for name, points in analysis.points.items():
+        found = [d for p in points for r in p.runs if (d := kv_cache_dtype(dict(r.summary.fixed))) is not None]
+        if found:
+            dtypes[name] = ", ".join(dict.fromkeys(found))
+    if len(set(dtypes.values())) < 2:
+        return []
+    return ["KV cache dtype per configuration: " + ", ".join(f"{name}={d}" for name, d in dtypes.items())]
+
+
 def cache_lines(analysis: Analysis) -> list[str]:
     return cache_report_lines([(run.label, run.summary.cache) for run in analysis.runs()])
 
@@ -299,7 +312,8 @@ def decision_lines(analysis: Analysis) -> list[str]:
     rec = analysis.recommendation
     lines = [f"Objective: {describe_objective(analysis.slo)}",
              f"Intervals: {IntervalConfig().confidence:.0%} confidence (bootstrap over requests and repeats).",
-             *fixed_lines(analysis), *simulated_lines(analysis), *cache_lines(analysis), *launch_lines(analysis),
+             *fixed_lines(analysis), *kv_cache_dtype_lines(analysis), *simulated_lines(analysis),
+             *cache_lines(analysis), *launch_lines(analysis),
              f"Recommendation: {analysis.headline}", "Because:", *(f"- {r}" for r in rec.reasons),
              f"Confidence: {rec.confidence}", "", "Checklist:"]
     lines.extend(f"- [{i.answer.value}] {i.question} {i.evidence}" for i in analysis.checklist)
