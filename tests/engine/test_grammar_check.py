@@ -33,9 +33,10 @@ def slow_compile(monkeypatch: pytest.MonkeyPatch, seconds: float) -> threading.E
     """Replace the compile by a sleep (which, like llguidance, releases the GIL); the event says it began."""
     began = threading.Event()
 
-    def compile_check(constraint: StructuredOutput) -> None:
+    def compile_check(constraint: StructuredOutput) -> StructuredOutput:
         began.set()
         time.sleep(seconds)
+        return constraint
 
     monkeypatch.setattr(grammar_check, "compile_check", compile_check)
     return began

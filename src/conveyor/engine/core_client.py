@@ -36,7 +36,7 @@ from conveyor.core.step_log import StepRecord
 from conveyor.engine.admission import AdmissionControl, QueueLimits, SharedCounts, check_request
 from conveyor.engine.async_tokenizer import AsyncTokenizer
 from conveyor.engine.client_config import ClientConfig
-from conveyor.engine.grammar_check import GrammarChecker, check_size
+from conveyor.engine.grammar_check import GrammarChecker, check_size, with_constraint
 from conveyor.engine.messages import (
     AbortRequests,
     AddRequest,
@@ -177,7 +177,7 @@ class AsyncEngineClient:
         constraint = request.sampling_params.structured_output
         assert constraint is not None
         try:
-            await self._grammars.check(constraint)
+            request = with_constraint(request, await self._grammars.check(constraint))
         except RequestRejectedError as error:
             outputs = self._streams.pop(request_id, None)
             self._admission.release(request_id)
