@@ -1,5 +1,5 @@
-"""Grammars are checked off the event loop (issue 34): size limits refuse at once, a compile runs on the
-checker's threads under a timeout, and the client sends a constrained request to the core only once its
+"""Grammars are checked off the event loop (issue 34): size limits refuse at once, a compile runs in the
+checker's worker processes under a timeout, and the client sends a constrained request to the core only once its
 grammar compiled -- a failure ends the stream with the rejection, a client that leaves meanwhile leaves
 nothing behind."""
 
@@ -9,6 +9,7 @@ import asyncio
 import json
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from engine_fakes import FakeRunner, FakeScheduler, make_fake_core
@@ -30,15 +31,17 @@ def req(request_id: str, constraint: StructuredOutput) -> GenerateRequest:
 
 
 def slow_compile(monkeypatch: pytest.MonkeyPatch, seconds: float) -> threading.Event:
-    """Replace the compile by a sleep (which, like llguidance, releases the GIL); the event says it began."""
+    """Replace the compile by a sleep, on threads (a worker process would not see the fake); the event
+    says it began."""
     began = threading.Event()
 
-    def compile_check(constraint: StructuredOutput) -> StructuredOutput:
+    def compile_grammar(constraint: StructuredOutput) -> str:
         began.set()
         time.sleep(seconds)
-        return constraint
+        return constraint.spec
 
-    monkeypatch.setattr(grammar_check, "compile_check", compile_check)
+    monkeypatch.setattr(grammar_check, "compile_grammar", compile_grammar)
+    monkeypatch.setattr(grammar_check, "compile_processes", lambda n: ThreadPoolExecutor(n))
     return began
 
 
@@ -69,7 +72,7 @@ def test_a_compile_over_its_timeout_is_refused_and_never_oversubscribes(monkeypa
     slow_compile(monkeypatch, 1.0)
 
     async def main() -> None:
-        checker = GrammarChecker(GrammarLimits(compile_timeout_s=0.1, num_threads=1))
+        checker = GrammarChecker(GrammarLimits(compile_timeout_s=0.1, num_workers=1))
         start = time.monotonic()
         with pytest.raises(RequestRejectedError, match=r"did not compile within 0.1 s \(--grammar-compile-timeout\)"):
             await checker.check(choice("a"))
