@@ -13,6 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from engine_fakes import FakeRunner, FakeScheduler, make_fake_core
+from hypothesis import given
+from hypothesis import strategies as st
 from proc_harness import serving
 
 from conveyor.engine import grammar_check
@@ -54,6 +56,13 @@ def test_size_limits_refuse_naming_the_field() -> None:
     with pytest.raises(RequestRejectedError, match=r"41 bytes, over .* 40 \(--max-grammar-bytes\)") as big:
         grammar_check.check_size(regex, limits)
     assert big.value.field == "structured_outputs.regex"
+
+
+@given(st.lists(st.text()), st.booleans())
+def test_the_choice_count_is_exact_without_a_parse(choices: list[str], ascii_only: bool) -> None:
+    """Quotes, backslashes, an escaped backslash before a closing quote, control and non-ASCII characters:
+    the count of a choice list's JSON (as `json.dumps` writes it, either way) is its length."""
+    assert grammar_check.num_strings(json.dumps(choices, ensure_ascii=ascii_only)) == len(choices)
 
 
 def test_a_bad_grammar_is_refused_naming_the_field() -> None:
