@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +27,8 @@ from conveyor.engine.grammar_check import GrammarChecker, GrammarLimits
 from conveyor.engine.types import GenerateRequest, RequestRejectedError
 from conveyor.request import FinishReason
 from conveyor.sampling_params import GrammarKind, SamplingParams, StructuredOutput
+
+SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
 
 
 def choice(*options: str, field: str = "guided_choice") -> StructuredOutput:
@@ -151,3 +158,40 @@ def test_a_client_that_leaves_during_the_compile_leaves_nothing(monkeypatch: pyt
             await asyncio.sleep(0.7)  # the compile ends: the request must not reach the core now
             assert not scheduler.has_unfinished_requests()
     asyncio.run(main())
+
+
+WORKERS_THEN_SIGKILL = """
+import asyncio, json, multiprocessing, os, signal
+from conveyor.engine.grammar_check import GrammarChecker
+from conveyor.sampling_params import GrammarKind, StructuredOutput
+
+asyncio.run(GrammarChecker().check(StructuredOutput(GrammarKind.CHOICE, '["a", "b"]', "guided_choice")))
+print(json.dumps([p.pid for p in multiprocessing.active_children()]), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_compile_workers_exit_with_a_killed_server() -> None:
+    """A pool worker holds both ends of its task queue and never sees EOF: before it watched its parent,
+    every SIGKILLed server (each e2e test's end) left its compile workers running."""
+    server = subprocess.Popen([sys.executable, "-c", WORKERS_THEN_SIGKILL], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(SRC)})
+    assert server.stdout is not None
+    workers = json.loads(server.stdout.readline())  # a line, not EOF: a leaked worker would hold the pipe open
+    assert server.wait(timeout=60) == -signal.SIGKILL and workers
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [pid for pid in workers if _alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)  # not to leave them to the rest of the run
+    assert not left, f"compile workers outlived their server: {left}"
+
+
+def _alive(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie nobody reaped yet."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

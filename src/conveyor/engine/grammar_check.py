@@ -28,6 +28,9 @@ import asyncio
 import dataclasses
 import logging
 import multiprocessing
+import multiprocessing.connection
+import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -113,10 +116,24 @@ def with_constraint(request: GenerateRequest, constraint: StructuredOutput) -> G
 
 
 def compile_processes(num_workers: int) -> Executor:
-    """The compile workers: spawned (a fork of a threaded server could inherit a held lock), each at a
-    lower CPU priority (its one thread's nice value is the process's)."""
+    """The compile workers: spawned (a fork of a threaded server could inherit a held lock)."""
     return ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=lower_this_threads_priority)
+                               initializer=start_compile_worker)
+
+
+def start_compile_worker() -> None:
+    """Pool initializer, in each worker: a lower CPU priority (set on the main thread, it is the whole
+    worker's), and an exit with the API server however it ends: a pool worker holds both ends of its
+    task queue, so it never sees EOF there (SIGKILLed servers left their workers behind)."""
+    lower_this_threads_priority()
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with, args=(parent.sentinel,), name="exit-with-server", daemon=True).start()
+
+
+def _exit_with(sentinel: int) -> None:
+    multiprocessing.connection.wait([sentinel])
+    os._exit(0)
 
 
 class GrammarChecker:
