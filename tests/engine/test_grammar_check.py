@@ -195,3 +195,24 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def _die(constraint: StructuredOutput) -> str:
+    """A compile that crashes its worker (as native code may), for the test below; runs in a worker."""
+    os._exit(3)
+
+
+def test_a_compile_that_kills_its_worker_is_a_400_and_the_next_compiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool cannot run another compile once a worker died: the request is refused naming its field,
+    and the next check starts new workers."""
+    async def main() -> None:
+        checker = GrammarChecker()
+        with monkeypatch.context() as patched:
+            patched.setattr(grammar_check, "compile_grammar", _die)
+            with pytest.raises(RequestRejectedError, match="the grammar compiler's process ended") as error:
+                await checker.check(choice("a"))
+        assert error.value.field == "guided_choice"
+        compiled = await checker.check(choice("yes", "no"))
+        assert compiled.kind is GrammarKind.LLGUIDANCE
+        checker.shutdown()
+    asyncio.run(main())

@@ -158,7 +158,11 @@ class GrammarChecker:
         if self._pool is None:
             self._pool = self._make_pool(self.limits.num_workers)
         pool = self._pool
-        future = pool.submit(compile_grammar, constraint)
+        try:
+            future = pool.submit(compile_grammar, constraint)
+        except BrokenProcessPool:  # broken by another request's compile, not replaced yet
+            slots.release()
+            raise self._replace_broken(pool, constraint) from None
         future.add_done_callback(lambda _: _call_soon(loop, slots.release))
         try:
             return compiled(constraint, await asyncio.wait_for(asyncio.wrap_future(future),
