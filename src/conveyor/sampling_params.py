@@ -31,6 +31,9 @@ class GrammarKind(enum.Enum):
     """One of a list of strings."""
     GRAMMAR = "grammar"
     """A Lark (or llguidance) grammar; GBNF is converted."""
+    LLGUIDANCE = "llguidance"
+    """llguidance's serialized grammar, built from one of the kinds above: what the API server sends the
+    engine core once it checked a constraint, so the core does not build it again (never from HTTP)."""
 
 
 @dataclass(frozen=True)

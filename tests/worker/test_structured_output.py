@@ -142,3 +142,42 @@ def test_choices_with_regex_metacharacters_match_exactly_themselves() -> None:
 
     assert all(accepts(choice) for choice in choices)
     assert not any(accepts(other) for other in ("a-b", "y", "xx", "[a-z]", "aab", "b"))
+
+
+def test_the_vocabulary_is_indexed_once_before_serving_and_a_failure_fails_requests_alone(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A server indexes the vocabulary before it serves (indexing holds the GIL ~0.4 s: in a step it
+    stalled every stream); a tokenizer llguidance cannot index must not stop the engine from starting."""
+    reads: list[int] = []
+
+    def counted() -> str:
+        reads.append(1)
+        return tokenizer_json()
+
+    outputs = StructuredOutputs(GrammarVocab(counted, 49_152, (2,)))
+    outputs.load_tokenizer()
+    outputs.load_tokenizer()
+    assert len(allowed(outputs, constrained("r", GrammarKind.CHOICE, '["yes", "no"]'))) < 50
+    assert reads == [1]
+
+    def unreadable() -> str:
+        raise ValueError("no tokenizer.json here")
+
+    broken = StructuredOutputs(GrammarVocab(unreadable, 49_152, (2,)))
+    broken.load_tokenizer()  # logged, not raised
+    assert "could not be indexed" in caplog.text
+    assert allowed(broken, constrained("r", GrammarKind.CHOICE, '["yes"]', "guided_choice")) == {2}
+    assert list(broken.take_failures()) == ["r"]
+
+
+def test_the_front_ends_compiled_grammar_masks_as_the_constraint_it_came_from() -> None:
+    """The API server sends the grammar it compiled (GrammarKind.LLGUIDANCE), so the engine process does no
+    Python work to rebuild it; the masks are the same, and errors still name the request's field."""
+    from conveyor.engine.grammar_check import compile_check
+
+    source = StructuredOutput(GrammarKind.CHOICE, '["yes", "no", "maybe"]', "guided_choice")
+    compiled = compile_check(source)
+    assert (compiled.kind, compiled.field) == (GrammarKind.LLGUIDANCE, "guided_choice")
+    outputs = StructuredOutputs(GrammarVocab(tokenizer_json, 49_152, (2,)))
+    assert allowed(outputs, constrained("a", compiled.kind, compiled.spec)) == \
+        allowed(outputs, constrained("b", source.kind, source.spec))

@@ -3,13 +3,13 @@
 Model (vLLM V1's AsyncLLM + AsyncMPClient): `generate` takes the one admission decision
 (`engine.admission`), registers the request with the `OutputProcessor` and a per-request
 `asyncio.Queue`, and pushes an `AddRequest` to the core: it never waits for the core. A request with a
-grammar first waits for it to compile on `GrammarChecker`'s threads (vLLM's WAITING_FOR_FSM, here in the
+grammar first waits for it to compile in `GrammarChecker`'s workers (vLLM's WAITING_FOR_FSM, here in the
 front end): it is admitted and counted meanwhile, others are not delayed, and a grammar that fails ends
 its stream with the 400 before the core ever sees it. One task, the
 output handler, receives each step's `EngineStepOutputs`, detokenizes and checks stop strings
 (`OutputProcessor`, here in the API process), sends an abort to the core for a matched stop string,
 and puts every `RequestOutput` on its request's queue. Everything runs on the event loop except
-tokenization (`AsyncTokenizer`'s worker threads) and grammar compiles (`GrammarChecker`'s).
+tokenization (`AsyncTokenizer`'s worker threads) and grammar compiles (`GrammarChecker`'s processes).
 
 Engine death: the core sends `EngineDead` when its loop fails; when it is killed outright, the
 lifeline pipe (whose only writer is the engine process) reads EOF. Either way every live request's
@@ -36,7 +36,7 @@ from conveyor.core.step_log import StepRecord
 from conveyor.engine.admission import AdmissionControl, QueueLimits, SharedCounts, check_request
 from conveyor.engine.async_tokenizer import AsyncTokenizer
 from conveyor.engine.client_config import ClientConfig
-from conveyor.engine.grammar_check import GrammarChecker, check_size
+from conveyor.engine.grammar_check import GrammarChecker, check_size, with_constraint
 from conveyor.engine.messages import (
     AbortRequests,
     AddRequest,
@@ -177,7 +177,7 @@ class AsyncEngineClient:
         constraint = request.sampling_params.structured_output
         assert constraint is not None
         try:
-            await self._grammars.check(constraint)
+            request = with_constraint(request, await self._grammars.check(constraint))
         except RequestRejectedError as error:
             outputs = self._streams.pop(request_id, None)
             self._admission.release(request_id)

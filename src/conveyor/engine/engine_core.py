@@ -126,6 +126,12 @@ class EngineCore:
         self._grammars.prepare(request.request_id, constraint)
         self._waiting_for_grammar[request.request_id] = request
 
+    def load_grammar_vocabulary(self) -> None:
+        """Before serving: the work a first grammar would otherwise do inside a step's time (a server
+        calls it; an offline LLM that may never see a grammar does not pay for it)."""
+        if self._grammars is not None:
+            self._grammars.load_tokenizer()
+
     def abort(self, request_ids: list[str], reason: FinishReason = FinishReason.ABORT) -> list[EngineCoreOutput]:
         """End requests now (client gone, stop string matched); their blocks are freed."""
         if not request_ids:

@@ -224,6 +224,7 @@ def _build(config: EngineProcessConfig, context: zmq.Context) -> _Built:
 
     on_rank_failure = _RankFailureHandler()
     core = build_engine_core(core_side_config(config.engine_config), on_rank_failure=on_rank_failure)
+    core.load_grammar_vocabulary()
     info = build_engine_info(core, config.engine_config)
     loop = EngineCoreProc(core, config.addresses, context)
     on_rank_failure.loop = loop

@@ -29,6 +29,8 @@ def grammar_of(constraint: StructuredOutput) -> str:
     """The llguidance grammar (serialized) for a constraint; GrammarError if it cannot be built."""
     kind, spec = constraint.kind, constraint.spec
     try:
+        if kind is GrammarKind.LLGUIDANCE:
+            return spec
         if kind is GrammarKind.JSON:
             return LLMatcher.grammar_from_json_schema(spec)
         if kind is GrammarKind.JSON_OBJECT:
@@ -65,12 +67,15 @@ def one_line(message: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def check_grammar(constraint: StructuredOutput) -> None:
-    """Raise GrammarError unless the constraint compiles (checked once, before the engine sees it)."""
+def check_grammar(constraint: StructuredOutput) -> str:
+    """The constraint's llguidance grammar (serialized); GrammarError unless it compiles (checked once,
+    before the engine sees it)."""
     if constraint.kind is GrammarKind.CHOICE:
         choices = json.loads(constraint.spec)
         if not choices or not all(isinstance(c, str) and c for c in choices):
             raise GrammarError("choice must be a non-empty list of non-empty strings")
-    error = LLMatcher.validate_grammar(grammar_of(constraint))
+    grammar = grammar_of(constraint)
+    error = LLMatcher.validate_grammar(grammar)
     if error:
         raise GrammarError(one_line(error))
+    return grammar
