@@ -5,9 +5,8 @@
 # serves $PEER_DIR/smollm2-hf, the same GGUF dequantized to float32 by the peer's setup; llama-server
 # serves the embedded GGUF file itself ($GGUF) with -np $MAX_NUM_SEQS slots of 4096 tokens each and
 # -t $LLAMA_THREADS (2) threads ($LLAMA_SERVER: the binary, LLAMA_ARGS: more flags).
-# llama-server has no cache_salt (it ignores the one the client's isolated cache mode sends): its slots
-# keep their prompt cache across the traces of one start. Each trace has its own seed and each run starts
-# a fresh server, so no trace replays an earlier one; LLAMA_ARGS=--no-cache-prompt rules reuse out.
+# llama-server has no cache_salt (it ignores the one the client's isolated cache mode sends), so it starts
+# afresh for every measured trace instead: a trace's own sharing is kept, nothing from an earlier one is.
 # Every server runs with --max-num-seqs $MAX_NUM_SEQS (8) and, per run:
 #   - makespan: one mixed trace of MAKESPAN_N (40) requests sent at once (rate inf): the time to finish
 #     all of them (duration), median ITL, output tok/s, TTFT p95;
@@ -61,14 +60,20 @@ make_trace() {  # $1 = seed, $2 = out file, $3 = number of requests
 [ -f "$OUT/trace-warmup.jsonl" ] || make_trace 6 "$OUT/trace-warmup.jsonl" "$N"
 [ -f "$OUT/trace-makespan.jsonl" ] || make_trace 11 "$OUT/trace-makespan.jsonl" "$MAKESPAN_N"
 seed=7; for rate in $RATES; do [ -f "$OUT/trace@$rate.jsonl" ] || make_trace "$seed" "$OUT/trace@$rate.jsonl" "$N"; seed=$((seed + 1)); done
-bench_all() {  # $1 = run directory name (server/runK), $2 = port
-  $PY -m conveyor bench run --base-url "http://127.0.0.1:$2" --trace "$OUT/trace-warmup.jsonl" --num-requests 3 \
-      --rate inf --out "$OUT/$1-warmup" --no-progress > /dev/null
-  $PY -m conveyor bench run --base-url "http://127.0.0.1:$2" --trace "$OUT/trace-makespan.jsonl" --rate inf \
-      --out "$OUT/$1/makespan" --label "$1 makespan" --no-progress || true
+bench_all() {  # $1 = server name, $2 = run directory name (server/runK), $3 = serve log; the server is up on $PORT
+  # llama-server ignores cache_salt, so its prefix cache is isolated by a fresh server per measured trace
+  # instead (up in ~2 s), and it gets no warm-up pass: that would leave the warm-up trace's prompts (the
+  # agents' shared system prompt among them) in the cache. Its load already runs llama.cpp's empty warm-up.
+  if [ "$1" != llamacpp ]; then
+    $PY -m conveyor bench run --base-url "http://127.0.0.1:$PORT" --trace "$OUT/trace-warmup.jsonl" --num-requests 3 \
+        --rate inf --out "$OUT/$2-warmup" --no-progress > /dev/null
+  fi
+  $PY -m conveyor bench run --base-url "http://127.0.0.1:$PORT" --trace "$OUT/trace-makespan.jsonl" --rate inf \
+      --out "$OUT/$2/makespan" --label "$2 makespan" --no-progress || true
   for rate in $RATES; do
-    $PY -m conveyor bench run --base-url "http://127.0.0.1:$2" --trace "$OUT/trace@$rate.jsonl" --rate "$rate" \
-        --out "$OUT/$1/rate@$rate" --label "$1@$rate" --no-progress || true
+    if [ "$1" = llamacpp ]; then stop_server; up "$1" "$3"; fi
+    $PY -m conveyor bench run --base-url "http://127.0.0.1:$PORT" --trace "$OUT/trace@$rate.jsonl" --rate "$rate" \
+        --out "$OUT/$2/rate@$rate" --label "$2@$rate" --no-progress || true
   done
 }
 start_server() {  # $1 = server name, $2 = port, $3 = log file; sets SERVER
@@ -82,22 +87,26 @@ start_server() {  # $1 = server name, $2 = port, $3 = log file; sets SERVER
     llamacpp)  # -c is shared by the -np slots: 4096 a slot, as --max-model-len 4096 gives the others
       # shellcheck disable=SC2086
       "$LLAMA_SERVER" -m "$GGUF" --host 127.0.0.1 --port "$2" -np "$MAX_NUM_SEQS" -c $((4096 * MAX_NUM_SEQS)) \
-          -t "$LLAMA_THREADS" --alias smollm2 $LLAMA_ARGS > "$3" 2>&1 & ;;
+          -t "$LLAMA_THREADS" --alias smollm2 $LLAMA_ARGS >> "$3" 2>&1 & ;;  # >>: one log for its restarts
     *) echo "unknown server $1" >&2; exit 2 ;;
   esac
   SERVER=$!
 }
+up() {  # $1 = server name, $2 = log file: starts it on a fresh port and waits until it serves; sets PORT, SERVER
+  PORT=$(free_port)
+  start_server "$1" "$PORT" "$2"
+  case "$1" in llamacpp) path=/health ;; *) path=/v1/models ;; esac
+  wait_up "$PORT" "$path" || { echo "$1 did not come up in 300 s, see $2" >&2; exit 1; }
+}
+stop_server() { kill "$SERVER"; wait "$SERVER" 2>/dev/null || true; }
 SERVER=0; trap '[ "$SERVER" -gt 0 ] && kill "$SERVER" 2>/dev/null || true' EXIT  # never `kill 0`: that is the process group; || true: under set -e a failed kill of a server already gone made the script exit 1
 [ -z "$SERVERS" ] || { date -u; lscpu; } > "$OUT/machine.txt"  # the CPU the numbers belong to
 for run in $(seq "$RUNS"); do
   for name in $SERVERS; do
-    PORT=$(free_port)
     # the load average before each server: other jobs on a shared machine move the numbers
     echo "$(date -u +%FT%TZ) $name run$run load average $(cut -d' ' -f1-3 /proc/loadavg) | $(engine_version "$name")" >> "$OUT/runs.txt"
-    start_server "$name" "$PORT" "$OUT/${name}_run${run}_serve.log"
-    case "$name" in llamacpp) path=/health ;; *) path=/v1/models ;; esac
-    wait_up "$PORT" "$path" || { echo "$name did not come up in 300 s, see $OUT/${name}_run${run}_serve.log" >&2; exit 1; }
-    bench_all "$name/run$run" "$PORT"; kill "$SERVER"; wait "$SERVER" 2>/dev/null || true
+    log=$OUT/${name}_run${run}_serve.log
+    up "$name" "$log"; bench_all "$name" "$name/run$run" "$log"; stop_server
   done
 done
 SLO_TTFT_P95_S=${SLO_TTFT_P95_S:-8} SLO_E2E_P95_S=${SLO_E2E_P95_S:-40} $PY - "$OUT" $RATES <<'PYEOF'
