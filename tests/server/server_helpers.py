@@ -22,12 +22,18 @@ from conveyor.server.app import build_app
 
 @asynccontextmanager
 async def app_client(engine: FakeEngine | None = None, **server: object) -> AsyncIterator[httpx.AsyncClient]:
-    """An httpx client talking to `build_app(engine)` in process (ASGI, no sockets)."""
-    app = build_app(engine or FakeEngine(), ServerConfig(**server))  # type: ignore[arg-type]
+    """An httpx client talking to `build_app(engine)` in process (ASGI, no sockets). ASGI without lifespan
+    never shuts the engine down, so its grammar compile workers are stopped here: left running, they are
+    children of the test process that later tests (tensor parallelism) count as leaked."""
+    engine = engine or FakeEngine()
+    app = build_app(engine, ServerConfig(**server))  # type: ignore[arg-type]
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=10) as client:
-        client.app = app  # type: ignore[attr-defined]
-        yield client
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=10) as client:
+            client.app = app  # type: ignore[attr-defined]
+            yield client
+    finally:
+        engine.grammars.shutdown()
 
 
 def run(coro) -> object:  # noqa: ANN001

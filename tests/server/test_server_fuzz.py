@@ -7,6 +7,8 @@ real tokenizer's hostile inputs (lone surrogates, ...) are in test_server_malfor
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from fake_engine import FakeEngine, FakeEngineConfig
 from starlette.testclient import TestClient
@@ -17,8 +19,17 @@ from conveyor.server.server_config import ServerConfig
 schemathesis = pytest.importorskip("schemathesis", reason="pip install schemathesis (a dev-only fuzzer)")
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-APP = build_app(FakeEngine(FakeEngineConfig(token_delay_s=0.0)), ServerConfig())
+ENGINE = FakeEngine(FakeEngineConfig(token_delay_s=0.0))
+APP = build_app(ENGINE, ServerConfig())
 SCHEMA = schemathesis.openapi.from_asgi("/openapi.json", APP)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _stop_grammar_workers() -> Iterator[None]:
+    """ASGI without lifespan never shuts the engine down: its grammar compile workers would outlive the
+    module as children of the test process (tests/worker/test_tensor_parallel.py counts those)."""
+    yield
+    ENGINE.grammars.shutdown()
 
 
 @SCHEMA.parametrize()
