@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# issue 36: held-out validation on this CPU (quiet), two server setups: max_num_seqs 8 (no preemption) and
-# a small KV cache (preemption). Each: runs at 0.5, 1, 2 req/s with step logs; calibrate on 0.5 and 2; validate 1.
+# issue 36: held-out validation of `conveyor simulate` on this CPU (run it on a quiet machine), two server setups:
+# max_num_seqs 8, and a 54-block KV cache (meant to preempt; it peaked at 72% KV use: lower it to see preemptions).
+# Each: runs at 0.5, 2, 1 req/s with step logs; calibrate on 0.5 and 2; validate the held-out 1 req/s run.
 set -uo pipefail
 cd "$(dirname "$0")/.."; . .venv/bin/activate
 W=/tmp/val; rm -rf $W; mkdir -p $W
