@@ -145,9 +145,7 @@ class CacheConfig:
         if not _is_power_of_two(self.block_size):
             raise ConfigError(f"block_size must be a positive power of two, e.g. 16 (got {self.block_size})")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ConfigError(
-                f"gpu_memory_utilization must be in (0, 1] (got {self.gpu_memory_utilization})"
-            )
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1] (got {self.gpu_memory_utilization})")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise ConfigError(f"kv_cache_memory_bytes must be > 0 (got {self.kv_cache_memory_bytes})")
         if self.num_blocks_override is not None and self.num_blocks_override < 1:
@@ -396,8 +394,6 @@ class EngineConfig:
             raise ConfigError("speculative decoding (speculative_config) does not run with tensor_parallel_size "
                               "> 1 yet (the draft model and its KV cache are single-process); drop one of the two")
         if self.speculative_config is not None and self.scheduler.async_scheduling:
-            raise ConfigError(
-                "speculative decoding (speculative_config) cannot run with async_scheduling: a step's "
-                "drafts come from the previous step's accepted tokens, which async scheduling has not "
-                "collected yet; drop one of the two"
-            )
+            raise ConfigError("speculative decoding (speculative_config) cannot run with async_scheduling: a step's "
+                              "drafts come from the previous step's accepted tokens, which async scheduling has "
+                              "not collected yet; drop one of the two")
