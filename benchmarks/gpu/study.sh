@@ -7,6 +7,9 @@
 #   call 2, carry .peers/c2:  bash benchmarks/gpu/study.sh stage 2
 #   call 3, carry .peers/c3:  bash benchmarks/gpu/study.sh stage 3 && bash benchmarks/gpu/study.sh unpack && \
 #                             bash benchmarks/gpu/study.sh study vllm TAG
+# The sustained studies (sustained_*.toml: 90 s of arrivals per point, step logs) first write their trace:
+#   carry .peers/c1:  bash benchmarks/gpu/study.sh stage 1 && bash benchmarks/gpu/study.sh trace && \
+#                     bash benchmarks/gpu/study.sh study sustained_h100 TAG
 # Each study comes back as $OUT/study_ENGINE_TAG.tar.gz (the run directories), with the GPU's memory sampled
 # every second ($OUT/nvsmi_ENGINE_TAG.csv) and the KV-cache lines of each server log printed.
 set -uo pipefail
@@ -24,6 +27,13 @@ case $step in
       python3 -c 'import torch, fastapi, uvicorn, pydantic, zmq, msgspec, llguidance; print("torch", torch.__version__, torch.cuda.get_device_name())'
     fi
     ls /tmp/stage ;;
+  trace)
+    # The sustained studies' 800-request trace (sustained_*.toml): the first study's command with more
+    # requests, written here rather than committed (6 MB). 800 requests cover 8 req/s for 90 s.
+    python3 -m conveyor trace make --mix chat=1 --num-requests 800 --seed 0 --param chat.prompt_len_median=1024 \
+      --param chat.prompt_len_max=2048 --param chat.output_len_median=384 --param chat.output_len_max=768 \
+      --param chat.sigma=0.4 --max-model-len 4096 --out benchmarks/gpu/study/trace800.jsonl \
+      && ls -la benchmarks/gpu/study/trace800.jsonl ;;
   unpack)
     got=$(cat /tmp/stage/vllm.a /tmp/stage/vllm.b /tmp/stage/vllm.c | sha256sum | cut -d' ' -f1)
     [ "$got" = "$(cat .peers/c3/vllm_site.full.sha256)" ] || { echo "vLLM pieces corrupt"; exit 3; }
