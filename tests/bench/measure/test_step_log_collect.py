@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
+import pathlib
 
 import aiohttp
 from bench_fake_server import FakeConfig, FakeServer
 
-from conveyor.bench.measure.step_log import StepLogCollector
+from conveyor.bench.measure.step_log import (
+    StepLogCollector,
+    read_step_log,
+    write_step_log,
+)
 
 
 def test_polling_collects_every_step_in_order_and_none_from_before() -> None:
@@ -37,3 +43,15 @@ def test_a_server_without_a_step_log_is_not_polled() -> None:
 
     with FakeServer() as server:
         assert asyncio.run(main(server)) is None
+
+
+def test_an_archived_gzipped_step_log_reads_like_the_plain_one(tmp_path: pathlib.Path) -> None:
+    rows = [{"step": 0, "wall_s": 0.01}, {"step": 1, "wall_s": 0.02}]
+    write_step_log(tmp_path, rows)
+    plain = read_step_log(tmp_path)
+    with (tmp_path / "step_log.jsonl").open("rb") as src, gzip.open(tmp_path / "step_log.jsonl.gz", "wb") as dst:
+        dst.write(src.read())
+    (tmp_path / "step_log.jsonl").unlink()
+    assert read_step_log(tmp_path) == plain == rows
+    (tmp_path / "step_log.jsonl.gz").unlink()
+    assert read_step_log(tmp_path) == []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import json
 import pathlib
 from typing import Any
@@ -83,9 +84,15 @@ def write_step_log(run_dir: pathlib.Path, rows: list[dict[str, Any]] | None) -> 
 
 
 def read_step_log(run_dir: pathlib.Path) -> list[dict[str, JSON]]:
-    """The step records of a run directory (empty when it has no step_log.jsonl)."""
-    path = run_dir / STEP_LOG_FILE
-    if not path.is_file():
+    """The step records of a run directory (empty when it has no step_log.jsonl); an archived
+    step_log.jsonl.gz stands in for a missing step_log.jsonl (results kept under benchmarks/results/)."""
+    path, packed = run_dir / STEP_LOG_FILE, run_dir / (STEP_LOG_FILE + ".gz")
+    if path.is_file():
+        text = path.read_text(encoding="utf-8")
+    elif packed.is_file():
+        with gzip.open(packed, "rt", encoding="utf-8") as f:
+            text = f.read()
+    else:
         return []
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     return [row for row in rows if isinstance(row, dict)]
