@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import pathlib
 
@@ -114,3 +115,33 @@ def test_a_relative_trace_path_is_found_above_the_run(tmp_path: pathlib.Path) ->
     assert find_trace(run_dir, pathlib.Path("t.jsonl"), "r") == tmp_path / "t.jsonl"
     with pytest.raises(ValueError, match="not found"):
         find_trace(run_dir, pathlib.Path("missing.jsonl"), "r")
+
+
+def test_target_gpu_validates_a_calibration_of_one_gpu_on_runs_of_another(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 36's cross-GPU error: an H100 calibration, scaled to the H200 by the catalog's ratios, against
+    runs measured on the H200. Here the "H200 run" was made with exactly the scaled step model (the
+    per-step term times H100/H200 bandwidth, 3.35/4.8; the token terms unchanged: equal dense FLOP/s), so
+    the scaled replay has no error and the unscaled one overstates every latency."""
+    monkeypatch.chdir(tmp_path)
+    trace = _trace(tmp_path / "t.jsonl")
+    out = tmp_path / "h200-run"
+    assert cli.main(["simulate", "--trace", str(trace), "--rate", "6", "--seed", "7", "--out-dir", str(out),
+                     "--max-num-seqs", "8", "--step-time-base-s", str(0.01 * 3.35 / 4.8),
+                     "--step-time-per-token-s", "0.00005"]) == 0
+    data = json.loads((out / "summary.json").read_text())
+    data.pop("simulated")
+    (out / "summary.json").write_text(json.dumps(data))
+    h100 = CalibrationKey("NVIDIA H100 80GB HBM3 x1", "tiny (abc)", "bfloat16", (("device", "cuda"),))
+    calibration = tmp_path / "calib.json"
+    write_calibration(calibration, Calibration(h100, StepTimeCoefficients(0.01, 0.0, 5e-5, 5e-5, 0.0), FIT, ("x",)))
+    capsys.readouterr()
+    errors = {}
+    for name, extra in (("scaled", ["--target-gpu", "H200"]), ("unscaled", [])):
+        assert cli.main(["simulate", "--validate", str(out), "--calibration", str(calibration),
+                         "--out-dir", str(tmp_path / name), *extra]) == 0
+        with (tmp_path / name / "validation.csv").open() as f:
+            errors[name] = {row["metric"]: float(row["relative_error"]) for row in csv.DictReader(f)}
+    assert "scaled H100 -> H200" in capsys.readouterr().out
+    assert all(abs(e) < 1e-6 for e in errors["scaled"].values()), errors["scaled"]
+    assert errors["unscaled"]["p95_e2el_ms"] > 0.05 and errors["unscaled"]["p50_itl_ms"] > 0.05

@@ -20,12 +20,13 @@ from conveyor.bench.measure.rundirs import RunDirError, prepare_out_dir
 from conveyor.bench.measure.runner import dashboard_table
 from conveyor.bench.trace.traces import TraceError
 from conveyor.core import simulate_cli
+from conveyor.sim.cross_hardware import scaled_for_validation
 from conveyor.sim.engine_setup import (
     add_engine_flags,
     apply_engine_flags,
     default_setup,
 )
-from conveyor.sim.replay import run_trace, step_price
+from conveyor.sim.replay import calibration_entries, run_trace, step_price
 from conveyor.sim.study import (
     SimulatedServers,
     shortlist,
@@ -54,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     trace.add_argument("--time-scale", type=float, default=1.0, help="replay: trace seconds per simulated second")
     trace.add_argument("--max-concurrency", type=int, help="at most this many requests in flight (a closed loop)")
     trace.add_argument("--profile", choices=[p.value for p in LoadProfile], help="GuideLLM's load profiles, as bench run")
-    hardware = parser.add_argument_group("cross-hardware what-if (with --trace and --calibration)")
+    hardware = parser.add_argument_group("cross-hardware what-if (with --trace, or --validate for its error, and --calibration)")
     hardware.add_argument("--target-gpu", metavar="GPU", help="scale the calibration to this catalog GPU (H100, H200, "
                           "...): weight and KV reads by bandwidth, token compute by bf16 FLOP/s")
     hardware.add_argument("--model-config", metavar="CONFIG.json", help="the model's config.json, for the target's "
@@ -92,13 +93,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace, command: str) -> int:
-    if args.trace is not None or args.target_gpu is not None:
-        raise ValueError("--validate replays each run as it ran: drop --trace and --target-gpu")
+    if args.trace is not None:
+        raise ValueError("--validate replays each run as it ran: drop --trace")
     if args.calibration is None:
         raise ValueError("--validate needs --calibration FILE (the step-time model whose error it measures)")
     run_dirs = [pathlib.Path(d) for d in args.validate]
     refuse_fitted(run_dirs, fitted_runs(pathlib.Path(args.calibration), args.calibration_hardware))
     step_time, simulated = step_price(args)
+    if args.target_gpu is not None:  # cross-hardware: a calibration of one GPU against runs on another
+        found = calibration_entries(pathlib.Path(args.calibration), args.calibration_hardware)
+        step_time, simulated = scaled_for_validation(step_time, found, args.target_gpu, simulated)
     out_dir = pathlib.Path(args.out_dir or "simulate-validation")
     results = validate_runs(run_dirs, step_time, simulated, out_dir, command,
                             lambda setup: apply_engine_flags(setup, args))

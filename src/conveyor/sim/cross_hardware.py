@@ -71,6 +71,20 @@ def scale_step_time(model: CalibratedStepTime, scale: HardwareScale) -> Calibrat
         label=f"{model.label}, scaled {scale.source.name} -> {scale.target.name}")
 
 
+def scaled_for_validation(model: object, calibrations: list[Calibration], target_gpu: str,
+                          simulated: Simulated) -> tuple[CalibratedStepTime, Simulated]:
+    """`--validate --target-gpu`: the calibration's terms scaled to the GPU the measured runs ran on.
+
+    Each run keeps its own KV pool (its server's recorded block count), so the error measured is the
+    scaled step time's alone; the plan's pool against the engine's is checked apart (`conveyor plan`)."""
+    if not isinstance(model, CalibratedStepTime) or len(calibrations) != 1:
+        raise ValueError("--target-gpu scales a calibration's terms: give --calibration (one entry)")
+    scale = HardwareScale(catalog_gpu(calibrations[0].key.hardware), find_gpu(target_gpu))
+    scaled = scale_step_time(model, scale)
+    return scaled, replace(simulated, step_time=scaled.describe(),
+                           target_gpu=f"{scale.target.name} (from {scale.source.name})")
+
+
 def catalog_gpu(hardware: str) -> GPU:
     """The catalog GPU a calibration's hardware names ("NVIDIA H100 80GB HBM3 x1" -> H100)."""
     text = hardware.upper()
