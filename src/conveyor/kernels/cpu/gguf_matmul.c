@@ -16,7 +16,8 @@
  *       low nibble and element j + 16 in its high nibble (GGUF's order); d, m [N, K/32] float32.
  *   Q8: qs [N, K] int8; d [N, K/32] float32.
  * Written with GCC vector extensions (AVX-512 with -march=native on x86, NEON on ARM); OpenMP splits
- * the output rows over `num_threads` threads.
+ * the output rows over `num_threads` threads. A single Q4 input row is the exception: q4_one_row
+ * factors d and m out of each block (same value up to float32 rounding order).
  */
 #include <stdlib.h>
 
@@ -112,10 +113,48 @@ static void pack_rows(const float* x, int64_t M, int64_t K, float* packed) {
   }
 }
 
+/* One input row (a batch-1 decode) times a Q4 weight, factored per block as
+ *   sum_b [ d_b (q_b . x_b) + m_b sum(x_b) ]
+ * so each weight is only converted and multiplied into x: the tile path's w = d q + m costs two more
+ * FMAs and a broadcast per block of 16 weights, and at one input row nothing shares them (the step's
+ * Q4 matmuls are compute-bound there, not bound by the weights' bytes). The block sums of x are taken
+ * once per call, and the m_b terms summed per output row as one short dot product after its K loop.
+ * Same value as w = d q + m up to float32 rounding order (a few ulps more: the two terms partly cancel). */
+static void q4_one_row(const float* x, int64_t K, const uint8_t* qs, const float* d, const float* m, int64_t N,
+                       float* out, int num_threads) {
+  const int64_t nb = K / QK;
+  float xsum[nb];  /* [K/32]: sum of x over each block */
+  for (int64_t b = 0; b < nb; b++) xsum[b] = hsum16(load16(x + b * QK) + load16(x + b * QK + 16));
+  #pragma omp parallel for schedule(static) num_threads(num_threads)
+  for (int64_t n = 0; n < N; n++) {
+    const uint8_t* row = qs + n * (K / 2);
+    const float *dn = d + n * nb, *mn = m + n * nb;
+    v16f acc = (v16f){0};
+    for (int64_t b = 0; b < nb; b++) {
+      v16u8 raw;
+      memcpy(&raw, row + b * 16, 16);
+      const v16f dot = TO_FLOAT(raw & 0x0F) * load16(x + b * QK) + TO_FLOAT(raw >> 4) * load16(x + b * QK + 16);
+      acc += dot * dn[b];
+    }
+    v16f offsets = (v16f){0};
+    int64_t b = 0;
+    for (; b + 16 <= nb; b += 16) offsets += load16(mn + b) * load16(xsum + b);
+    float offset = hsum16(offsets);
+    for (; b < nb; b++) offset += mn[b] * xsum[b];
+    out[n] = hsum16(acc) + offset;
+  }
+}
+
 /* m == NULL selects Q8_0 blocks, else Q4 blocks (one specialized copy each after inlining). One input
- * row (a batch-1 decode) takes tiles of one output row: measured faster than two there. */
+ * row (a batch-1 decode) of a Q4 weight takes q4_one_row; of a Q8_0 weight, tiles of one output row
+ * (measured faster than two there). Q8_0 is not factored (not tried: it has no m, so only its offset
+ * FMA per block would go). */
 static int block_matmul(const float* x_rows, int64_t M, int64_t K, const void* qs, const float* d,
                         const float* m, int64_t N, float* out, int num_threads) {
+  if (M == 1 && m) {
+    q4_one_row(x_rows, K, (const uint8_t*)qs, d, m, N, out, num_threads);
+    return 0;
+  }
   float* packed = M > 1 ? malloc(M * K * sizeof(float)) : NULL;
   if (M > 1 && !packed) return 1;
   if (packed) pack_rows(x_rows, M, K, packed);
