@@ -65,6 +65,19 @@ def test_q4_one_row_is_within_float32_accumulation_error_of_the_tile_path(n: int
     assert torch.all((tile.double() - exact).abs() <= bound)
 
 
+@pytest.mark.parametrize(("n", "k"), [(21, 128), (300, 576), (64, 1024)])  # K/32 = 32: two vectors of d terms
+def test_q8_0_one_row_is_within_float32_accumulation_error_of_the_tile_path(n: int, k: int) -> None:
+    gen = torch.Generator().manual_seed(n)
+    qweight = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=gen)
+    scales = torch.rand(n, k // 32, generator=gen) * 0.01
+    x = torch.randn(1, k, generator=gen)
+    weight = q8_0_dequantize_ref(qweight, scales).double()
+    exact = x.double() @ weight.T
+    bound = 8 * torch.finfo(torch.float32).eps * (x.double().abs() @ weight.abs().T)
+    assert torch.all((q8_0_matmul(x, qweight, scales).double() - exact).abs() <= bound)
+    assert torch.all((q8_0_matmul(x.repeat(2, 1), qweight, scales)[:1].double() - exact).abs() <= bound)
+
+
 @pytest.mark.parametrize("num_rows", [1, 3, 4, 6, 8, 13])  # 4+: the accumulators' transpose-and-sum
 def test_q8_0_matmul_matches_the_dequantized_float32_matmul(num_rows: int) -> None:
     gen = torch.Generator().manual_seed(num_rows)

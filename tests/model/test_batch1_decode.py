@@ -1,4 +1,4 @@
-"""A batch-1 decode takes the factored one-row Q4 kernel (kernels/cpu/gguf_matmul.c, `q4_one_row`); the
+"""A batch-1 decode takes the factored one-row block kernels (kernels/cpu/gguf_matmul.c, `*_one_row`); the
 same sequence decoded twice in one batch takes the tile path, the formula before it. On the embedded
 SmolLM2 both give the same greedy tokens, logits within float32 accumulation error of each other."""
 
