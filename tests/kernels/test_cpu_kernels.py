@@ -49,6 +49,35 @@ def test_q4_matmul_matches_the_dequantized_float32_matmul(num_rows: int, n: int,
                                atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize(("n", "k"), [(40, 64), (7, 96), (960, 576), (576, 1536)])  # K/32 over 16: a vector of m terms
+def test_q4_one_row_is_within_float32_accumulation_error_of_the_tile_path(n: int, k: int) -> None:
+    # One input row takes the factored kernel, d (q . x) + m sum(x) per block; the same row in a 2-row
+    # input takes the tiles' w = d q + m (the path before). Both against a float64 reference, bounded
+    # by float32 accumulation error: a few ulps of sum |x| |w| per output.
+    qweight, scales, mins = q4_weight(n, k, seed=n + k)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(2))
+    weight = q4_dequantize_ref(qweight, scales, mins).double()
+    exact = x.double() @ weight.T
+    bound = 8 * torch.finfo(torch.float32).eps * (x.double().abs() @ weight.abs().T)
+    one_row = q4_matmul(x, qweight, scales, mins)
+    tile = q4_matmul(x.repeat(2, 1), qweight, scales, mins)[:1]
+    assert torch.all((one_row.double() - exact).abs() <= bound)
+    assert torch.all((tile.double() - exact).abs() <= bound)
+
+
+@pytest.mark.parametrize(("n", "k"), [(21, 128), (300, 576), (64, 1024)])  # K/32 = 32: two vectors of d terms
+def test_q8_0_one_row_is_within_float32_accumulation_error_of_the_tile_path(n: int, k: int) -> None:
+    gen = torch.Generator().manual_seed(n)
+    qweight = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=gen)
+    scales = torch.rand(n, k // 32, generator=gen) * 0.01
+    x = torch.randn(1, k, generator=gen)
+    weight = q8_0_dequantize_ref(qweight, scales).double()
+    exact = x.double() @ weight.T
+    bound = 8 * torch.finfo(torch.float32).eps * (x.double().abs() @ weight.abs().T)
+    assert torch.all((q8_0_matmul(x, qweight, scales).double() - exact).abs() <= bound)
+    assert torch.all((q8_0_matmul(x.repeat(2, 1), qweight, scales)[:1].double() - exact).abs() <= bound)
+
+
 @pytest.mark.parametrize("num_rows", [1, 3, 4, 6, 8, 13])  # 4+: the accumulators' transpose-and-sum
 def test_q8_0_matmul_matches_the_dequantized_float32_matmul(num_rows: int) -> None:
     gen = torch.Generator().manual_seed(num_rows)

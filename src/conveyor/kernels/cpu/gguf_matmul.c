@@ -16,7 +16,8 @@
  *       low nibble and element j + 16 in its high nibble (GGUF's order); d, m [N, K/32] float32.
  *   Q8: qs [N, K] int8; d [N, K/32] float32.
  * Written with GCC vector extensions (AVX-512 with -march=native on x86, NEON on ARM); OpenMP splits
- * the output rows over `num_threads` threads.
+ * the output rows over `num_threads` threads. A single input row is the exception: q4_one_row and
+ * q8_0_one_row factor d and m out of each block (same value up to float32 rounding order).
  */
 #include <stdlib.h>
 
@@ -112,10 +113,78 @@ static void pack_rows(const float* x, int64_t M, int64_t K, float* packed) {
   }
 }
 
+/* sum_b a[b] c[b] over [0, count): the per-block offset terms of one output row. */
+INLINE float dot(const float* a, const float* c, int64_t count) {
+  v16f sums = (v16f){0};
+  int64_t b = 0;
+  for (; b + 16 <= count; b += 16) sums += load16(a + b) * load16(c + b);
+  float sum = hsum16(sums);
+  for (; b < count; b++) sum += a[b] * c[b];
+  return sum;
+}
+
+/* One input row (a batch-1 decode) times a Q4 weight, factored per block as
+ *   sum_b [ d_b (q_b . x_b) + m_b sum(x_b) ]
+ * so each weight is only converted and multiplied into x: the tile path's w = d q + m costs two more
+ * FMAs and a broadcast per block of 16 weights, and at one input row nothing shares them (the step's
+ * Q4 matmuls are compute-bound there, not bound by the weights' bytes). The block sums of x are taken
+ * once per call, and the m_b terms summed per output row as one short dot product after its K loop.
+ * Same value as w = d q + m up to float32 rounding order (a few ulps more: the two terms partly cancel). */
+static void q4_one_row(const float* x, int64_t K, const uint8_t* qs, const float* d, const float* m, int64_t N,
+                       float* out, int num_threads) {
+  const int64_t nb = K / QK;
+  float xsum[nb];  /* [K/32]: sum of x over each block */
+  for (int64_t b = 0; b < nb; b++) xsum[b] = hsum16(load16(x + b * QK) + load16(x + b * QK + 16));
+  #pragma omp parallel for schedule(static) num_threads(num_threads)
+  for (int64_t n = 0; n < N; n++) {
+    const uint8_t* row = qs + n * (K / 2);
+    const float *dn = d + n * nb, *mn = m + n * nb;
+    v16f acc = (v16f){0};
+    for (int64_t b = 0; b < nb; b++) {
+      v16u8 raw;
+      memcpy(&raw, row + b * 16, 16);
+      const v16f dot = TO_FLOAT(raw & 0x0F) * load16(x + b * QK) + TO_FLOAT(raw >> 4) * load16(x + b * QK + 16);
+      acc += dot * dn[b];
+    }
+    out[n] = hsum16(acc) + dot(mn, xsum, nb);
+  }
+}
+
+/* The Q8_0 counterpart of q4_one_row: codes read as bytes biased by 128 (q8_block's trick), so a block is
+ * d_b ((q_b + 128) . x_b) - 128 d_b sum(x_b). */
+static void q8_0_one_row(const float* x, int64_t K, const int8_t* qs, const float* d, int64_t N, float* out,
+                         int num_threads) {
+  const int64_t nb = K / QK;
+  float xsum[nb];  /* [K/32]: -128 x the sum of x over each block */
+  for (int64_t b = 0; b < nb; b++) xsum[b] = -128.0f * hsum16(load16(x + b * QK) + load16(x + b * QK + 16));
+  #pragma omp parallel for schedule(static) num_threads(num_threads)
+  for (int64_t n = 0; n < N; n++) {
+    const int8_t* row = qs + n * K;
+    const float* dn = d + n * nb;
+    v16f acc = (v16f){0};
+    for (int64_t b = 0; b < nb; b++) {
+      v16u8 q0, q1;
+      memcpy(&q0, row + b * QK, 16);
+      memcpy(&q1, row + b * QK + 16, 16);
+      const v16f dot = TO_FLOAT(q0 ^ 0x80) * load16(x + b * QK) + TO_FLOAT(q1 ^ 0x80) * load16(x + b * QK + 16);
+      acc += dot * dn[b];
+    }
+    out[n] = hsum16(acc) + dot(dn, xsum, nb);
+  }
+}
+
 /* m == NULL selects Q8_0 blocks, else Q4 blocks (one specialized copy each after inlining). One input
- * row (a batch-1 decode) takes tiles of one output row: measured faster than two there. */
+ * row (a batch-1 decode) takes the factored *_one_row kernels. */
 static int block_matmul(const float* x_rows, int64_t M, int64_t K, const void* qs, const float* d,
                         const float* m, int64_t N, float* out, int num_threads) {
+  if (M == 1 && m) {
+    q4_one_row(x_rows, K, (const uint8_t*)qs, d, m, N, out, num_threads);
+    return 0;
+  }
+  if (M == 1) {
+    q8_0_one_row(x_rows, K, (const int8_t*)qs, d, N, out, num_threads);
+    return 0;
+  }
   float* packed = M > 1 ? malloc(M * K * sizeof(float)) : NULL;
   if (M > 1 && !packed) return 1;
   if (packed) pack_rows(x_rows, M, K, packed);
