@@ -103,3 +103,18 @@ def test_a_concurrency_cap_sends_each_request_when_a_slot_frees() -> None:
     assert r2.chunk_times_s[0] == pytest.approx(r2.sent_s + 0.01)  # type: ignore[attr-defined]
     open_loop = by_id(simulate_trace(requests, CONFIG))
     assert all(o.sent_s == 0.0 for o in open_loop.values())  # type: ignore[attr-defined]
+
+
+def test_async_scheduling_admits_a_request_due_mid_step_one_step_later() -> None:
+    # "a" keeps the engine busy with 10 ms steps from t=0; "b" is due at 0.025, during the step [0.02, 0.03].
+    # Synchronous: the step from 0.03 is scheduled at 0.03 and takes b, first token at 0.04. Async: the step
+    # from 0.03 was scheduled when [0.02, 0.03] started, so b waits for the one from 0.04: first token 0.05.
+    trace = [request("a", 0.0, [5] * 20, output_len=20), request("b", 0.025, [6] * 20, output_len=2)]
+    sync = by_id(simulate_trace(trace, CONFIG))
+    async_config = replace(CONFIG, scheduler=replace(CONFIG.scheduler, async_scheduling=True))
+    ahead = by_id(simulate_trace(trace, async_config))
+    assert sync["b"].chunk_times_s[0] == pytest.approx(0.04)  # type: ignore[attr-defined]
+    assert ahead["b"].chunk_times_s[0] == pytest.approx(0.05)  # type: ignore[attr-defined]
+    # An idle engine has no step in flight: a lone request is scheduled at once either way.
+    alone = [request("c", 0.5, [7] * 20, output_len=2)]
+    assert by_id(simulate_trace(alone, async_config))["c"].chunk_times_s == pytest.approx((0.51, 0.52))  # type: ignore[attr-defined]

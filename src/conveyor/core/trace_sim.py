@@ -158,6 +158,9 @@ class _Run:
     """Slots the cap left free after the last sends (set by _send_due)."""
     last_free_s: float = 0.0
     """When the latest request ended: a slot it frees is taken then (the client sends at once)."""
+    admit_until_s: float = 0.0
+    """Requests due by then reach the next step: now, or with async scheduling the start of the step just
+    done, since the step after it was scheduled then (one step of look-ahead; an idle engine has none)."""
     order: itertools.count[int] = field(default_factory=itertools.count)
     """Tie-break of equal due times: the order they became due in (requests do not compare)."""
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
@@ -178,10 +181,13 @@ def simulate_trace(requests: list[SimRequest], config: TraceSimConfig) -> TraceS
     while run.due or run.blocked or scheduler.has_unfinished_requests():
         if not scheduler.has_unfinished_requests() and not run.blocked:
             clock.now_s = max(clock.now_s, run.due[0][0])
+            run.admit_until_s = clock.now_s
         _send_due(run)
         _cancel_late(run)
         if scheduler.has_unfinished_requests():
+            start_s = clock.now_s
             _step(run, runner)
+            run.admit_until_s = start_s if config.scheduler.async_scheduling else clock.now_s
         if run.counts["steps"] > config.max_steps:
             raise RuntimeError(f"the replay did not finish within max_steps={config.max_steps}")
     c = run.counts
@@ -192,8 +198,8 @@ def simulate_trace(requests: list[SimRequest], config: TraceSimConfig) -> TraceS
 def _send_due(run: _Run) -> None:
     """What is due joins the slot queue; the queue is sent while the cap allows (all of it, open loop).
     A request due during a step is sent at its due time: the server receives it then, and it waits for
-    the next step boundary as it would there."""
-    while run.due and run.due[0][0] <= run.clock.now_s:
+    the next step boundary as it would there (with async scheduling, for the one after: `admit_until_s`)."""
+    while run.due and run.due[0][0] <= run.admit_until_s:
         due_s, _, request, history = heapq.heappop(run.due)
         run.blocked.append(_InFlight(request, due_s, history + list(request.input_token_ids)))
     cap = run.config.max_concurrency
