@@ -148,3 +148,23 @@ def test_target_gpu_validates_a_calibration_of_one_gpu_on_runs_of_another(
     assert "scaled H100 -> H200" in capsys.readouterr().out
     assert all(abs(e) < 1e-6 for e in errors["scaled"].values()), errors["scaled"]
     assert errors["unscaled"]["p95_e2el_ms"] > 0.05 and errors["unscaled"]["p50_itl_ms"] > 0.05
+
+
+def test_prompts_are_replayed_as_long_as_the_server_counted_them(tmp_path: pathlib.Path) -> None:
+    """The server's tokenizer counts a generated prompt's words one token off now and then; the replay takes
+    the server's count from requests.jsonl (a block boundary, and so a preemption, can hang on one token)."""
+    from conveyor.bench.measure.rundirs import RunResult
+    from conveyor.bench.trace.traces import read_trace
+    from conveyor.sim.validate import with_counted_prompts
+    trace = read_trace(_trace(tmp_path / "t.jsonl"))
+    first, second = trace.requests[0], trace.requests[1]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    rows = [{"request_id": first.request_id, "status": "completed", "sent_s": 0.0, "prompt_tokens": first.prompt_len + 1},
+            {"request_id": second.request_id, "status": "failed", "sent_s": 0.1, "prompt_tokens": 0}]
+    (run_dir / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = RunResult(run_dir, "r", RunSummary(RunIdentity("r")))
+    counted = with_counted_prompts(trace, run)
+    assert counted.requests[0].prompt_len == first.prompt_len + 1
+    assert counted.requests[1:] == trace.requests[1:]  # not counted (failed before a token): the trace's length
+    assert with_counted_prompts(trace, RunResult(tmp_path, "none", RunSummary(RunIdentity("r")))) == trace
