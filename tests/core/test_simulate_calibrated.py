@@ -12,6 +12,7 @@ from conveyor.bench.measure.calibration import Calibration, CalibrationKey, writ
 from conveyor.bench.measure.step_model import FitError, StepTimeCoefficients
 from conveyor.core import simulate_cli
 from conveyor.core.simulate import SimulationConfig, StepTimeModel, WorkloadConfig, simulate
+from conveyor.core.step_log import StepRecord
 from conveyor.core.step_time import CalibratedStepTime, read_calibration
 
 SMALL = SimulationConfig(workload=WorkloadConfig(num_requests=40, request_rate=6.0, long_fraction=0.15,
@@ -26,15 +27,39 @@ def entry(hardware: str, coefficients: StepTimeCoefficients) -> Calibration:
 
 def test_what_bench_writes_the_simulation_reads(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "calib.json"
-    h100 = StepTimeCoefficients(0.01, 2e-5, 3e-5, 4e-5, 5e-9)
+    h100 = StepTimeCoefficients(0.01, 2e-5, 3e-5, 4e-5, 5e-9, 6e-3)
     write_calibration(path, entry("NVIDIA H100 80GB HBM3 x1", h100))
     write_calibration(path, entry("NVIDIA H200 x1", StepTimeCoefficients(0.008, 1e-5, 2e-5, 3e-5, 4e-9)))
     model = read_calibration(str(path), hardware="h100")
     assert (model.per_step_s, model.per_seq_s, model.per_prefill_token_s, model.per_decode_token_s,
-            model.per_context_token_s) == h100.values
+            model.per_context_token_s, model.per_multi_row_step_s) == h100.values
     assert "H100" in model.label
     with pytest.raises(ValueError, match="2 calibrations match"):
         read_calibration(str(path))
+
+
+def test_a_file_from_before_the_multi_row_term_reads_it_as_zero(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "calib.json"
+    write_calibration(path, entry("cpu", StepTimeCoefficients(0.01, 2e-5, 3e-5, 4e-5, 5e-9, 6e-3)))
+    text = path.read_text().replace('"per_multi_row_step_s"', '"unknown_term"')
+    path.write_text(text)
+    assert read_calibration(str(path)).per_multi_row_step_s == 0.0
+
+
+def test_the_multi_row_term_prices_only_steps_of_more_than_one_token() -> None:
+    model = CalibratedStepTime(0.004, 0.003, 1e-3, 0.0, 0.0, per_multi_row_step_s=0.005)
+    one_decode = StepRecord(num_prefill_tokens=0, num_decode_tokens=1, num_prefill_reqs=0, num_decode_reqs=1,
+                            num_context_tokens=100)
+    two_decodes = StepRecord(num_prefill_tokens=0, num_decode_tokens=2, num_prefill_reqs=0, num_decode_reqs=2,
+                             num_context_tokens=200)
+    one_token_prefill = StepRecord(num_prefill_tokens=1, num_decode_tokens=0, num_prefill_reqs=1,
+                                   num_decode_reqs=0, num_context_tokens=1)
+    prefill = StepRecord(num_prefill_tokens=40, num_decode_tokens=0, num_prefill_reqs=1, num_decode_reqs=0,
+                         num_context_tokens=40)
+    assert model.batch_time_s(one_decode) == pytest.approx(0.007)
+    assert model.batch_time_s(two_decodes) == pytest.approx(0.004 + 0.006 + 0.005)
+    assert model.batch_time_s(one_token_prefill) == pytest.approx(0.004 + 0.003 + 1e-3)
+    assert model.batch_time_s(prefill) == pytest.approx(0.004 + 0.003 + 0.04 + 0.005)
 
 
 def test_a_calibration_with_only_token_costs_is_the_two_parameter_model() -> None:

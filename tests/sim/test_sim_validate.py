@@ -23,9 +23,11 @@ FIT = FitError(num_steps=100, r2=0.99, median_rel_error=0.02, p95_rel_error=0.08
 KEY = CalibrationKey("cpu", "tiny (abc)", "float32", ())
 
 
-def summary(throughput: float, ttft50: float, ttft95: float, itl50: float, e2e95: float, preempt: float) -> RunSummary:
+def summary(throughput: float, ttft50: float, ttft95: float, itl50: float, e2e95: float, preempt: float,
+            e2e50: float = 1000.0) -> RunSummary:
     return RunSummary(RunIdentity("r"), totals=RunTotals(request_throughput=throughput),
-                      latency={"p50_ttft_ms": ttft50, "p95_ttft_ms": ttft95, "p50_itl_ms": itl50, "p95_e2el_ms": e2e95},
+                      latency={"p50_ttft_ms": ttft50, "p95_ttft_ms": ttft95, "p50_itl_ms": itl50, "p50_e2el_ms": e2e50,
+                               "p95_e2el_ms": e2e95},
                       server=ServerSummary(True, {"num_preemptions": preempt}))
 
 
@@ -38,11 +40,12 @@ def test_relative_error_is_signed_and_undefined_only_against_zero() -> None:
 
 def test_compare_takes_every_metric_from_the_summaries() -> None:
     measured = summary(2.0, 100.0, 400.0, 20.0, 3000.0, 4.0)
-    simulated = summary(2.2, 90.0, 500.0, 20.0, 2400.0, 0.0)
+    simulated = summary(2.2, 90.0, 500.0, 20.0, 2400.0, 0.0, e2e50=1050.0)
     errors = {e.key: e.relative_error for e in compare(measured, simulated)}
     assert list(errors) == [key for key, _ in METRICS]
     assert errors == pytest.approx({"request_throughput": 0.1, "p50_ttft_ms": -0.1, "p95_ttft_ms": 0.25,
-                                    "p50_itl_ms": 0.0, "p95_e2el_ms": -0.2, "num_preemptions": -1.0})
+                                    "p50_itl_ms": 0.0, "p50_e2el_ms": 0.05, "p95_e2el_ms": -0.2,
+                                    "num_preemptions": -1.0})
 
 
 def _trace(path: pathlib.Path) -> pathlib.Path:
@@ -145,3 +148,23 @@ def test_target_gpu_validates_a_calibration_of_one_gpu_on_runs_of_another(
     assert "scaled H100 -> H200" in capsys.readouterr().out
     assert all(abs(e) < 1e-6 for e in errors["scaled"].values()), errors["scaled"]
     assert errors["unscaled"]["p95_e2el_ms"] > 0.05 and errors["unscaled"]["p50_itl_ms"] > 0.05
+
+
+def test_prompts_are_replayed_as_long_as_the_server_counted_them(tmp_path: pathlib.Path) -> None:
+    """The server's tokenizer counts a generated prompt's words one token off now and then; the replay takes
+    the server's count from requests.jsonl (a block boundary, and so a preemption, can hang on one token)."""
+    from conveyor.bench.measure.rundirs import RunResult
+    from conveyor.bench.trace.traces import read_trace
+    from conveyor.sim.validate import with_counted_prompts
+    trace = read_trace(_trace(tmp_path / "t.jsonl"))
+    first, second = trace.requests[0], trace.requests[1]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    rows = [{"request_id": first.request_id, "status": "completed", "sent_s": 0.0, "prompt_tokens": first.prompt_len + 1},
+            {"request_id": second.request_id, "status": "failed", "sent_s": 0.1, "prompt_tokens": 0}]
+    (run_dir / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = RunResult(run_dir, "r", RunSummary(RunIdentity("r")))
+    counted = with_counted_prompts(trace, run)
+    assert counted.requests[0].prompt_len == first.prompt_len + 1
+    assert counted.requests[1:] == trace.requests[1:]  # not counted (failed before a token): the trace's length
+    assert with_counted_prompts(trace, RunResult(tmp_path, "none", RunSummary(RunIdentity("r")))) == trace

@@ -3,7 +3,8 @@
 The fit lives in bench/measure/step_model.py (it needs numpy and scipy); this is its stdlib reader, so
 `conveyor simulate` prices each step it schedules by the engine's own measured costs:
 step_time = per_step + per_seq * sequences + per_prefill_token * prefill tokens
-+ per_decode_token * decode tokens + per_context_token * context tokens, on the `StepRecord` of the
++ per_decode_token * decode tokens + per_context_token * context tokens + per_multi_row_step when the step
+computes more than one token (a one-token step takes the CPU's one-row matmul kernels), on the `StepRecord` of the
 step (core/step_log.py), the same terms the engine logged. The file format is bench/measure/calibration.py's;
 tests/core/test_simulate_calibrated.py checks that what bench writes, this reads.
 """
@@ -17,7 +18,10 @@ from dataclasses import dataclass
 
 from conveyor.core.step_log import StepRecord
 
-TERMS = ("per_step_s", "per_seq_s", "per_prefill_token_s", "per_decode_token_s", "per_context_token_s")
+TERMS = ("per_step_s", "per_seq_s", "per_prefill_token_s", "per_decode_token_s", "per_context_token_s",
+         "per_multi_row_step_s")
+OPTIONAL = {"per_multi_row_step_s": 0.0}
+"""Terms added after the first calibrations: a file without one reads it as this (the model it was fitted with)."""
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,8 @@ class CalibratedStepTime:
     per_prefill_token_s: float
     per_decode_token_s: float
     per_context_token_s: float
+    per_multi_row_step_s: float = 0.0
+    """Added to a step computing more than one token (bench/measure/step_model.py says why)."""
     label: str = ""
     """Which calibration: its hardware, model, dtype (printed with the results)."""
 
@@ -44,12 +50,14 @@ class CalibratedStepTime:
         return (self.per_step_s + self.per_seq_s * record.num_reqs
                 + self.per_prefill_token_s * record.num_prefill_tokens
                 + self.per_decode_token_s * record.num_decode_tokens
-                + self.per_context_token_s * record.num_context_tokens)
+                + self.per_context_token_s * record.num_context_tokens
+                + (self.per_multi_row_step_s if record.num_prefill_tokens + record.num_decode_tokens > 1 else 0.0))
 
     def describe(self) -> str:
         return (f"calibrated ({self.label}): {self.per_step_s * 1e3:.3g} ms + {self.per_seq_s * 1e6:.3g} us/seq + "
                 f"{self.per_prefill_token_s * 1e6:.3g} us/prefill token + {self.per_decode_token_s * 1e6:.3g} "
-                f"us/decode token + {self.per_context_token_s * 1e9:.3g} ns/context token")
+                f"us/decode token + {self.per_context_token_s * 1e9:.3g} ns/context token + "
+                f"{self.per_multi_row_step_s * 1e3:.3g} ms/multi-row step")
 
 
 def read_calibration(path: str, hardware: str | None = None) -> CalibratedStepTime:
@@ -69,7 +77,8 @@ def read_calibration(path: str, hardware: str | None = None) -> CalibratedStepTi
                          f"to pick one of: {listed})")
     entry, key = entries[chosen[0]], keys[chosen[0]]
     coefficients = entry.get("coefficients")
-    values = {name: coefficients.get(name) if isinstance(coefficients, dict) else None for name in TERMS}
+    values = {name: coefficients.get(name, OPTIONAL.get(name)) if isinstance(coefficients, dict) else None
+              for name in TERMS}
     numbers = {name: float(v) for name, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     if len(numbers) != len(TERMS):
         raise ValueError(f"--calibration {path}: coefficients {', '.join(TERMS)} must be numbers")

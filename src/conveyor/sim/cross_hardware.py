@@ -68,6 +68,7 @@ def scale_step_time(model: CalibratedStepTime, scale: HardwareScale) -> Calibrat
         per_step_s=model.per_step_s * bandwidth, per_seq_s=model.per_seq_s,
         per_prefill_token_s=model.per_prefill_token_s * compute, per_decode_token_s=model.per_decode_token_s * compute,
         per_context_token_s=model.per_context_token_s * bandwidth,
+        per_multi_row_step_s=model.per_multi_row_step_s * bandwidth,
         label=f"{model.label}, scaled {scale.source.name} -> {scale.target.name}")
 
 

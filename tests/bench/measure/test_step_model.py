@@ -71,9 +71,53 @@ def test_coefficients_stay_non_negative_when_a_term_costs_nothing() -> None:
     assert coefficients.per_context_token_s < 2e-9 and coefficients.per_step_s == pytest.approx(0.01, rel=0.1)
 
 
+def small_batch_steps(n: int, coefficients: StepTimeCoefficients, seed: int = 0) -> list[dict]:
+    """A CPU-like log: mostly decodes of 1 to 5 sequences, some prefills, so one-token steps are common."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        decodes, prefills = rng.randint(1, 5), int(rng.random() < 0.1)
+        prefill_tokens = prefills * rng.randint(20, 250)
+        context = prefill_tokens + sum(rng.randint(50, 500) for _ in range(decodes))
+        sample = StepSample(prefills + decodes, prefill_tokens, decodes, context, 1.0)
+        rows.append({"num_prefill_tokens": prefill_tokens, "num_decode_tokens": decodes, "num_prefill_reqs": prefills,
+                     "num_decode_reqs": decodes, "num_context_tokens": context,
+                     "step_time_s": coefficients.predict_s(sample)})
+    return rows
+
+
+CPU = StepTimeCoefficients(per_step_s=0.004, per_seq_s=0.0016, per_prefill_token_s=1.1e-3, per_decode_token_s=0.0,
+                           per_context_token_s=2e-6, per_multi_row_step_s=0.004)
+"""Shaped like the embedded model on this CPU: a one-decode step 6 ms, two 12 ms (the one-row kernels' jump)."""
+
+
+def test_the_jump_from_one_token_rows_to_several_is_fitted_apart() -> None:
+    rows = small_batch_steps(600, CPU, seed=1)
+    one_decode = StepSample(1, 0, 1, 200, 1.0)
+    assert not one_decode.features[-1] and StepSample(2, 0, 2, 400, 1.0).features[-1] == 1.0
+    assert not StepSample(1, 1, 0, 1, 1.0).features[-1]  # one prefill token is one row too
+    coefficients, fit = fit_step_model(samples(rows))
+    assert coefficients.per_multi_row_step_s == pytest.approx(0.004, rel=1e-4)
+    assert coefficients.predict_s(one_decode) == pytest.approx(CPU.predict_s(one_decode), rel=1e-4)
+    assert fit.p95_rel_error < 1e-4
+    two_decodes = StepSample(2, 0, 2, 400, 1.0)
+    assert coefficients.predict_s(two_decodes) - coefficients.predict_s(one_decode) == pytest.approx(0.006, rel=1e-3)
+
+
+def test_the_multi_row_term_is_fixed_at_zero_when_every_step_has_several_rows() -> None:
+    # TRUE's synthetic batches always compute several tokens, so c5 would be c0's twin: it stays 0 and c0 keeps
+    # the whole per-step cost (a one-token step, never seen, is priced as before the term existed).
+    rows = [r for r in synthetic_steps(300, TRUE, seed=5) if r["num_prefill_tokens"] + r["num_decode_tokens"] > 1]
+    coefficients, _ = fit_step_model(samples(rows))
+    assert coefficients.per_multi_row_step_s == 0.0
+    assert coefficients.per_step_s == pytest.approx(TRUE.per_step_s, rel=1e-6)
+    legacy = {k: v for k, v in TRUE.to_json().items() if k != "per_multi_row_step_s"}
+    assert StepTimeCoefficients.from_json(legacy, "old file") == TRUE
+
+
 def test_too_few_steps_and_untimed_rows_are_refused_or_skipped() -> None:
-    with pytest.raises(ValueError, match="at least 5"):
-        fit_step_model(samples(synthetic_steps(4, TRUE)))
+    with pytest.raises(ValueError, match="at least 6"):
+        fit_step_model(samples(synthetic_steps(5, TRUE)))
     assert StepSample.from_record({"num_decode_tokens": 3, "num_decode_reqs": 3}) is None  # no step_time_s
     assert StepSample.from_record({"num_decode_tokens": 0, "step_time_s": 0.01}) is None  # an empty step
 

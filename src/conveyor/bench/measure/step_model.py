@@ -1,11 +1,17 @@
 """A step-time model fitted to the engine's step log: what one engine step costs, term by term.
 
 Shape (physical, first order): step_time = c0 + c1 * sequences + c2 * prefill_tokens + c3 * decode_tokens
-+ c4 * context_tokens. c0 is the per-step cost that does not depend on the batch (reading the weights
++ c4 * context_tokens + c5 * [the step computes more than one token]. c0 is the per-step cost that does not depend on the batch (reading the weights
 once, launching kernels, the scheduler's fixed work); c1 the per-sequence overhead (sampling, input
 preparation, one attention program per sequence); c2 and c3 the per-token compute of prefill and decode
 tokens (draft tokens count as decode tokens: they are verified in the decode's forward pass); c4 the
-attention's read of the KV cache, proportional to the context the step attends over. Every coefficient
+attention's read of the KV cache, proportional to the context the step attends over. c5 is what a step of
+several token rows pays over a one-token step besides its tokens: on the CPU a single row (a batch-1 decode)
+takes gguf_matmul.c's factored one-row kernels while two or more take the tiled path, which packs the rows
+and rebuilds each weight per tile, so the step time jumps between one and two decodes (measured on the
+embedded model: 7.5 ms at one decode, 12.9 at two, then ~1.6 ms more each); without c5 the fit splits the
+jump between c0 and c1 and misprices both sides of it. Where the log has only one kind of step (all of one
+row or none, as on a GPU serving batches), c5 cannot be told from c0 and is fixed at 0. Every coefficient
 is a cost, so the fit is non-negative least squares (scipy.optimize.nnls): an unconstrained fit on
 collinear logs (decode tokens = decode sequences without speculation) trades a negative term for a
 larger one and extrapolates badly.
@@ -26,7 +32,8 @@ from scipy.optimize import nnls
 
 from conveyor.bench.jsonvalue import JSON
 
-TERMS = ("per_step_s", "per_seq_s", "per_prefill_token_s", "per_decode_token_s", "per_context_token_s")
+TERMS = ("per_step_s", "per_seq_s", "per_prefill_token_s", "per_decode_token_s", "per_context_token_s",
+         "per_multi_row_step_s")
 """The coefficients' names, in the order of `StepSample.features`."""
 
 
@@ -45,7 +52,7 @@ class StepSample:
     def features(self) -> tuple[float, ...]:
         """The regressors, one per coefficient of TERMS (1 for the per-step constant)."""
         return (1.0, float(self.num_seqs), float(self.num_prefill_tokens), float(self.num_decode_tokens),
-                float(self.num_context_tokens))
+                float(self.num_context_tokens), 1.0 if self.num_prefill_tokens + self.num_decode_tokens > 1 else 0.0)
 
     @classmethod
     def from_record(cls, row: Mapping[str, JSON]) -> StepSample | None:
@@ -72,6 +79,8 @@ class StepTimeCoefficients:
     per_prefill_token_s: float
     per_decode_token_s: float
     per_context_token_s: float
+    per_multi_row_step_s: float = 0.0
+    """Added to a step computing more than one token (module docstring); 0 in files from before the term."""
 
     def __post_init__(self) -> None:
         for name in TERMS:
@@ -91,7 +100,7 @@ class StepTimeCoefficients:
 
     @classmethod
     def from_json(cls, value: Mapping[str, JSON], where: str) -> StepTimeCoefficients:
-        numbers = {name: value.get(name) for name in TERMS}
+        numbers = {name: value.get(name, 0.0 if name == "per_multi_row_step_s" else None) for name in TERMS}
         bad = [name for name, v in numbers.items() if not isinstance(v, (int, float)) or isinstance(v, bool)]
         if bad:
             raise ValueError(f"{where}: {', '.join(bad)} must be numbers")
@@ -125,11 +134,14 @@ class FitError:
 
 
 def fit_step_model(samples: Sequence[StepSample]) -> tuple[StepTimeCoefficients, FitError]:
-    """Non-negative least squares of step time on the five terms, and the fit's error on `samples`."""
+    """Non-negative least squares of step time on the terms, and the fit's error on `samples`."""
     if len(samples) < len(TERMS):
         raise ValueError(f"a step-time fit needs at least {len(TERMS)} logged steps (got {len(samples)})")
     design = np.array([s.features for s in samples], dtype=np.float64)
     times = np.array([s.step_time_s for s in samples], dtype=np.float64)
+    multi_row = TERMS.index("per_multi_row_step_s")
+    if np.all(design[:, multi_row] == design[0, multi_row]):  # one kind of step: c5 is c0's twin, fixed at 0
+        design[:, multi_row] = 0.0
     # Columns span 1 to 1e6 (context tokens): scaled to a max of 1 each, NNLS converges on all of them.
     scale = np.abs(design).max(axis=0)
     scale[scale == 0] = 1.0
