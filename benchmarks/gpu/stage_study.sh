@@ -23,5 +23,5 @@ tar -C "$WORK/deps" -cf - . | xz -6 -T0 > "$ROOT/.peers/c1/deps.tar.xz"
 tar -C /tmp -cJf "$ROOT/.peers/c1/tok.tar.xz" tok
 (cd "$WORK/split" && split -n 3 -a 1 "$WORK/vllm_site.tar.xz" vllm.)
 mv "$WORK/split/vllm.a" "$ROOT/.peers/c1/"; mv "$WORK/split/vllm.b" "$ROOT/.peers/c2/"; mv "$WORK/split/vllm.c" "$ROOT/.peers/c3/"
-sha256sum "$WORK/vllm_site.tar.xz" | cut -d' ' -f1 > "$ROOT/.peers/vllm_site.full.sha256"
+sha256sum "$WORK/vllm_site.tar.xz" | cut -d' ' -f1 | tee "$ROOT/.peers/vllm_site.full.sha256" > "$ROOT/.peers/c3/vllm_site.full.sha256"
 du -sh "$ROOT"/.peers/c?

@@ -143,13 +143,41 @@ def test_per_class_intervals_cover_what_per_class_reports() -> None:
 
 def test_the_steady_completion_rate_leaves_out_the_time_to_fill_the_pipeline() -> None:
     """60 requests at 1 req/s, each answered in 20 s: vLLM's request_throughput counts the 20 s before the
-    first answer (60 / 79 s); the steady rate sees the server keep up. A server that answers one request
-    every 1.5 s shows ~0.67 req/s either way: it did not keep up."""
+    first answer (60 / 79 s); the steady rate sees the server keep up. A server whose answers come 1.5 s
+    apart (E2E growing 0.5 s a request) shows ~0.67 req/s: it did not keep up."""
     cfg = IntervalConfig(num_resamples=300)
-    kept_up = [RequestSample(status="completed", sent_s=float(i), end_s=i + 20.0) for i in range(60)]
-    falling_behind = [RequestSample(status="completed", sent_s=float(i), end_s=20.0 + 1.5 * i) for i in range(60)]
+    kept_up = [RequestSample(status="completed", sent_s=float(i), end_s=i + 20.0, e2e_s=20.0) for i in range(60)]
+    falling_behind = [RequestSample(status="completed", sent_s=float(i), end_s=20.0 + 1.5 * i, e2e_s=20.0 + 0.5 * i)
+                      for i in range(200)]
     whole = rate_intervals([kept_up], None, cfg)
     assert whole["request_throughput"].estimate == pytest.approx(60 / 79)
     assert whole["completion_rate"].estimate == pytest.approx(1.0)
-    assert completion_rate([falling_behind], cfg).high < 1.0
+    assert whole["completion_rate"].method is IntervalMethod.POISSON
+    behind = completion_rate([falling_behind], cfg)
+    assert behind.estimate == pytest.approx(2 / 3, rel=0.05) and behind.high < 1.0
     assert completion_rate([[kept_up[0]]], cfg) is None  # one end: no rate between ends
+
+
+def test_the_steady_completion_rate_is_not_biased_by_the_spread_of_answer_lengths() -> None:
+    """A server that keeps up with 4 req/s, answers taking 3 s to 25 s: from the first end (a 3 s answer)
+    to the last (a 25 s one) the ends span ~22 s more than the sends, which read as ~20% less rate. The
+    steady window starts once the pipeline is full and ends at the last send."""
+    e2e = [3.0 + 22.0 * ((7 * i) % 360) / 359 for i in range(360)]
+    samples = [RequestSample(status="completed", sent_s=i / 4, end_s=i / 4 + e2e[i], e2e_s=e2e[i]) for i in range(360)]
+    steady = completion_rate([samples], IntervalConfig(num_resamples=300))
+    assert steady.estimate == pytest.approx(4.0, rel=0.05)
+    assert steady.low < 4.0 <= steady.high
+
+
+def test_no_steady_rate_when_the_pipeline_never_fills_before_the_sends_stop() -> None:
+    burst = [RequestSample(status="completed", sent_s=0.01 * i, end_s=30.0 + i, e2e_s=30.0 + i) for i in range(40)]
+    assert completion_rate([burst], IntervalConfig(num_resamples=300)) is None
+
+
+def test_garwood_interval_of_a_poisson_count() -> None:
+    from conveyor.bench.measure.intervals import poisson_rate_interval
+
+    interval = poisson_rate_interval(100, 50.0, IntervalConfig())
+    assert interval.estimate == 2.0
+    assert interval.low == pytest.approx(81.37 / 50, rel=1e-3) and interval.high == pytest.approx(121.63 / 50, rel=1e-3)
+    assert poisson_rate_interval(0, 10.0, IntervalConfig()).low == 0.0

@@ -4,8 +4,9 @@ A point may meet every latency bound and still not show capacity: 40 requests se
 fast, yet the server completed them at a lower rate than offered, and a queue that grows through the
 run would have broken the bounds had the run lasted longer. So a point counts as meeting the objective
 at R req/s only when, over its valid repeats pooled,
-  - the completed rate's interval reaches R (covers it, or lies above it) -- the steady rate, from the
-    first request end to the last (run_stats.completion_rate), where the requests are recorded -- and
+  - the completed rate's interval reaches R (covers it, or lies above it) -- the steady rate, the ends
+    counted from the pipeline's fill (first send + p95 E2E) to the last send (run_stats.completion_rate),
+    where the requests are recorded -- and
   - the server's waiting requests did not grow over the steady-state window (the mean of the window's
     last third exceeds the first third's by at least `min_growth` requests and `relative_growth` of it)
     in most of the repeats that scraped enough samples; and when the server was scraped but no repeat's

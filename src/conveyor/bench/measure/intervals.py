@@ -39,6 +39,7 @@ class IntervalMethod(enum.Enum):
     BOOTSTRAP_REQUESTS = "bootstrap over requests"
     BOOTSTRAP_REPEATS = "bootstrap over requests and repeats"
     CLOPPER_PEARSON = "Clopper-Pearson"
+    POISSON = "exact Poisson (Garwood)"
     HISTOGRAM_BUCKET = "histogram bucket"
     NONE = "none"
 
@@ -204,6 +205,17 @@ def proportion_interval(num_events: int, num_trials: int, cfg: IntervalConfig) -
     ci = stats.binomtest(num_events, num_trials).proportion_ci(confidence_level=cfg.confidence, method="exact")
     return Interval(num_events / num_trials, float(ci.low), float(ci.high), cfg.confidence,
                     IntervalMethod.CLOPPER_PEARSON, num_trials)
+
+
+def poisson_rate_interval(num_events: int, exposure_s: float, cfg: IntervalConfig) -> Interval | None:
+    """Garwood's exact interval of a Poisson rate: num_events counted over exposure_s seconds."""
+    if exposure_s <= 0:
+        return None
+    alpha = 1.0 - cfg.confidence
+    low = 0.0 if num_events == 0 else float(stats.chi2.ppf(alpha / 2, 2 * num_events)) / 2
+    high = float(stats.chi2.ppf(1 - alpha / 2, 2 * num_events + 2)) / 2
+    return Interval(num_events / exposure_s, low / exposure_s, high / exposure_s, cfg.confidence,
+                    IntervalMethod.POISSON, num_events)
 
 
 def across_repeats(pooled: Interval | None, per_repeat: Sequence[float], cfg: IntervalConfig) -> Interval | None:

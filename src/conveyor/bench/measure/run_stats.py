@@ -21,6 +21,7 @@ from conveyor.bench.measure.intervals import (
     across_repeats,
     grouped_percentile_intervals,
     percentile_intervals,
+    poisson_rate_interval,
     proportion_interval,
     ratio_interval,
 )
@@ -130,15 +131,41 @@ def rate_intervals(repeats: Sequence[Sequence[RequestSample]], accept: AcceptFn 
     return out
 
 
-def completion_rate(repeats: Sequence[Sequence[RequestSample]], cfg: IntervalConfig) -> Interval | None:
-    """Completions per second from each run's first request end to its last: the rate the server kept up
-    once its pipeline was full. request_throughput (vLLM's) divides by the whole run, whose first gap is
-    the time to fill the pipeline -- one E2E, 20 s for a 400-token answer on a 32B model -- so a 60 s run
-    that keeps up with 1 req/s shows ~0.75 req/s there; the drain after the last send is not in either."""
-    rows = [row for samples in repeats for row in _rate_rows(samples)[1:]]
-    if not rows:
+FILL_QUANTILE = 0.95
+"""The pipeline counts as full this quantile of E2E after the first dispatch: from then on, of what was
+sent one E2E earlier at least this share has ended, so a server that keeps up with R completes >= 0.95 R."""
+
+
+def steady_window(samples: Sequence[RequestSample]) -> tuple[float, float] | None:
+    """From the time the pipeline is full (first dispatch + p95 E2E of the completed requests) to the
+    last dispatch: the stretch where a server that keeps up ends requests as fast as they are sent
+    (None: no completed request, or the pipeline never filled before the sends stopped)."""
+    e2e = sorted(s.e2e_s for s in samples if s.completed and s.e2e_s is not None)
+    if not e2e:
         return None
-    return ratio_interval([float(s.completed) for _, s in rows], [gap for gap, _ in rows], cfg)
+    start = min(s.sent_s for s in samples) + e2e[min(len(e2e) - 1, int(FILL_QUANTILE * len(e2e)))]
+    end = max(s.sent_s for s in samples)
+    return (start, end) if end > start else None
+
+
+def completion_rate(repeats: Sequence[Sequence[RequestSample]], cfg: IntervalConfig) -> Interval | None:
+    """Completions per second inside each run's steady window, pooled (the requests that end there over the
+    window's length), with Garwood's exact Poisson interval. vLLM's request_throughput divides by the whole
+    run, whose first stretch fills the pipeline (one E2E, 20 s for a 400-token answer on a 32B model) and
+    whose last drains it. Counting from the first end to the last end is biased too: the first end is the
+    shortest answer's and the last the longest's, so their E2E spread (~20 s of a 110 s run on the GPU
+    study) reads as ~20% less rate than a server that keeps up delivers."""
+    count, span = 0, 0.0
+    for samples in repeats:
+        window = steady_window(samples)
+        if window is None:
+            continue
+        start, end = window
+        count += sum(1 for s in samples if s.completed and s.end_s is not None and start <= s.end_s < end)
+        span += end - start
+    if count < 2:
+        return None
+    return poisson_rate_interval(count, span, cfg)
 
 
 def sample_intervals(samples: Sequence[RequestSample], accept: AcceptFn | None,
