@@ -90,16 +90,17 @@ def run(args: argparse.Namespace) -> int:
 
 def default_cpu_threads(num_cores: int, api_server_count: int) -> int:
     """The engine's torch threads on CPU without --num-threads: the cores the API server processes leave
-    free, but at least min(cores, 2). Measured on a 2-vCPU AMD EPYC (docs/performance.md, "The CPU thread
-    default"): 2 threads against 1 gave single-stream median ITL 4.7-5.2 vs 6.7-7.1 ms (p95 7.7-11.9 vs
-    7.3-7.6 ms) and a 40-request mix at 8 sequences in 15.0-17.4 vs 23.2-24.9 s, so two threads beside
-    one API server beat leaving it a core; on more cores one per API server is still left free."""
+    free, but at least min(cores, 2). Measured on 2 vCPUs, two threads against one (docs/performance.md,
+    "The CPU thread default"): single-stream median ITL 4.7-5.2 vs 6.7-7.1 ms on an AMD EPYC, 11.8-12.2
+    vs 19.3-20.6 ms on an Intel Xeon; a 40-request mix at 8 sequences done in 15.0-17.4 vs 23.2-24.9 s
+    and 24.3-27.8 vs 42.5-43.4 s. So two threads beside one API server beat leaving it a whole core;
+    with more cores, one per API server is still left free."""
     return max(min(num_cores, 2), num_cores - api_server_count)
 
 
 def leave_cores_to_api_servers(engine_config: EngineConfig, api_server_count: int) -> EngineConfig:
     """On CPU, without --num-threads, the engine's threads by `default_cpu_threads`, shared out over the
-    tensor-parallel ranks (one rank per core at least); an explicit --num-threads always wins."""
+    tensor-parallel ranks (at least one thread a rank); an explicit --num-threads always wins."""
     if engine_config.device.device != "cpu" or engine_config.device.num_threads is not None:
         return engine_config
     num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
