@@ -78,7 +78,11 @@ def _pump(proc: subprocess.Popen, lines: queue.Queue, log: list[str]) -> None:
 
 def start_server(args: list[str]) -> Server:
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    proc = subprocess.Popen([sys.executable, "-m", "conveyor", "serve", "--port", "0", "--seed", "0", *args],
+    # One engine thread unless a test says otherwise: pytest and the test's clients share the CI box's
+    # cores with the server, and the CPU default (every core on 2 cores) would make its OpenMP threads
+    # wait on those processes (docs/serving.md, CPU cores).
+    pinned = [] if "--num-threads" in args else ["--num-threads", "1"]
+    proc = subprocess.Popen([sys.executable, "-m", "conveyor", "serve", "--port", "0", "--seed", "0", *pinned, *args],
                             env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines: queue.Queue = queue.Queue()
     log: list[str] = []

@@ -69,16 +69,32 @@ def test_engine_start_up_failure_is_one_clean_line_and_exit_1(tmp_path: pathlib.
     assert "Traceback" not in result.stderr
 
 
-def test_on_cpu_the_engine_leaves_a_core_per_api_server(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("num_cores", "api_server_count", "expected"), [
+    (1, 1, 1), (1, 4, 1),                # one core: one thread, whatever the API servers
+    (2, 1, 2), (2, 2, 2),                # two cores: both, measured faster than leaving one free
+    (4, 1, 3), (4, 2, 2), (4, 8, 2),     # a core per API server left free, at least two threads
+    (16, 1, 15), (16, 4, 12), (16, 32, 2),
+])
+def test_cpu_thread_default_leaves_the_api_servers_cores_but_takes_two(num_cores: int, api_server_count: int,
+                                                                         expected: int) -> None:
+    from conveyor.server.cli import default_cpu_threads
+
+    assert default_cpu_threads(num_cores, api_server_count) == expected
+
+
+def test_on_cpu_the_engine_gets_the_default_threads_unless_the_flag_says(monkeypatch: pytest.MonkeyPatch) -> None:
     from conveyor.server.cli import leave_cores_to_api_servers
 
     monkeypatch.setattr("os.sched_getaffinity", lambda _: {0, 1, 2, 3})
     config = engine_config_from_args(parse())
     assert leave_cores_to_api_servers(config, 1).device.num_threads == 3
     assert leave_cores_to_api_servers(config, 2).device.num_threads == 2
-    assert leave_cores_to_api_servers(config, 8).device.num_threads == 1
-    given = engine_config_from_args(parse("--num-threads", "4"))
-    assert leave_cores_to_api_servers(given, 1).device.num_threads == 4  # the flag wins
+    assert leave_cores_to_api_servers(config, 8).device.num_threads == 2
+    for flag in ("1", "4"):
+        given = engine_config_from_args(parse("--num-threads", flag))
+        assert leave_cores_to_api_servers(given, 1).device.num_threads == int(flag)  # the flag wins
+    ranks = engine_config_from_args(parse("--tensor-parallel-size", "2"))
+    assert leave_cores_to_api_servers(ranks, 1).device.num_threads == 1  # 3 engine threads over 2 ranks
     cuda = engine_config_from_args(parse("--device", "cuda"))
     assert leave_cores_to_api_servers(cuda, 1).device.num_threads is None
 

@@ -88,17 +88,26 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
+def default_cpu_threads(num_cores: int, api_server_count: int) -> int:
+    """The engine's torch threads on CPU without --num-threads: the cores the API server processes leave
+    free, but at least min(cores, 2). Measured on 2 vCPUs, two threads against one (docs/performance.md,
+    "The CPU thread default"): single-stream median ITL 4.7-5.2 vs 6.7-7.1 ms on an AMD EPYC, 11.8-12.2
+    vs 19.3-20.6 ms on an Intel Xeon; a 40-request mix at 8 sequences done in 15.0-17.4 vs 23.2-24.9 s
+    and 24.3-27.8 vs 42.5-43.4 s. So two threads beside one API server beat leaving it a whole core;
+    with more cores, one per API server is still left free."""
+    return max(min(num_cores, 2), num_cores - api_server_count)
+
+
 def leave_cores_to_api_servers(engine_config: EngineConfig, api_server_count: int) -> EngineConfig:
-    """On CPU, without --num-threads, the engine process gets the cores minus one per API server (as vLLM
-    CPU keeps a core for its API server): torch's default, one thread per core, makes the step loop's
-    OpenMP threads fight the API process for the cores, and every parallel region waits for the thread
-    that lost (measured on 2 cores: median ITL 0.27-0.34 s against 0.09-0.11 s with one thread)."""
+    """On CPU, without --num-threads, the engine's threads by `default_cpu_threads`, shared out over the
+    tensor-parallel ranks (at least one thread a rank); an explicit --num-threads always wins."""
     if engine_config.device.device != "cpu" or engine_config.device.num_threads is not None:
         return engine_config
     num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    num_threads = max(1, num_cores - api_server_count)
-    logger.info("CPU: the engine core uses %d torch thread(s), leaving %d core(s) to the API server(s) "
-                "(--num-threads overrides)", num_threads, num_cores - num_threads)
+    engine_threads = default_cpu_threads(num_cores, api_server_count)
+    num_threads = max(1, engine_threads // engine_config.parallel.tensor_parallel_size)
+    logger.info("CPU: the engine core uses %d torch thread(s) per rank on %d core(s), %d API server(s) "
+                "(--num-threads overrides)", num_threads, num_cores, api_server_count)
     return with_overrides(engine_config, "device", num_threads=num_threads)
 
 

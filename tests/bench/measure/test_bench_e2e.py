@@ -45,7 +45,8 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = _free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     cmd = [sys.executable, "-m", "conveyor", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--max-model-len", "1024", "--max-num-seqs", "8"]
+           "--max-model-len", "1024", "--max-num-seqs", "8",
+           "--num-threads", "1"]  # the client and pytest share the cores: the CPU default would take them all
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(SRC)})
     url = f"http://127.0.0.1:{port}"
