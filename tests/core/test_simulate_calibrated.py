@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import pathlib
 
 import pytest
 
-from conveyor.bench.measure.calibration import Calibration, CalibrationKey, write_calibration
-from conveyor.bench.measure.step_model import FitError, StepTimeCoefficients
+from conveyor.bench.measure.calibration import Calibration, CalibrationKey, calibrate, write_calibration
+from conveyor.bench.measure.step_model import FitError, StepSample, StepTimeCoefficients
 from conveyor.core import simulate_cli
 from conveyor.core.simulate import SimulationConfig, StepTimeModel, WorkloadConfig, simulate
 from conveyor.core.step_log import StepRecord
@@ -27,12 +28,13 @@ def entry(hardware: str, coefficients: StepTimeCoefficients) -> Calibration:
 
 def test_what_bench_writes_the_simulation_reads(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "calib.json"
-    h100 = StepTimeCoefficients(0.01, 2e-5, 3e-5, 4e-5, 5e-9, 6e-3)
+    h100 = StepTimeCoefficients(0.01, 2e-5, 3e-5, 4e-5, 5e-9, 6e-3, 7e-4)
     write_calibration(path, entry("NVIDIA H100 80GB HBM3 x1", h100))
     write_calibration(path, entry("NVIDIA H200 x1", StepTimeCoefficients(0.008, 1e-5, 2e-5, 3e-5, 4e-9)))
     model = read_calibration(str(path), hardware="h100")
     assert (model.per_step_s, model.per_seq_s, model.per_prefill_token_s, model.per_decode_token_s,
             model.per_context_token_s, model.per_multi_row_step_s) == h100.values
+    assert model.between_steps_s == h100.between_steps_s
     assert "H100" in model.label
     with pytest.raises(ValueError, match="2 calibrations match"):
         read_calibration(str(path))
@@ -40,10 +42,32 @@ def test_what_bench_writes_the_simulation_reads(tmp_path: pathlib.Path) -> None:
 
 def test_a_file_from_before_the_multi_row_term_reads_it_as_zero(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "calib.json"
-    write_calibration(path, entry("cpu", StepTimeCoefficients(0.01, 2e-5, 3e-5, 4e-5, 5e-9, 6e-3)))
-    text = path.read_text().replace('"per_multi_row_step_s"', '"unknown_term"')
+    write_calibration(path, entry("cpu", StepTimeCoefficients(0.01, 2e-5, 3e-5, 4e-5, 5e-9, 6e-3, 5e-4)))
+    text = path.read_text().replace('"per_multi_row_step_s"', '"unknown_term"').replace('"between_steps_s"', '"x"')
     path.write_text(text)
     assert read_calibration(str(path)).per_multi_row_step_s == 0.0
+    assert read_calibration(str(path)).between_steps_s == 0.0
+
+
+def test_a_simulated_step_lasts_the_busy_engines_period_not_only_its_step_time(tmp_path: pathlib.Path) -> None:
+    # The engine logs each step's own time; the loop then takes 0.6 ms before the next step starts. Priced by
+    # step time alone a replay runs 0.6 ms a step fast (issue 36: H100 requests ended ~0.3 s early).
+    model = StepTimeCoefficients(0.02, 0.0, 1e-4, 1e-4, 0.0)
+    rows, start_s = [], 50.0
+    for decodes in [1, 2, 3, 4, 5, 6, 7, 8] * 4:
+        time_s = model.predict_s(StepSample(decodes, 0, decodes, 0, 1.0))
+        rows.append({"num_decode_tokens": decodes, "num_decode_reqs": decodes, "step_time_s": time_s,
+                     "start_s": start_s})
+        start_s += time_s + 6e-4
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"fixed": {"gpu_name": "cpu", "server_flags": {}}}))
+    (run / "step_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_calibration(tmp_path / "calib.json", calibrate([run]))
+    priced = read_calibration(str(tmp_path / "calib.json"))
+    four = StepRecord(num_prefill_tokens=0, num_decode_tokens=4, num_prefill_reqs=0, num_decode_reqs=4,
+                      num_context_tokens=0)
+    assert priced.batch_time_s(four) == pytest.approx(0.02 + 4e-4 + 6e-4)
 
 
 def test_the_multi_row_term_prices_only_steps_of_more_than_one_token() -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from conveyor.config import Batching, CacheConfig, SchedulerConfig
 from conveyor.core.simulate import StepTimeModel
+from conveyor.core.step_time import CalibratedStepTime
 from conveyor.core.trace_sim import (
     CANCELLED,
     COMPLETED,
@@ -118,3 +119,10 @@ def test_async_scheduling_admits_a_request_due_mid_step_one_step_later() -> None
     # An idle engine has no step in flight: a lone request is scheduled at once either way.
     alone = [request("c", 0.5, [7] * 20, output_len=2)]
     assert by_id(simulate_trace(alone, async_config))["c"].chunk_times_s == pytest.approx((0.51, 0.52))  # type: ignore[attr-defined]
+
+
+def test_a_calibrated_replay_keeps_the_engines_cadence_between_steps() -> None:
+    # 10 ms steps and 1 ms of the engine loop between them: each chunk 11 ms after the last, as measured.
+    config = replace(CONFIG, step_time=CalibratedStepTime(0.01, 0.0, 0.0, 0.0, 0.0, between_steps_s=0.001))
+    (outcome,) = simulate_trace([request("a", 0.5, list(range(100, 132)), output_len=4)], config).outcomes
+    assert outcome.chunk_times_s == pytest.approx((0.511, 0.522, 0.533, 0.544))

@@ -5,7 +5,8 @@ The fit lives in bench/measure/step_model.py (it needs numpy and scipy); this is
 step_time = per_step + per_seq * sequences + per_prefill_token * prefill tokens
 + per_decode_token * decode tokens + per_context_token * context tokens + per_multi_row_step when the step
 computes more than one token (a one-token step takes the CPU's one-row matmul kernels), on the `StepRecord` of the
-step (core/step_log.py), the same terms the engine logged. The file format is bench/measure/calibration.py's;
+step (core/step_log.py), the same terms the engine logged; plus between_steps, the engine loop's measured time
+between two steps, so that back-to-back simulated steps keep the busy engine's cadence, not just its step times. The file format is bench/measure/calibration.py's;
 tests/core/test_simulate_calibrated.py checks that what bench writes, this reads.
 """
 
@@ -19,8 +20,8 @@ from dataclasses import dataclass
 from conveyor.core.step_log import StepRecord
 
 TERMS = ("per_step_s", "per_seq_s", "per_prefill_token_s", "per_decode_token_s", "per_context_token_s",
-         "per_multi_row_step_s")
-OPTIONAL = {"per_multi_row_step_s": 0.0}
+         "per_multi_row_step_s", "between_steps_s")
+OPTIONAL = {"per_multi_row_step_s": 0.0, "between_steps_s": 0.0}
 """Terms added after the first calibrations: a file without one reads it as this (the model it was fitted with)."""
 
 
@@ -35,6 +36,8 @@ class CalibratedStepTime:
     per_context_token_s: float
     per_multi_row_step_s: float = 0.0
     """Added to a step computing more than one token (bench/measure/step_model.py says why)."""
+    between_steps_s: float = 0.0
+    """Added to every step: the engine loop's time after a step before the next begins (step_model.py)."""
     label: str = ""
     """Which calibration: its hardware, model, dtype (printed with the results)."""
 
@@ -51,13 +54,15 @@ class CalibratedStepTime:
                 + self.per_prefill_token_s * record.num_prefill_tokens
                 + self.per_decode_token_s * record.num_decode_tokens
                 + self.per_context_token_s * record.num_context_tokens
-                + (self.per_multi_row_step_s if record.num_prefill_tokens + record.num_decode_tokens > 1 else 0.0))
+                + (self.per_multi_row_step_s if record.num_prefill_tokens + record.num_decode_tokens > 1 else 0.0)
+                + self.between_steps_s)
 
     def describe(self) -> str:
         return (f"calibrated ({self.label}): {self.per_step_s * 1e3:.3g} ms + {self.per_seq_s * 1e6:.3g} us/seq + "
                 f"{self.per_prefill_token_s * 1e6:.3g} us/prefill token + {self.per_decode_token_s * 1e6:.3g} "
                 f"us/decode token + {self.per_context_token_s * 1e9:.3g} ns/context token + "
-                f"{self.per_multi_row_step_s * 1e3:.3g} ms/multi-row step")
+                f"{self.per_multi_row_step_s * 1e3:.3g} ms/multi-row step + {self.between_steps_s * 1e3:.3g} ms "
+                "between steps")
 
 
 def read_calibration(path: str, hardware: str | None = None) -> CalibratedStepTime:

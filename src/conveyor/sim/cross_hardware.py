@@ -5,7 +5,8 @@ Each fitted term is scaled by what bounds it (first order, from the datasheets' 
   times the bandwidth ratio source / target;
 - per prefill and per decode token (the matmuls of each computed token): tensor-core compute, so times
   the dense bf16 FLOP ratio source / target;
-- per sequence (sampling, input preparation, the host's per-request work): unchanged, it is not the GPU's.
+- per sequence (sampling, input preparation, the host's per-request work) and the loop's time between
+  steps (measured, not fitted): unchanged, they are not the GPU's.
 The KV pool is the target's: the memory plan (bench/plan/memory.py, `conveyor plan`) of the model's
 config.json on the target GPU at the simulated limits gives the KV budget, and blocks = budget / bytes
 per block. Peaks are not what a kernel reaches, and ratios of peaks are the whole claim here: the
@@ -68,7 +69,7 @@ def scale_step_time(model: CalibratedStepTime, scale: HardwareScale) -> Calibrat
         per_step_s=model.per_step_s * bandwidth, per_seq_s=model.per_seq_s,
         per_prefill_token_s=model.per_prefill_token_s * compute, per_decode_token_s=model.per_decode_token_s * compute,
         per_context_token_s=model.per_context_token_s * bandwidth,
-        per_multi_row_step_s=model.per_multi_row_step_s * bandwidth,
+        per_multi_row_step_s=model.per_multi_row_step_s * bandwidth, between_steps_s=model.between_steps_s,
         label=f"{model.label}, scaled {scale.source.name} -> {scale.target.name}")
 
 

@@ -16,7 +16,7 @@ from conveyor.bench.measure.calibration import (
     read_calibrations,
     write_calibration,
 )
-from conveyor.bench.measure.step_model import StepSample, StepTimeCoefficients, fit_step_model
+from conveyor.bench.measure.step_model import StepSample, StepTimeCoefficients, between_steps_s, fit_step_model
 from conveyor.cli import main
 
 TRUE = StepTimeCoefficients(per_step_s=0.012, per_seq_s=4e-5, per_prefill_token_s=6e-5, per_decode_token_s=9e-5,
@@ -182,3 +182,31 @@ def test_held_out_runs_are_measured_not_fitted(tmp_path: pathlib.Path, capsys: p
     other = write_run(tmp_path / "other", synthetic_steps(50, TRUE), {**FIXED, "dtype": "float16"})
     with pytest.raises(CalibrationError, match="differ"):
         calibrate([fitted], [other])
+
+
+def back_to_back(rows: list[dict], gap_s: float, idle_after: tuple[int, ...] = ()) -> list[dict]:
+    """`rows` timed as a busy engine logs them: each step starts `gap_s` after the previous one ended (the
+    loop's own time), or 2 s later after each index in `idle_after` (the engine sat idle)."""
+    start_s, timed = 100.0, []
+    for index, row in enumerate(rows):
+        timed.append({**row, "start_s": start_s})
+        start_s += row["step_time_s"] + (2.0 if index in idle_after else gap_s)
+    return timed
+
+
+def test_the_time_between_steps_is_the_logs_median_gap_not_its_idle_time(tmp_path: pathlib.Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    runs = [write_run(tmp_path / f"r{i}", back_to_back(synthetic_steps(100, TRUE, seed=i), 6e-4, (10, 50, 90)))
+            for i in range(2)]
+    calibration = calibrate(runs)
+    assert calibration.coefficients.between_steps_s == pytest.approx(6e-4)
+    assert calibration.coefficients.values == pytest.approx(TRUE.values, rel=1e-6)  # the fit is of step times alone
+    assert calibration.fit.p95_rel_error < 1e-6
+    path = tmp_path / "calib.json"
+    write_calibration(path, calibration)
+    assert read_calibrations(path) == [calibration]
+    assert main(["bench", "calibrate", *map(str, runs), "--out", str(tmp_path / "c.json")]) == 0
+    assert "between steps 0.6 ms" in capsys.readouterr().out
+    assert between_steps_s([synthetic_steps(10, TRUE)]) == 0.0  # no start times (start_s 0): nothing measured
+    legacy = {k: v for k, v in TRUE.to_json().items() if k != "between_steps_s"}
+    assert StepTimeCoefficients.from_json(legacy, "old file").between_steps_s == 0.0

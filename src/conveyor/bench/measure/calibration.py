@@ -16,12 +16,19 @@ from __future__ import annotations
 import json
 import pathlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from conveyor.bench.jsonvalue import JSON, Fields
 from conveyor.bench.measure.rundirs import RunDirError, load_run
 from conveyor.bench.measure.step_log import STEP_LOG_FILE, read_step_log
-from conveyor.bench.measure.step_model import FitError, StepSample, StepTimeCoefficients, fit_error, fit_step_model
+from conveyor.bench.measure.step_model import (
+    FitError,
+    StepSample,
+    StepTimeCoefficients,
+    between_steps_s,
+    fit_error,
+    fit_step_model,
+)
 
 CALIBRATION_SCHEMA_VERSION = 1
 COST_FLAGS = ("device", "tensor_parallel_size", "quantization", "enforce_eager", "cudagraph_mode",
@@ -119,24 +126,28 @@ class Calibration:
 
 
 def calibrate(run_dirs: Sequence[pathlib.Path], held_out: Sequence[pathlib.Path] = ()) -> Calibration:
-    """Fit one step-time model to the step logs of `run_dirs`, which must share one key; its error is also
-    measured on the steps of `held_out` (same key, not fitted on): the honest number."""
-    key, _ = _steps([*run_dirs, *held_out])  # one key for all: a held-out run of another setup proves nothing
-    fitted = _steps(run_dirs)[1]
+    """Fit one step-time model to the step logs of `run_dirs`, which must share one key, and measure the
+    engine's time between steps on the same logs (step_model.py says why); its error is also measured on
+    the steps of `held_out` (same key, not fitted on): the honest number."""
+    key, _, _ = _steps([*run_dirs, *held_out])  # one key for all: a held-out run of another setup proves nothing
+    _, fitted, logs = _steps(run_dirs)
     try:
         coefficients, fit = fit_step_model(fitted)
         error = fit_error(coefficients, _steps(held_out)[1]) if held_out else None
     except ValueError as problem:
         raise CalibrationError(str(problem)) from None
+    coefficients = replace(coefficients, between_steps_s=between_steps_s(logs))
     return Calibration(key, coefficients, fit, tuple(str(d) for d in run_dirs), error, tuple(str(d) for d in held_out))
 
 
-def _steps(run_dirs: Sequence[pathlib.Path]) -> tuple[CalibrationKey, list[StepSample]]:
-    """The key the runs share, and their logged steps (CalibrationError when they differ or lack a log)."""
+def _steps(run_dirs: Sequence[pathlib.Path]) -> tuple[CalibrationKey, list[StepSample], list[list[dict[str, JSON]]]]:
+    """The key the runs share, their logged steps, and each run's log rows in logged order (CalibrationError
+    when they differ or lack a log)."""
     if not run_dirs:
         raise CalibrationError("no run directories to calibrate from")
     keys: dict[CalibrationKey, list[str]] = {}
     samples: list[StepSample] = []
+    logs = []
     for run_dir in run_dirs:
         rows = read_step_log(run_dir)
         if not rows:
@@ -144,10 +155,11 @@ def _steps(run_dirs: Sequence[pathlib.Path]) -> tuple[CalibrationKey, list[StepS
                                    "against a server started with --step-log-size N)")
         keys.setdefault(CalibrationKey.from_fixed(_fixed(run_dir)), []).append(str(run_dir))
         samples.extend(s for s in map(StepSample.from_record, rows) if s is not None)
+        logs.append(rows)
     if len(keys) > 1:
         detail = "; ".join(f"{', '.join(runs)}: {key.to_json()}" for key, runs in keys.items())
         raise CalibrationError(f"the runs differ in hardware, model, dtype or configuration: {detail}")
-    return next(iter(keys)), samples
+    return next(iter(keys)), samples, logs
 
 
 def _fixed(run_dir: pathlib.Path) -> Mapping[str, JSON]:

@@ -16,6 +16,14 @@ is a cost, so the fit is non-negative least squares (scipy.optimize.nnls): an un
 collinear logs (decode tokens = decode sequences without speculation) trades a negative term for a
 larger one and extrapolates badly.
 
+One more cost is measured, not fitted: the engine loop's time between two steps (`between_steps_s`: the step's
+outputs handed to the I/O thread, new requests taken in), which no step record's step_time_s contains. A
+busy engine's cadence is step_time + that gap, so a simulation that priced steps alone would run fast by it
+(on the H100 study, 0.54-0.63 ms after each ~26 ms decode step: 2%, which over a request's hundreds of
+decode steps made it end ~0.3 s early, and requests waiting for its blocks start that much early). It is
+the median over consecutive logged steps of next start - (start + step_time): the median, so the few
+gaps where the engine sat idle between bursts do not count.
+
 The fit's error is reported on the log it was fitted on: R² and the median and p95 of the per-step
 relative error |predicted - measured| / measured; `bench calibrate --held-out` measures the same on other
 runs' steps, and `conveyor simulate --validate` the simulation's error per metric on held-out runs.
@@ -23,6 +31,7 @@ runs' steps, and `conveyor simulate --validate` the simulation's error per metri
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +44,8 @@ from conveyor.bench.jsonvalue import JSON
 TERMS = ("per_step_s", "per_seq_s", "per_prefill_token_s", "per_decode_token_s", "per_context_token_s",
          "per_multi_row_step_s")
 """The coefficients' names, in the order of `StepSample.features`."""
+OPTIONAL = {"per_multi_row_step_s": 0.0, "between_steps_s": 0.0}
+"""Terms added after the first calibrations: a file without one reads it as this (the model it was made with)."""
 
 
 @dataclass(frozen=True)
@@ -81,9 +92,12 @@ class StepTimeCoefficients:
     per_context_token_s: float
     per_multi_row_step_s: float = 0.0
     """Added to a step computing more than one token (module docstring); 0 in files from before the term."""
+    between_steps_s: float = 0.0
+    """The engine loop's time between steps (module docstring): measured, not fitted, so not in TERMS and not
+    in `predict_s` (a step record's time); a simulated step costs predict_s + this. 0 in older files."""
 
     def __post_init__(self) -> None:
-        for name in TERMS:
+        for name in (*TERMS, "between_steps_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0 (got {value})")
@@ -96,11 +110,11 @@ class StepTimeCoefficients:
         return sum(c * x for c, x in zip(self.values, sample.features))
 
     def to_json(self) -> dict[str, float]:
-        return dict(zip(TERMS, self.values))
+        return {**dict(zip(TERMS, self.values)), "between_steps_s": self.between_steps_s}
 
     @classmethod
     def from_json(cls, value: Mapping[str, JSON], where: str) -> StepTimeCoefficients:
-        numbers = {name: value.get(name, 0.0 if name == "per_multi_row_step_s" else None) for name in TERMS}
+        numbers = {name: value.get(name, OPTIONAL.get(name)) for name in (*TERMS, "between_steps_s")}
         bad = [name for name, v in numbers.items() if not isinstance(v, (int, float)) or isinstance(v, bool)]
         if bad:
             raise ValueError(f"{where}: {', '.join(bad)} must be numbers")
@@ -162,3 +176,15 @@ def fit_error(coefficients: StepTimeCoefficients, samples: Sequence[StepSample])
     return FitError(num_steps=len(samples), r2=1.0 - residual / total if total > 0 else (1.0 if residual == 0 else 0.0),
                     median_rel_error=float(np.percentile(relative, 50)),
                     p95_rel_error=float(np.percentile(relative, 95)))
+
+
+def between_steps_s(logs: Sequence[Sequence[Mapping[str, JSON]]]) -> float:
+    """The median gap between consecutive steps of each log (rows in logged order), 0 when no row has a time
+    and a start (module docstring)."""
+    gaps = []
+    for rows in logs:
+        timed = [(float(start), float(time_s)) for row in rows
+                 if isinstance(start := row.get("start_s"), (int, float)) and not isinstance(start, bool) and start > 0
+                 and isinstance(time_s := row.get("step_time_s"), (int, float)) and not isinstance(time_s, bool)]
+        gaps += [max(0.0, later[0] - start - time_s) for (start, time_s), later in itertools.pairwise(timed)]
+    return float(np.median(gaps)) if gaps else 0.0
