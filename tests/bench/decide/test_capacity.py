@@ -114,3 +114,26 @@ def test_bounds_met_above_a_miss_without_sustaining_it_is_still_inconsistent(tmp
     write_run(tmp_path / "d" / "c" / "rate-4-rep0", 4.0, ttft=520.0)  # [470, 570] straddles 500: undecided
     consistent = evaluate_configs(group_points(discover_runs([tmp_path / "d"])), DecisionInputs(slo=SLO_TTFT))[0]
     assert find_inconsistency(consistent) is None and not not_ruled_out(consistent)  # missed below: ruled out
+
+
+def _requests(run_dir: pathlib.Path, sends: list[float], e2e: list[float]) -> None:
+    rows = [{"status": "completed", "sent_s": s, "end_s": s + e, "ttft_s": 0.3, "tpot_s": 0.03, "e2e_s": e,
+             "itl_s": [0.03], "output_tokens": 100, "prompt_tokens": 100, "request_class": "chat",
+             "request_id": f"r{i}", "in_window": True} for i, (s, e) in enumerate(zip(sends, e2e))]
+    (run_dir / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_capacity_is_judged_against_the_sends_as_realized(tmp_path: pathlib.Path) -> None:
+    """360 requests at a nominal 4 req/s whose seeded schedule spans 110 s (3.3 req/s), answers of 3-25 s:
+    the server kept up with what it was sent, so the point is met; one whose answers grow with every send
+    fell behind, and is not."""
+    sends = [i * 110.0 / 359 for i in range(360)]
+    spread = [3.0 + 22.0 * ((7 * i) % 360) / 359 for i in range(360)]
+    write_run(tmp_path / "c" / "rate-4-rep0", 4.0, completed=(3.2, 2.8, 3.6))
+    _requests(tmp_path / "c" / "rate-4-rep0", sends, spread)
+    assert _point(tmp_path).status is PointStatus.MET
+    write_run(tmp_path / "b" / "c" / "rate-4-rep0", 4.0, completed=(3.2, 2.8, 3.6))
+    _requests(tmp_path / "b" / "c" / "rate-4-rep0", sends, [3.0 + 0.1 * i for i in range(360)])
+    point = _point(tmp_path / "b")
+    assert point.status is PointStatus.UNDECIDED
+    assert "its sends would complete at" in point.verdict.describe()

@@ -101,7 +101,8 @@ def queue_interval(runs: Sequence[RunResult], key: str,
 def point_intervals(runs: Sequence[RunResult], slo: SLO, cfg: IntervalConfig) -> dict[str, Interval]:
     """Summary key -> pooled interval, for the client-side keys the objective names and the rates."""
     keys = [SUMMARY_KEYS[n] for n in SUMMARY_KEYS if getattr(slo, n) is not None]
-    client_keys = [k for k in keys if not k.startswith("server.")] + list(RATE_KEYS) + ["completion_rate"]
+    steady = ["completion_rate", "steady_offered_rate"]
+    client_keys = [k for k in keys if not k.startswith("server.")] + list(RATE_KEYS) + steady
     samples = [_samples(r) for r in runs]
     out: dict[str, Interval] = {}
     if runs and all(s is not None for s in samples):

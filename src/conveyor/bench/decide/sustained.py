@@ -4,9 +4,10 @@ A point may meet every latency bound and still not show capacity: 40 requests se
 fast, yet the server completed them at a lower rate than offered, and a queue that grows through the
 run would have broken the bounds had the run lasted longer. So a point counts as meeting the objective
 at R req/s only when, over its valid repeats pooled,
-  - the completed rate's interval reaches R (covers it, or lies above it) -- the steady rate, the ends
-    counted from the pipeline's fill (first send + p95 E2E) to the last send (run_stats.completion_rate),
-    where the requests are recorded -- and
+  - the completed rate's interval reaches the rate its sends would complete at if kept up with -- the
+    steady rate, the ends counted from the pipeline's fill (first send + p95 E2E) to the last send, against
+    the ends expected there from the realized sends and the run's E2Es (run_stats.steady_rates), where the
+    requests are recorded; else the completed rate against R -- and
   - the server's waiting requests did not grow over the steady-state window (the mean of the window's
     last third exceeds the first third's by at least `min_growth` requests and `relative_growth` of it)
     in most of the repeats that scraped enough samples; and when the server was scraped but no repeat's
@@ -82,9 +83,13 @@ def not_sustained(runs: Sequence[RunResult], intervals: dict[str, Interval],
     rate = runs[0].offered_rate
     # The steady completion rate when the requests are at hand (older runs: the whole run's rate).
     completed = intervals.get("completion_rate") or intervals.get("request_throughput")
-    if completed is not None and math.isfinite(rate) and completed.high < rate:
+    # Against what the sends, as realized, would have completed at over the same window (else the nominal rate).
+    realized = intervals.get("steady_offered_rate") if "completion_rate" in intervals else None
+    offered = realized.estimate if realized is not None else rate
+    if completed is not None and math.isfinite(rate) and completed.high < offered:
+        what = f"the {offered:.3g} its sends would complete at" if realized is not None else f"the offered {rate:.3g}"
         return (f"not sustained: completed {completed.estimate:.3g} [{completed.low:.3g}, {completed.high:.3g}] "
-                f"req/s, below the offered {rate:.3g}")
+                f"req/s, below {what}")
     trends = [t for t in (waiting_trend(r, rule) for r in runs) if t is not None]
     # Only an offered rate can be shown sustained: a closed loop (concurrency) holds its queue by design.
     if not trends and math.isfinite(rate) and any(r.timeseries() for r in runs):

@@ -11,6 +11,7 @@ previous end (the first since the first dispatch), so Σ gaps is the run's durat
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -18,6 +19,7 @@ from conveyor.bench.jsonvalue import JSON, Fields
 from conveyor.bench.measure.intervals import (
     Interval,
     IntervalConfig,
+    IntervalMethod,
     across_repeats,
     grouped_percentile_intervals,
     percentile_intervals,
@@ -121,9 +123,13 @@ def rate_intervals(repeats: Sequence[Sequence[RequestSample]], accept: AcceptFn 
         interval = ratio_interval(numerators, gaps, cfg)
         if interval is not None:
             out[key] = interval
-    steady = completion_rate(repeats, cfg)
+    steady = steady_rates(repeats, cfg)
     if steady is not None:
-        out["completion_rate"] = steady
+        rate, offered = steady
+        out["completion_rate"] = rate
+        # A point value, not an estimate with an interval: what the sends would complete at if kept up with.
+        out["steady_offered_rate"] = Interval(offered, offered, offered, cfg.confidence, IntervalMethod.NONE,
+                                              rate.num_samples)
     counted = [s for samples in repeats for s in samples if s.status != "cancelled"]
     error = proportion_interval(sum(s.status == "failed" for s in counted), len(counted), cfg)
     if error is not None:
@@ -148,24 +154,44 @@ def steady_window(samples: Sequence[RequestSample]) -> tuple[float, float] | Non
     return (start, end) if end > start else None
 
 
-def completion_rate(repeats: Sequence[Sequence[RequestSample]], cfg: IntervalConfig) -> Interval | None:
+def _expected_ends(samples: Sequence[RequestSample], start: float, end: float) -> float:
+    """Ends expected inside [start, end) had the completed requests' E2Es not depended on when they were
+    sent: Σ over sends of P(send + E2E in the window), E2E drawn from the run's own (a convolution). A
+    server that falls behind ends fewer: its late sends take longer than the pooled E2Es say."""
+    done = [s for s in samples if s.completed and s.e2e_s is not None]
+    e2e = sorted(s.e2e_s or 0.0 for s in done)
+
+    def share_within(t: float) -> float:  # empirical P(E2E < t)
+        return bisect.bisect_left(e2e, t) / len(e2e)
+
+    return sum(share_within(end - s.sent_s) - share_within(start - s.sent_s) for s in done)
+
+
+def steady_rates(repeats: Sequence[Sequence[RequestSample]], cfg: IntervalConfig) -> tuple[Interval, float] | None:
     """Completions per second inside each run's steady window, pooled (the requests that end there over the
-    window's length), with Garwood's exact Poisson interval. vLLM's request_throughput divides by the whole
-    run, whose first stretch fills the pipeline (one E2E, 20 s for a 400-token answer on a 32B model) and
-    whose last drains it. Counting from the first end to the last end is biased too: the first end is the
-    shortest answer's and the last the longest's, so their E2E spread (~20 s of a 110 s run on the GPU
-    study) reads as ~20% less rate than a server that keeps up delivers."""
-    count, span = 0, 0.0
+    window's length), with Garwood's exact Poisson interval; and the rate its sends would have completed at
+    (_expected_ends over the same windows) -- what the server was offered, as realized: a seeded Poisson
+    schedule of 360 requests at a nominal 4 req/s spans 99.6 s, not 90. vLLM's request_throughput divides
+    by the whole run, whose first stretch fills the pipeline (one E2E, 20 s for a 400-token answer on a 32B
+    model) and whose last drains it. Counting from the first end to the last is biased too: the first end
+    is the shortest answer's and the last the longest's (~20 s of spread on the GPU study: ~20% less)."""
+    count, expected, span = 0, 0.0, 0.0
     for samples in repeats:
         window = steady_window(samples)
         if window is None:
             continue
         start, end = window
         count += sum(1 for s in samples if s.completed and s.end_s is not None and start <= s.end_s < end)
+        expected += _expected_ends(samples, start, end)
         span += end - start
-    if count < 2:
-        return None
-    return poisson_rate_interval(count, span, cfg)
+    interval = poisson_rate_interval(count, span, cfg) if count >= 2 else None
+    return None if interval is None else (interval, expected / span)
+
+
+def completion_rate(repeats: Sequence[Sequence[RequestSample]], cfg: IntervalConfig) -> Interval | None:
+    """The steady completion rate alone (steady_rates)."""
+    rates = steady_rates(repeats, cfg)
+    return None if rates is None else rates[0]
 
 
 def sample_intervals(samples: Sequence[RequestSample], accept: AcceptFn | None,
