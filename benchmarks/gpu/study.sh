@@ -46,6 +46,9 @@ case $step in
     timeout -k 20 "${GUARD:-540}" python3 -m conveyor bench study benchmarks/gpu/study/"$engine".toml --out "$dir" \
       > "$OUT/study_${engine}_$tag.log" 2>&1
     echo "study $engine $tag rc=$?"; kill $smi
+    # A study cut by the guard leaves its server running (launched in its own session): stop it, or the
+    # next server finds the GPU's memory taken (vLLM refuses to start; conveyor sizes a smaller KV pool).
+    pkill -f 'serve[.]sh'; pkill -f 'conveyo[r] serve'; pkill -f 'vllm[.]entrypoints'; sleep 5
     grep -E "^\[|point|rate" "$OUT/study_${engine}_$tag.log" | grep -v "%|" | cut -c1-220 | tail -40
     for log in "$dir"/*/server.log; do
       echo "== $log"; grep -iE "kv cache|kv blocks|num_gpu_blocks|maximum concurrency|gpu blocks" "$log" | cut -c1-240 | head -5
