@@ -144,12 +144,15 @@ def test_cuda_runner_serves_from_an_fp8_cache(tmp_path: pathlib.Path) -> None:
     kernel_gap = relative_gap(logits["triton", "fp8"], logits["torch", "fp8"])
     backend_gap = relative_gap(logits["triton", "auto"], logits["torch", "auto"])
     fp8_gap = relative_gap(logits["torch", "fp8"], logits["torch", "auto"])
-    summary = f"gaps: kernel {kernel_gap:.4f}, backends in bf16 {backend_gap:.4f}, fp8 {fp8_gap:.4f}; " \
-              f"free-running first divergences {diverged}"
+    kernel_agreement = argmax_agreement(logits["triton", "fp8"], logits["torch", "fp8"])
+    served_agreement = argmax_agreement(logits["triton", "fp8"], logits["triton", "auto"])
+    summary = (f"gaps: kernel {kernel_gap:.4f}, backends in bf16 {backend_gap:.4f}, fp8 {fp8_gap:.4f}; argmax "
+               f"agreement: kernel {kernel_agreement:.4f}, fp8 vs bf16 {served_agreement:.4f}; free-running "
+               f"first divergences {diverged}")
+    print(summary)  # pytest -s shows it on a pass
     # CPU proxy (float32 vs bf16 SDPA accumulation): backends 0.0070 in bf16, 0.0084 over fp8; fp8 0.0169
     assert kernel_gap <= 2 * backend_gap + 0.5 * fp8_gap, summary
-    assert argmax_agreement(logits["triton", "fp8"], logits["torch", "fp8"]) >= 0.95, summary
-    assert argmax_agreement(logits["triton", "fp8"], logits["triton", "auto"]) >= 0.9, summary
+    assert kernel_agreement >= 0.95 and served_agreement >= 0.9, summary
 
 
 def test_teacher_forced_fp8_agreement_on_cpu(tmp_path: pathlib.Path) -> None:
