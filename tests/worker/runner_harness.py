@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from conveyor.config import CacheConfig, DeviceConfig, LoadFormat, ModelConfig, SchedulerConfig
+from conveyor.config import (
+    CacheConfig,
+    DeviceConfig,
+    LoadFormat,
+    ModelConfig,
+    SchedulerConfig,
+)
 from conveyor.core.outputs import CachedRequestData, NewRequestData, SchedulerOutput
 from conveyor.sampling_params import SamplingParams
 from conveyor.worker.model_runner import ModelRunner
@@ -56,7 +62,8 @@ def make_runner(model_dir: pathlib.Path, num_blocks: int | None = 256, max_model
 
 
 def sharpen(model: torch.nn.Module) -> None:
-    """Larger random weights than the dummy loader's, so greedy choices are far from ties."""
+    """Larger random weights than the dummy loader's, so most greedy choices are far from ties (not all:
+    in bf16 about one position in twenty is within one bf16 step of a tie, fp8_agreement.py)."""
     generator = torch.Generator().manual_seed(1234)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -168,3 +175,23 @@ class ToyScheduler:
                 break
             self.step(runner)
         return {rid: r.output for rid, r in self.requests.items()}
+
+
+
+def force_tokens(runner: ModelRunner, forced: dict[str, list[int]]) -> dict[str, list[torch.Tensor]]:
+    """Teacher forcing: each step samples request r's next token of forced[r] whatever the model says
+    (two runs then see the same inputs), and the logits [V] it would have sampled from are appended to
+    the returned lists, in float32 on the CPU. Prefill, decode and CUDA graphs run as in serving."""
+    logits_of: dict[str, list[torch.Tensor]] = {request_id: [] for request_id in forced}
+    original = runner._launch_sampling
+
+    def launch_sampling(request_ids, sampling, logits, sampling_batch):  # type: ignore[no-untyped-def]
+        chosen = torch.full_like(logits, -1e4)
+        for row, state in enumerate(sampling):
+            step = len(logits_of[state.request_id])
+            logits_of[state.request_id].append(logits[row].float().cpu())
+            chosen[row, forced[state.request_id][step]] = 0.0
+        return original(request_ids, sampling, chosen, sampling_batch)
+
+    runner._launch_sampling = launch_sampling  # type: ignore[method-assign]
+    return logits_of

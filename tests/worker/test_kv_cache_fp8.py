@@ -118,30 +118,73 @@ def test_cuda_accepts_every_fp8_spelling() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_runner_serves_from_an_fp8_cache(tmp_path: pathlib.Path) -> None:
-    """Twice the blocks of bf16 from the same budget, CUDA graphs and warm-up over the FP8 kernels, and
-    greedy tokens that agree with the bf16 cache's on a sharpened tiny model (far from ties)."""
-    from runner_harness import BLOCK_SIZE, ToyScheduler, sharpen
-
-    from conveyor.sampling_params import SamplingParams
+    """Twice the blocks of bf16 from the same budget, CUDA graphs and warm-up over the FP8 kernels, and,
+    teacher-forced on the bf16 cache's greedy tokens (fp8_agreement.py: free-running agreement
+    compounds one near-tie flip), (1) the Triton FP8 path as close to the torch reference's FP8 round
+    trip as the two backends are in bf16, and (2) >= 90 % of next-token choices the bf16 cache's."""
+    from fp8_agreement import (
+        argmax_agreement,
+        first_divergences,
+        forced_logits,
+        fp8_runner,
+        free_run,
+        relative_gap,
+    )
 
     model_dir = write_tiny_llama(tmp_path / "tiny")
-    outputs, blocks = {}, {}
-    for cache_dtype in ("auto", "fp8"):
-        runner = ModelRunner(ModelConfig(model=str(model_dir), load_format=LoadFormat.DUMMY, dtype="bfloat16"),
-                             CacheConfig(block_size=BLOCK_SIZE, kv_cache_memory_bytes=8 << 20, cache_dtype=cache_dtype),
-                             SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=256, max_model_len=256),
-                             DeviceConfig(device="cuda"))
-        sharpen(runner.model)
-        blocks[cache_dtype] = runner.initialize_kv_cache().num_blocks
-        assert runner.cuda_graphs is not None
-        scheduler = ToyScheduler()
-        for index in range(6):
-            prompt = [(7 * index + 3 * j) % 250 + 3 for j in range(5 + 9 * index)]
-            scheduler.add(f"r{index}", prompt, SamplingParams(temperature=0.0, max_tokens=12))
-        outputs[cache_dtype] = scheduler.run(runner)
-    assert blocks["fp8"] == pytest.approx(2 * blocks["auto"], rel=0.01)
-    pairs = [(a, b) for rid in outputs["auto"] for a, b in zip(outputs["auto"][rid], outputs["fp8"][rid])]
-    assert sum(a == b for a, b in pairs) >= 0.9 * len(pairs)
+    triton = {cache_dtype: fp8_runner(model_dir, "cuda", cache_dtype) for cache_dtype in ("auto", "fp8")}
+    torch_ref = {cache_dtype: fp8_runner(model_dir, "cuda", cache_dtype, backend="torch") for cache_dtype in triton}
+    assert all(runner.cuda_graphs is not None and runner.attention_backend == "triton" for runner in triton.values())
+    assert triton["fp8"].kv_caches[0].dtype == torch_ref["fp8"].kv_caches[0].dtype == torch.float8_e4m3fn
+    assert triton["fp8"].kv_caches[0].shape[1] == pytest.approx(2 * triton["auto"].kv_caches[0].shape[1], rel=0.01)
+    reference = free_run(triton["auto"])
+    diverged = first_divergences(reference, free_run(triton["fp8"]))  # for the record (a failure's message)
+    logits = {(name, cache_dtype): forced_logits(runner, reference)
+              for name, runners in (("triton", triton), ("torch", torch_ref)) for cache_dtype, runner in runners.items()}
+    kernel_gap = relative_gap(logits["triton", "fp8"], logits["torch", "fp8"])
+    backend_gap = relative_gap(logits["triton", "auto"], logits["torch", "auto"])
+    fp8_gap = relative_gap(logits["torch", "fp8"], logits["torch", "auto"])
+    kernel_agreement = argmax_agreement(logits["triton", "fp8"], logits["torch", "fp8"])
+    served_agreement = argmax_agreement(logits["triton", "fp8"], logits["triton", "auto"])
+    summary = (f"gaps: kernel {kernel_gap:.4f}, backends in bf16 {backend_gap:.4f}, fp8 {fp8_gap:.4f}; argmax "
+               f"agreement: kernel {kernel_agreement:.4f}, fp8 vs bf16 {served_agreement:.4f}; free-running "
+               f"first divergences {diverged}")
+    print(summary)  # pytest -s shows it on a pass
+    # CPU proxy (float32 vs bf16 SDPA accumulation): backends 0.0070 in bf16, 0.0084 over fp8; fp8 0.0169
+    assert kernel_gap <= 2 * backend_gap + 0.5 * fp8_gap, summary
+    assert kernel_agreement >= 0.95 and served_agreement >= 0.9, summary
+
+
+def test_teacher_forced_fp8_agreement_on_cpu(tmp_path: pathlib.Path) -> None:
+    """The GPU test's statistic on the torch reference (bf16 model, e4m3 cache, scale 1.0): measured
+    97.4 % of 384 teacher-forced choices (fp8 moves the logits 1.75 %), where free-running agreement is
+    331 of 384 (86 %: one request flips at its first token). A read that doubles the scale fails it."""
+    from fp8_agreement import (
+        argmax_agreement,
+        forced_logits,
+        fp8_runner,
+        free_run,
+        relative_gap,
+    )
+
+    from conveyor.kernels.fp8_kv import dequantize_kv
+
+    model_dir = write_tiny_llama(tmp_path / "tiny")
+    bf16, fp8 = fp8_runner(model_dir, "cpu", "auto"), fp8_runner(model_dir, "cpu", "fp8")
+    assert (fp8.attention_backend, fp8.kv_caches[0].dtype) == ("torch", torch.float8_e4m3fn)
+    reference = free_run(bf16)
+    bf16_logits = forced_logits(bf16, reference)
+    assert bf16_logits.argmax(-1).tolist() == [t for tokens in reference.values() for t in tokens]
+    fp8_logits = forced_logits(fp8, reference)
+    assert argmax_agreement(fp8_logits, bf16_logits) >= 0.9 and 0.005 < relative_gap(fp8_logits, bf16_logits) < 0.05
+
+    def doubled(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+        return dequantize_kv(x, dtype, 2 * scale)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("conveyor.model.attention.dequantize_kv", doubled)
+        broken = forced_logits(fp8_runner(model_dir, "cpu", "fp8"), reference)
+    assert argmax_agreement(broken, bf16_logits) < 0.5
 
 
 def test_the_flag_reaches_the_servers_info_metrics() -> None:
