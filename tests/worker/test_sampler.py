@@ -16,8 +16,13 @@ from conveyor.worker.sampler import (
     reads_lm_head_logits,
     sampling_path,
 )
-from conveyor.worker.sampling_metadata import GrammarMask, SamplingRequest, VocabInfo, build_sampling_batch
-from conveyor.worker.staged_sampling import top_k_top_p_candidates
+from conveyor.worker.sampler_staged import top_k_top_p_candidates
+from conveyor.worker.sampling_metadata import (
+    GrammarMask,
+    SamplingRequest,
+    VocabInfo,
+    build_sampling_batch,
+)
 
 VOCAB = VocabInfo(vocab_size=8, eos_token_ids=frozenset({7}))
 CPU = torch.device("cpu")

@@ -3,25 +3,30 @@
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from conveyor.sampling_params import SamplingParams
 from conveyor.worker.sampler import Sampler, SamplerOutput
+from conveyor.worker.sampler_staged import (
+    SAMPLER_CHUNK_BYTES,
+    STAGED_BYTES_PER_LOGIT,
+    row_chunks,
+    rows_per_chunk,
+)
 from conveyor.worker.sampling_metadata import (
     GrammarMask,
     SamplingRequest,
     VocabInfo,
     build_sampling_batch,
 )
-from conveyor.worker.staged_sampling import (
-    SAMPLER_CHUNK_BYTES,
-    STAGED_BYTES_PER_LOGIT,
-    row_chunks,
-    rows_per_chunk,
-)
+from conveyor.worker.warmup import profile_sampling_requests
 
 VOCAB_SIZE = 96
 VOCAB = VocabInfo(vocab_size=VOCAB_SIZE, eos_token_ids=frozenset({5}))
@@ -107,3 +112,53 @@ def test_rows_per_chunk_fits_the_budget() -> None:
         for num_rows in (0, 1, 5, 23):
             chunks = row_chunks(num_rows, VOCAB_SIZE, budget)
             assert [row for chunk in chunks for row in range(num_rows)[chunk]] == list(range(num_rows))
+
+
+class LiveBytes(TorchDispatchMode):
+    """The peak bytes of the storages that ops run under it allocate, counted while some tensor holds
+    them (the CPU has no allocator statistics; inputs made before the mode are not counted)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, list[int]] = {}  # storage address -> [bytes, tensors holding it]
+        self.total = self.peak = 0
+
+    def _release(self, key: int) -> None:
+        entry = self.live[key]
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.total -= entry[0]
+            del self.live[key]
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        inputs = {id(arg) for arg in tree_flatten((args, kwargs))[0] if isinstance(arg, torch.Tensor)}
+        for tensor in tree_flatten(out)[0]:
+            if not isinstance(tensor, torch.Tensor) or id(tensor) in inputs:
+                continue  # an in-place op's result is its input
+            storage = tensor.untyped_storage()
+            key = storage.data_ptr()
+            if key not in self.live:
+                self.live[key] = [storage.nbytes(), 0]
+                self.total += storage.nbytes()
+                self.peak = max(self.peak, self.total)
+            self.live[key][1] += 1
+            weakref.finalize(tensor, self._release, key)
+        return out
+
+
+def test_chunks_bound_the_profile_steps_temporaries() -> None:
+    # The profile's sampler step (top-p 0.9) on bf16 logits: the whole batch keeps the float32 copy and
+    # the shared noise (8 B/logit); the staged temporaries are one chunk's, not the batch's.
+    num_rows, vocab_size = 64, 4096
+    logits = (torch.randn(num_rows, vocab_size) * 3).bfloat16()  # [N, V]
+    batch = build_sampling_batch(profile_sampling_requests(num_rows), VocabInfo(vocab_size, frozenset()), CPU)
+    whole_batch = num_rows * vocab_size * 8
+    peaks = {}
+    for budget in (None, 4 * vocab_size * STAGED_BYTES_PER_LOGIT):
+        with LiveBytes() as live:
+            Sampler(torch.Generator().manual_seed(0), budget).sample(logits, batch)
+        peaks[budget] = live.peak
+    chunked = 4 * vocab_size * STAGED_BYTES_PER_LOGIT
+    assert whole_batch < peaks[chunked] <= whole_batch + chunked
+    assert peaks[None] > whole_batch + 5 * chunked  # the unchunked path holds every row's temporaries

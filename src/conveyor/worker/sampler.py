@@ -19,7 +19,7 @@ logits. Without edits (2, 3, logit_bias, grammar) it reads the LM head's logits 
 with no float32 copy; logprobs are taken in float32 either way. Everything else, and the CPU, takes
 the staged path, unchanged (seeded rows reproduce exactly as before).
 
-Memory: step 5 (worker/staged_sampling.py), the penalties and the grammar mask go through the rows in
+Memory: step 5 (worker/sampler_staged.py), the penalties and the grammar mask go through the rows in
 chunks whose [rows, V] temporaries fit `SAMPLER_CHUNK_BYTES`, with the same tokens as one whole-batch
 pass; what stays whole is the float32 logits, the shared noise [R, K] and the raw logprobs.
 """
@@ -33,15 +33,15 @@ import torch
 
 from conveyor.core.outputs import TokenLogprobs
 from conveyor.kernels.gumbel_sample import gumbel_sample, gumbel_sample_supported
+from conveyor.worker.sampler_staged import (
+    SAMPLER_CHUNK_BYTES,
+    row_chunks,
+    staged_sample,
+)
 from conveyor.worker.sampling_metadata import (
     PenaltyInputs,
     RandomSampling,
     SamplingBatch,
-)
-from conveyor.worker.staged_sampling import (
-    SAMPLER_CHUNK_BYTES,
-    row_chunks,
-    staged_sample,
 )
 
 SEED_BOUND = 1 << 62
@@ -92,7 +92,7 @@ class SamplerOutput:
 
 class Sampler:
     """Stateless apart from the shared generator used by rows without their own seed, and the byte budget
-    of the row chunks the staged path and the edits go through (`worker/staged_sampling.py`; None: the
+    of the row chunks the staged path and the edits go through (`worker/sampler_staged.py`; None: the
     whole batch at once, as before chunking -- the same tokens, more memory)."""
 
     def __init__(self, generator: torch.Generator, chunk_bytes: int | None = SAMPLER_CHUNK_BYTES) -> None:

@@ -3,7 +3,7 @@ question): Qwen3-32B shape, bf16, the default token budget 8192, gpu_memory_util
 counts are from its server logs (benchmarks/results/gpu-study-s1/*/*/server.log).
 
 Each count carries the sampler it was measured with: "unchunked" (the whole-batch staged path, before
-worker/staged_sampling.py) is checked against the plan with that sampler's reserve
+worker/sampler_staged.py) is checked against the plan with that sampler's reserve
 (`unchunked_sampler_bytes`); "chunked" counts (benchmarks/gpu/kv_blocks.sh on the engine of today) are
 checked against the plan as it stands (`sampler_bytes`)."""
 

@@ -2,7 +2,7 @@
 
 The start-up memory profile runs one sampler step over every row a step can sample (max_num_seqs, or
 the token budget if smaller), top-p 0.9 on the staged path, and reserves its peak out of the KV cache.
-Since the staged path goes through the rows in chunks (worker/staged_sampling.py), that peak is what the
+Since the staged path goes through the rows in chunks (worker/sampler_staged.py), that peak is what the
 whole batch holds plus one chunk's temporaries: `sampler_bytes`. Before, the whole batch's temporaries
 were live at once: `unchunked_sampler_bytes`, kept for the engine KV counts measured then.
 """
@@ -17,7 +17,7 @@ head's bf16 logits): 0.479 GiB at 256 × 128,256, 1.212 GiB at 1,024 × 128,256,
 1.393 GiB at 1,024 × 151,936 (docs/performance.md, "Sampler memory"); the model is within 0.2% of each."""
 SAMPLER_STAGED_BYTES_PER_LOGIT = 48
 """Bytes per logit of the staged path's temporaries (scaled copy, top-p's full sort: values and int64
-ids, softmax, cumulative sum, masks) -- for the rows of one chunk only (worker/staged_sampling.py)."""
+ids, softmax, cumulative sum, masks) -- for the rows of one chunk only (worker/sampler_staged.py)."""
 SAMPLER_CHUNK_PEAK_BYTES = 251_000_000
 """The staged temporaries' peak once the rows go through in chunks (the sampler's 250 MB budget,
 `SAMPLER_CHUNK_BYTES`, plus rounding to whole rows; measured on the H100 as above)."""
