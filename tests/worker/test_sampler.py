@@ -15,9 +15,14 @@ from conveyor.worker.sampler import (
     apply_penalties,
     reads_lm_head_logits,
     sampling_path,
-    top_k_top_p_candidates,
 )
-from conveyor.worker.sampling_metadata import GrammarMask, SamplingRequest, VocabInfo, build_sampling_batch
+from conveyor.worker.sampler_staged import top_k_top_p_candidates
+from conveyor.worker.sampling_metadata import (
+    GrammarMask,
+    SamplingRequest,
+    VocabInfo,
+    build_sampling_batch,
+)
 
 VOCAB = VocabInfo(vocab_size=8, eos_token_ids=frozenset({7}))
 CPU = torch.device("cpu")

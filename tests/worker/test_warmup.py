@@ -13,10 +13,13 @@ from conveyor.worker.warmup import (
     EagerStep,
     compiled_kernel_count,
     eager_steps,
+    max_sampling_rows,
+    profile_sampling_requests,
     run_eager_step,
     sampler_variants,
     split_counts,
     warm_up,
+    warm_up_full_sampler,
     warm_up_sampler,
 )
 from runner_harness import make_runner, write_tiny_llama
@@ -68,6 +71,14 @@ def test_sampler_warm_up_runs_every_variant(runner) -> None:  # noqa: ANN001
     assert {p.temperature == 0.0 for p in sampler_variants()} == {True, False}
     assert any(p.logprobs for p in sampler_variants()) and any(p.seed is not None for p in sampler_variants())
     warm_up_sampler(runner)  # raises if a variant's batch cannot be built or sampled
+
+
+def test_the_full_size_sampler_step_is_the_profiles_own(runner) -> None:
+    rows = max_sampling_rows(runner.scheduler_config, runner.num_speculative_tokens)
+    assert rows == min(runner.scheduler_config.max_num_seqs, runner.scheduler_config.max_num_batched_tokens)
+    requests = profile_sampling_requests(rows)
+    assert len(requests) == rows and {r.params.top_p for r in requests} == {0.9}
+    warm_up_full_sampler(runner)  # raises if the batch cannot be built or sampled
 
 
 def test_warm_up_is_a_no_op_on_cpu(runner) -> None:  # noqa: ANN001

@@ -43,7 +43,7 @@ from conveyor.worker.sampling_metadata import (
 from conveyor.worker.spec_decode.spec_decoder import ProposerSetup, SpecDecoder, TargetModel, make_proposer
 from conveyor.worker.step_handle import StepHandle, fill_placeholders, placeholder_inputs
 from conveyor.worker.structured_output import StructuredOutputs
-from conveyor.worker.warmup import warm_up
+from conveyor.worker.warmup import PROFILE_SAMPLING, max_sampling_rows, profile_sampling_requests, warm_up
 
 
 def attention_backend_for(device: torch.device, dtype: torch.dtype, kv_cache_dtype: torch.dtype) -> str:
@@ -322,15 +322,18 @@ class ModelRunner:
             blocks = list(range(next_block, next_block + -(-length // spec.block_size)))
             next_block += len(blocks)
             states.append(RequestState(f"profile-{index}", [0] * length, length, BlockTable(blocks),
-                                       SamplingParams(temperature=1.0, top_p=0.9), 0))
+                                       PROFILE_SAMPLING, 0))
         host = prepare_host_batch(states, {s.request_id: len(s.token_ids) for s in states}, spec.block_size)
         inputs = self.staging.device_batch(host, spec.block_size)
         hidden = self.model(inputs.input_ids, inputs.positions, scratch, inputs.attention)
         # Verification samples 1 + K positions per request: the LM head and sampler see that many rows.
-        num_rows = min(self.scheduler_config.max_num_seqs * (1 + self.num_speculative_tokens), num_tokens)
+        # The sampler's staged path goes through them in row chunks: the peak is the chunked one.
+        num_rows = max_sampling_rows(self.scheduler_config, self.num_speculative_tokens)
         rows = torch.arange(num_rows, device=self.device) % hidden.shape[0]
-        logits = self.model.compute_logits(hidden[rows]).float()  # [num_rows, V]
-        requests = [SamplingRequest(SamplingParams(temperature=1.0, top_p=0.9), [0], 1)] * len(rows)
+        # [num_rows, V] in the LM head's dtype, as a real step hands them over: the sampler's own float32
+        # copy is part of its peak.
+        logits = self.model.compute_logits(hidden[rows])
+        requests = profile_sampling_requests(num_rows)
         self.sampler(logits, build_sampling_batch(requests, self.vocab, self.device))
         scratch_bytes = sum(t.numel() * t.element_size() for t in scratch)
         del scratch, hidden, logits

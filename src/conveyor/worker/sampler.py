@@ -18,6 +18,10 @@ kernel (kernels/gumbel_sample.py) draws every row, greedy rows at temperature 0,
 logits. Without edits (2, 3, logit_bias, grammar) it reads the LM head's logits as they come (bf16),
 with no float32 copy; logprobs are taken in float32 either way. Everything else, and the CPU, takes
 the staged path, unchanged (seeded rows reproduce exactly as before).
+
+Memory: step 5 (worker/sampler_staged.py), the penalties and the grammar mask go through the rows in
+chunks whose [rows, V] temporaries fit `SAMPLER_CHUNK_BYTES`, with the same tokens as one whole-batch
+pass; what stays whole is the float32 logits, the shared noise [R, K] and the raw logprobs.
 """
 
 from __future__ import annotations
@@ -29,7 +33,16 @@ import torch
 
 from conveyor.core.outputs import TokenLogprobs
 from conveyor.kernels.gumbel_sample import gumbel_sample, gumbel_sample_supported
-from conveyor.worker.sampling_metadata import PenaltyInputs, RandomSampling, SamplingBatch
+from conveyor.worker.sampler_staged import (
+    SAMPLER_CHUNK_BYTES,
+    row_chunks,
+    staged_sample,
+)
+from conveyor.worker.sampling_metadata import (
+    PenaltyInputs,
+    RandomSampling,
+    SamplingBatch,
+)
 
 SEED_BOUND = 1 << 62
 """The fused kernel's per-step Philox seed is drawn from [0, SEED_BOUND) with the shared generator."""
@@ -78,10 +91,13 @@ class SamplerOutput:
 
 
 class Sampler:
-    """Stateless apart from the shared generator used by rows without their own seed."""
+    """Stateless apart from the shared generator used by rows without their own seed, and the byte budget
+    of the row chunks the staged path and the edits go through (`worker/sampler_staged.py`; None: the
+    whole batch at once, as before chunking -- the same tokens, more memory)."""
 
-    def __init__(self, generator: torch.Generator) -> None:
+    def __init__(self, generator: torch.Generator, chunk_bytes: int | None = SAMPLER_CHUNK_BYTES) -> None:
         self.generator = generator
+        self.chunk_bytes = chunk_bytes
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         """logits: [N, V] float32 (modified in place) or the LM head's dtype (see `sample`)."""
@@ -101,21 +117,21 @@ class Sampler:
         if not reads_lm_head_logits(batch, fused_available):
             logits = logits.float()  # float32 logits: the same tensor, edited in place below
         if batch.grammar is not None:
-            apply_token_bitmask(logits, batch.grammar.rows, batch.grammar.bitmask)
+            apply_token_bitmask(logits, batch.grammar.rows, batch.grammar.bitmask, self.chunk_bytes)
         if batch.logit_bias is not None:
             bias = batch.logit_bias
             logits.index_put_((bias.rows, bias.token_ids), bias.values, accumulate=True)
         if batch.masked_rows is not None:
             logits[batch.masked_rows, batch.masked_token_ids] = float("-inf")
         if batch.penalties is not None:
-            apply_penalties(logits, batch.penalties)
+            apply_penalties(logits, batch.penalties, self.chunk_bytes)
         path = sampling_path(batch, fused_available)
         if path is SamplingPath.GREEDY:
             return logits.argmax(dim=-1)
         assert batch.random is not None
         if path is SamplingPath.FUSED:
             return self._fused_sample(logits, batch.random)
-        return staged_sample(logits, batch.random, self.generator)
+        return staged_sample(logits, batch.random, self.generator, self.chunk_bytes)
 
     def _fused_sample(self, logits: torch.Tensor, random: RandomSampling) -> torch.Tensor:
         """[N] int64 from the Gumbel-max kernel: random rows at their temperature, greedy rows at 0."""
@@ -129,32 +145,16 @@ class Sampler:
         return gumbel_sample(logits.contiguous(), temperature, seed)
 
 
-def staged_sample(logits: torch.Tensor, random: RandomSampling, shared: torch.Generator) -> torch.Tensor:
-    """[N] int64 by the staged path: argmax for greedy rows, a draw for the others (only they pay for
-    it); logits [N, V] float32; `shared` draws the noise of rows without their own generator."""
-    chosen = logits if random.rows is None else logits[random.rows]  # [R, V]
-    scaled = chosen / random.temperature.unsqueeze(1)  # a new tensor: edits below stay local
-    if random.min_p is not None:
-        apply_min_p(scaled, random.min_p)
-    candidates = None
-    if random.top_k is not None or random.top_p is not None:
-        scaled, candidates = top_k_top_p_candidates(scaled, random.top_k, random.top_p, random.max_top_k)
-    probs = scaled.softmax(dim=-1)  # [R, K]
-    drawn = exponential_race(probs, candidates, logits.shape[1], random.generators, shared)
-    if random.rows is None:
-        return drawn
-    sampled = logits.argmax(dim=-1)
-    sampled[random.rows] = drawn
-    return sampled
-
-
-def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
+def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor,
+                        chunk_bytes: int | None = SAMPLER_CHUNK_BYTES) -> None:
     """-inf at every token a row's grammar forbids, in place. logits [N, V]; rows [G]; bitmask [G, W]
-    int32 with W = ceil(V / 32). Plain torch (CPU and CUDA): shifts and ands, no compiled kernel."""
+    int32 with W = ceil(V / 32). Plain torch (CPU and CUDA): shifts and ands, no compiled kernel; the
+    grammar rows go through in chunks of `chunk_bytes` (None: all at once)."""
     vocab_size = logits.shape[1]
     shifts = torch.arange(32, device=logits.device, dtype=torch.int32)  # [32]
-    allowed = ((bitmask.unsqueeze(2) >> shifts) & 1).bool().flatten(1)[:, :vocab_size]  # [G, V]
-    logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+    for chunk in row_chunks(rows.shape[0], vocab_size, chunk_bytes):
+        allowed = ((bitmask[chunk].unsqueeze(2) >> shifts) & 1).bool().flatten(1)[:, :vocab_size]  # [g, V]
+        logits[rows[chunk]] = logits[rows[chunk]].masked_fill(~allowed, float("-inf"))
 
 
 def raw_logprobs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor | None:
@@ -165,74 +165,32 @@ def raw_logprobs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor | N
     return torch.log_softmax(logits, dim=-1, dtype=torch.float32)
 
 
-def apply_penalties(logits: torch.Tensor, penalties: PenaltyInputs) -> None:
-    """Repetition, frequency and presence penalties on the penalised rows of logits [N, V], in place."""
-    num_rows, vocab_size = penalties.rows.shape[0], logits.shape[1]
-    rows = logits[penalties.rows]  # [M, V] copy
+def apply_penalties(logits: torch.Tensor, penalties: PenaltyInputs,
+                    chunk_bytes: int | None = SAMPLER_CHUNK_BYTES) -> None:
+    """Repetition, frequency and presence penalties on the penalised rows of logits [N, V], in place, in
+    chunks of `chunk_bytes` (None: all rows at once)."""
+    for chunk in row_chunks(penalties.rows.shape[0], logits.shape[1], chunk_bytes):
+        _penalize(logits, penalties, chunk)
+
+
+def _penalize(logits: torch.Tensor, penalties: PenaltyInputs, chunk: slice) -> None:
+    """`apply_penalties` on the penalised rows `chunk` (indices into penalties' M rows)."""
+    vocab_size = logits.shape[1]
+    logit_rows = penalties.rows[chunk]  # [m]
+    rows = logits[logit_rows]  # [m, V] copy
+    output_ids, prompt_ids = penalties.output_token_ids[chunk], penalties.prompt_token_ids[chunk]
     # Histories are padded with token id V: scatter into V + 1 columns, then drop the pad column.
-    output_counts = torch.zeros(num_rows, vocab_size + 1, dtype=logits.dtype, device=logits.device)
-    output_counts.scatter_add_(1, penalties.output_token_ids, torch.ones_like(
-        penalties.output_token_ids, dtype=logits.dtype))
-    output_counts = output_counts[:, :vocab_size]  # [M, V]
-    in_prompt = torch.zeros(num_rows, vocab_size + 1, dtype=torch.bool, device=logits.device)
-    in_prompt.scatter_(1, penalties.prompt_token_ids, True)
-    seen = in_prompt[:, :vocab_size] | (output_counts > 0)
-    repetition = penalties.repetition.unsqueeze(1)
+    output_counts = torch.zeros(rows.shape[0], vocab_size + 1, dtype=logits.dtype, device=logits.device)
+    output_counts.scatter_add_(1, output_ids, torch.ones_like(output_ids, dtype=logits.dtype))
+    output_counts = output_counts[:, :vocab_size]  # [m, V]
+    in_prompt = torch.zeros(rows.shape[0], vocab_size + 1, dtype=torch.bool, device=logits.device)
+    in_prompt.scatter_(1, prompt_ids, True)
+    seen = in_prompt[:, :vocab_size] | (output_counts > 0)  # [m, V]
+    repetition = penalties.repetition[chunk].unsqueeze(1)  # [m, 1]
     rows = torch.where(seen, torch.where(rows > 0, rows / repetition, rows * repetition), rows)
-    rows -= penalties.frequency.unsqueeze(1) * output_counts
-    rows -= penalties.presence.unsqueeze(1) * (output_counts > 0).to(logits.dtype)
-    logits[penalties.rows] = rows
-
-
-def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> None:
-    """Drop tokens whose probability is below min_p × the top token's, in place. logits [N, V]."""
-    probs = logits.softmax(dim=-1)
-    threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)  # [N, 1]
-    logits.masked_fill_(probs < threshold, float("-inf"))
-
-
-def top_k_top_p_candidates(
-    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None, max_top_k: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's best max_top_k tokens, descending, with those past the row's k or its top-p set to -inf.
-
-    logits [R, V] -> (values [R, K], token ids [R, K]). With top_k = 50 this is a top-k of 50 instead
-    of a sort of the whole vocabulary; top-p alone needs the full sort (K = V).
-    """
-    values, token_ids = logits.topk(max_top_k, dim=-1)  # [R, K], sorted descending
-    if top_k is not None:
-        ranks = torch.arange(max_top_k, device=logits.device)
-        values = values.masked_fill(ranks.unsqueeze(0) >= top_k.unsqueeze(1), float("-inf"))
-    if top_p is not None:
-        probs = values.softmax(dim=-1)
-        mass_before = probs.cumsum(dim=-1) - probs  # mass of strictly better tokens; 0 for the best one
-        values = values.masked_fill(mass_before >= top_p.unsqueeze(1), float("-inf"))
-    return values, token_ids
-
-
-def exponential_race(
-    probs: torch.Tensor, candidates: torch.Tensor | None, vocab_size: int,
-    generators: dict[int, torch.Generator], shared: torch.Generator,
-) -> torch.Tensor:
-    """argmax(p / q), q ~ Exp(1): a categorical draw per row; returns [R] token ids.
-
-    probs [R, K] over the tokens `candidates` [R, K] (None: K = V, column = token id). A seeded row
-    draws q for the whole vocabulary and reads it by token id, so its draw does not depend on how
-    many candidates this batch kept (another row's top_k can change K).
-    """
-    noise = torch.empty_like(probs)
-    if len(generators) < probs.shape[0]:
-        noise.exponential_(generator=shared)
-    for row, generator in generators.items():
-        if candidates is None:
-            noise[row].exponential_(generator=generator)
-            continue
-        vocab_noise = torch.empty(vocab_size, device=probs.device).exponential_(generator=generator)
-        noise[row] = vocab_noise[candidates[row]]
-    chosen = probs.div_(noise).argmax(dim=-1)  # [R]
-    if candidates is None:
-        return chosen
-    return candidates.gather(1, chosen.unsqueeze(1)).squeeze(1)
+    rows -= penalties.frequency[chunk].unsqueeze(1) * output_counts
+    rows -= penalties.presence[chunk].unsqueeze(1) * (output_counts > 0).to(logits.dtype)
+    logits[logit_rows] = rows
 
 
 def gather_logprobs(

@@ -9,8 +9,11 @@ reduction at each padded split count, and the sampler's optional stages (top-k/t
 penalties, logprobs, seeded draws), whose CUDA modules load lazily on first use, and its fused
 Gumbel-max kernel, compiled once per logits dtype. Each of them runs
 here once, on dummy requests, so that neither a server's first requests nor a benchmark's timed
-window wait for a compiler. The dummy steps write garbage into KV block 0, which no request holds
-yet at start-up; they never touch the scheduler.
+window wait for a compiler. The sampler also runs once at the full row count of the start-up memory
+profile (`profile_sampling_requests`, the profile's own batch), in row chunks as every staged batch:
+a reserve the profile got wrong fails here, at start-up, and not under the first full batch. The dummy
+steps write garbage into KV block 0, which no request holds yet at start-up; they never touch the
+scheduler.
 """
 
 from __future__ import annotations
@@ -32,7 +35,11 @@ from conveyor.worker.cuda_graphs import CudaGraphRunner
 from conveyor.worker.input_batch import HostStaging, prepare_host_batch
 from conveyor.worker.request_state import BlockTable, RequestState
 from conveyor.worker.sampler import Sampler
-from conveyor.worker.sampling_metadata import SamplingRequest, VocabInfo, build_sampling_batch
+from conveyor.worker.sampling_metadata import (
+    SamplingRequest,
+    VocabInfo,
+    build_sampling_batch,
+)
 
 
 class WarmupRunner(Protocol):
@@ -67,6 +74,8 @@ class WarmupRunner(Protocol):
     def sampler(self) -> Sampler: ...
     @property
     def vocab(self) -> VocabInfo: ...
+    @property
+    def num_speculative_tokens(self) -> int: ...
 
 
 MAX_SPLITS = 64
@@ -154,6 +163,32 @@ def warm_up_sampler(runner: WarmupRunner) -> None:
             runner.sampler(logits, build_sampling_batch(requests, runner.vocab, runner.device))
 
 
+PROFILE_SAMPLING = SamplingParams(temperature=1.0, top_p=0.9)
+"""The memory profile's dummy sampling: the staged path's heaviest variant. Top-p alone sorts the whole
+vocabulary (K = V: values and int64 ids per logit) and keeps the shared noise [R, V] for the batch."""
+
+
+def max_sampling_rows(scheduler_config: SchedulerConfig, num_speculative_tokens: int) -> int:
+    """The most rows one step can hand the sampler: every sequence, each verifying 1 + K positions under
+    speculative decoding, at most one per scheduled token."""
+    rows = scheduler_config.max_num_seqs * (1 + num_speculative_tokens)
+    return min(rows, scheduler_config.max_num_batched_tokens)
+
+
+def profile_sampling_requests(num_rows: int) -> list[SamplingRequest]:
+    """The dummy requests of the profile's sampler step (and of warm-up's full-size one)."""
+    return [SamplingRequest(PROFILE_SAMPLING, [0], 1)] * num_rows
+
+
+@torch.inference_mode()
+def warm_up_full_sampler(runner: WarmupRunner) -> None:
+    """The profile's sampler step again, at its full row count, on logits in the model's dtype (the
+    runner's float32 copy and the chunked staged path's noise and temporaries are what it reserved)."""
+    num_rows = max_sampling_rows(runner.scheduler_config, runner.num_speculative_tokens)
+    logits = torch.zeros(num_rows, runner.vocab_size, dtype=runner.dtype, device=runner.device)  # [N, V]
+    runner.sampler(logits, build_sampling_batch(profile_sampling_requests(num_rows), runner.vocab, runner.device))
+
+
 def _generator_for(runner: WarmupRunner, params: SamplingParams) -> torch.Generator | None:
     if params.seed is None:
         return None
@@ -197,6 +232,7 @@ def warm_up(runner: WarmupRunner) -> None:
     if runner.attention_backend == "triton":
         warm_up_split_kv(runner)
     warm_up_sampler(runner)
+    warm_up_full_sampler(runner)
     torch.cuda.synchronize()
 
 

@@ -8,7 +8,12 @@ import pathlib
 import pytest
 
 from conveyor.bench.cli import plan as cli_plan
-from conveyor.bench.plan.gpu_catalog import CatalogError, find_gpu, parse_prices, priced_catalog
+from conveyor.bench.plan.gpu_catalog import (
+    CatalogError,
+    find_gpu,
+    parse_prices,
+    priced_catalog,
+)
 from conveyor.bench.plan.memory import (
     PlanError,
     PlanInputs,
@@ -20,6 +25,7 @@ from conveyor.bench.plan.memory import (
     model_memory,
     shape_per_rank,
 )
+from conveyor.bench.plan.sampler_memory import sampler_bytes, unchunked_sampler_bytes
 
 MODELS = pathlib.Path(__file__).parents[1] / "fixtures" / "models"
 
@@ -157,3 +163,17 @@ def test_fp8_weights_take_one_byte_per_projection_weight() -> None:
     assert 0.55 < fp8 / bf16 < 0.6  # Llama-3.1-8B: 6.98 of 8.03 B parameters are projections
     with pytest.raises(PlanError, match="--quantization"):
         PlanInputs(quantization="int4")
+
+
+@pytest.mark.parametrize(("rows", "vocab_size", "measured_gib"), [
+    (256, 128_256, 0.479), (1024, 128_256, 1.212), (256, 151_936, 0.523), (1024, 151_936, 1.393),
+])
+def test_the_sampler_model_reproduces_the_h100_peaks_within_one_percent(rows: int, vocab_size: int,
+                                                                         measured_gib: float) -> None:
+    # One chunked sampler call's peak beyond the LM head's logits, measured on an H100 (docs/performance.md).
+    assert sampler_bytes(rows, vocab_size) / (1 << 30) == pytest.approx(measured_gib, rel=0.01)
+
+
+def test_the_unchunked_sampler_model_is_the_whole_batch_at_52_bytes_per_logit() -> None:
+    assert unchunked_sampler_bytes(1024, 151_936) == 1024 * 151_936 * 52
+    assert sampler_bytes(1, 151_936) == 151_936 * 56  # one row: no chunking, every temporary counted

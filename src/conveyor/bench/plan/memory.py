@@ -10,8 +10,9 @@ MLP columns, ceil(vocab / tp) embedding and LM-head rows; norms replicated):
                 Qwen3's per-head q/k norms, the gated MLP (3 matrices), two RMSNorms; one final norm
   overhead    = the larger of the activations of one forward of `max_num_batched_tokens` tokens (only
                 one layer's intermediates live at a time: ~4×hidden + q/k/v + 2×intermediate values per
-                token) and the sampler's reserve for min(max_num_seqs, token budget) rows (52 bytes
-                per logit, measured: SAMPLER_BYTES_PER_LOGIT) + a fixed runtime allowance
+                token) and the sampler's reserve for min(max_num_seqs, token budget) rows
+                (`sampler_bytes`: 8 bytes per logit for the whole batch + the staged path's row-chunk
+                temporaries, 48 bytes per logit up to ~251 MB; measured) + a fixed runtime allowance
                 (CUDA context, allocator slack, CUDA graphs: 1 GiB, 0.5 GiB with enforce-eager)
   kv_budget   = usable − weights − overhead
   kv_per_token = 2 (K and V) × layers × the shard's kv_heads × head_dim × kv dtype bytes
@@ -30,10 +31,11 @@ import dataclasses
 import json
 import math
 import pathlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from conveyor.bench.plan.gpu_catalog import GPU
+from conveyor.bench.plan.sampler_memory import sampler_bytes
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
 """Bytes per element; the fp8 spellings are `--kv-cache-dtype`'s (`auto`: the weights' dtype)."""
@@ -272,14 +274,6 @@ class ModelMemory:
     """Fixed allowance: CUDA context, allocator slack, CUDA graphs."""
 
 
-SAMPLER_BYTES_PER_LOGIT = 52
-"""Peak bytes per (row, vocabulary entry) of the engine's profiled sampler step: float32 logits, then
-top-p 0.9's full sort (values + int64 ids), softmax, cumulative sum and masks. Measured on an H100 with the
-Qwen3-32B shape (docs/decision.md, the GPU question): the KV budget at max_num_seqs 1024 was 5,792 MiB below
-that at 256, i.e. 52.0 bytes for each of the 768 × 151,936 extra logits; vLLM's profile reserves the same
-kind of step (its dummy sampler run uses top-p 0.9 and top-k)."""
-
-
 def weights_bytes(params: ParameterCount, inputs: PlanInputs) -> int:
     """All parameters at the weights' dtype, except under --quantization fp8 the projections (attention
     and MLP, their few bias and q/k-norm values included) at one byte each."""
@@ -289,7 +283,10 @@ def weights_bytes(params: ParameterCount, inputs: PlanInputs) -> int:
     return kept * dtype_bytes(inputs.dtype) + params.attention + params.mlp
 
 
-def model_memory(shape: ModelShape, inputs: PlanInputs) -> ModelMemory:
+def model_memory(shape: ModelShape, inputs: PlanInputs,
+                 sampler_reserve: Callable[[int, int], int] = sampler_bytes) -> ModelMemory:
+    """The plan's terms; `sampler_reserve(rows, vocab_size)`: the sampler's peak (the engine's today by
+    default, `unchunked_sampler_bytes` for counts measured before the sampler went through row chunks)."""
     rank = shape_per_rank(shape, inputs.tensor_parallel_size)
     kv_token = kv_bytes_per_token(rank, dtype_bytes(inputs.kv_dtype))
     blocks = math.ceil(inputs.context_len / inputs.block_size)
@@ -299,7 +296,7 @@ def model_memory(shape: ModelShape, inputs: PlanInputs) -> ModelMemory:
     activations = inputs.max_num_batched_tokens * per_token_values * dtype_bytes(inputs.dtype)
     # The sampler's reserve comes after the forward's intermediates are freed: the peak is the larger.
     rows = min(inputs.max_num_seqs, inputs.max_num_batched_tokens)
-    sampler = rows * shape.vocab_size * SAMPLER_BYTES_PER_LOGIT  # gathered: every rank holds the full logits
+    sampler = sampler_reserve(rows, shape.vocab_size)  # gathered: every rank holds the full logits
     return ModelMemory(
         num_parameters=count_parameters(shape).total,
         weights_bytes=weights_bytes(count_parameters(rank), inputs),
