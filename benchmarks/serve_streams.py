@@ -9,6 +9,8 @@ The peer measured in the same run is concurrency 1 on the same server: the gain 
 
     PYTHONPATH=src python benchmarks/serve_streams.py                  # 1 and 32 streams, 64 tokens each
     PYTHONPATH=src python benchmarks/serve_streams.py --concurrency 1 8 32 --max-tokens 32
+    # TTFT on ~1,000-token prompts, one at a time, 5 distinct prompts (no prefix shared from the first word)
+    PYTHONPATH=src python benchmarks/serve_streams.py --url URL --concurrency 1 --max-tokens 2 --prompt-words 1000 --repeats 5
 """
 
 from __future__ import annotations
@@ -39,8 +41,21 @@ class StreamResult:
     num_output_tokens: int
 
 
-async def one_stream(client: httpx.AsyncClient, index: int, max_tokens: int) -> StreamResult:
-    body = {"prompt": f"Request {index}: write a short story about a lighthouse keeper and a storm.",
+WORDS = ("river stone lantern harbor meadow copper violet thunder orchard compass glacier ember willow "
+         "falcon canyon saffron marble tide quarry beacon").split()
+
+
+def prompt_for(index: int, prompt_words: int) -> str:
+    """A prompt distinct from its first word on: `prompt_words` extra words (~1 token each for SmolLM2's
+    tokenizer), so no two requests share a cached prefix beyond the template."""
+    if prompt_words <= 0:
+        return f"Request {index}: write a short story about a lighthouse keeper and a storm."
+    words = (WORDS[(index * 7 + 3 * k + k * k) % len(WORDS)] for k in range(prompt_words))
+    return f"{index} " + " ".join(words)
+
+
+async def one_stream(client: httpx.AsyncClient, index: int, max_tokens: int, prompt_words: int = 0) -> StreamResult:
+    body = {"prompt": prompt_for(index, prompt_words),
             "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
     sent = time.perf_counter()
@@ -65,12 +80,17 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def run_level(url: str, concurrency: int, max_tokens: int) -> dict[str, float]:
+async def run_level(url: str, concurrency: int, max_tokens: int, prompt_words: int = 0,
+                    repeats: int = 1) -> dict[str, float]:
+    """`repeats` rounds of `concurrency` requests at once (each round's prompts new), pooled."""
     limits = httpx.Limits(max_connections=concurrency)
+    results: list[StreamResult] = []
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
-        await one_stream(client, -1, 4)  # warm-up
+        await one_stream(client, -1, 4, prompt_words)  # warm-up
         started = time.perf_counter()
-        results = await asyncio.gather(*(one_stream(client, i, max_tokens) for i in range(concurrency)))
+        for r in range(repeats):
+            batch = (one_stream(client, r * concurrency + i, max_tokens, prompt_words) for i in range(concurrency))
+            results += await asyncio.gather(*batch)
         wall_s = time.perf_counter() - started
     tokens = sum(r.num_output_tokens for r in results)
     ttfts = [r.ttft_s for r in results]
@@ -96,18 +116,21 @@ def main() -> None:
     parser.add_argument("--url", help="an already running server (default: start one)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--prompt-words", type=int, default=0, help="~tokens per prompt (0: a short one)")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds per concurrency level")
     parser.add_argument("--serve-args", default="--max-model-len 512 --max-num-seqs 32",
                         help="flags for the server this script starts")
     args = parser.parse_args()
     proc, url = (None, args.url) if args.url else start_server(args.serve_args.split())
     try:
-        rows = [asyncio.run(run_level(url, c, args.max_tokens)) for c in args.concurrency]
+        rows = [asyncio.run(run_level(url, c, args.max_tokens, args.prompt_words, args.repeats))
+                for c in args.concurrency]
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=60)
     print(json.dumps({"hardware": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
-                      "python": platform.python_version(), "max_tokens": args.max_tokens,
+                      "python": platform.python_version(), "max_tokens": args.max_tokens, "prompt_words": args.prompt_words,
                       "serve_args": args.serve_args, "levels": rows}, indent=1))
 
 
