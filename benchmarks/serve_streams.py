@@ -41,8 +41,8 @@ class StreamResult:
     num_output_tokens: int
 
 
-WORDS = ("river stone lantern harbor meadow copper violet thunder orchard compass glacier ember willow "
-         "falcon canyon saffron marble tide quarry beacon").split()
+WORDS = ("river", "stone", "lantern", "harbor", "meadow", "copper", "violet", "thunder", "orchard", "compass",
+         "glacier", "ember", "willow", "falcon", "canyon", "saffron", "marble", "tide", "quarry", "beacon")
 
 
 def prompt_for(index: int, prompt_words: int) -> str:
