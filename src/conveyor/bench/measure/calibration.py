@@ -125,14 +125,17 @@ class Calibration:
             raise CalibrationError(str(error)) from None
 
 
-def calibrate(run_dirs: Sequence[pathlib.Path], held_out: Sequence[pathlib.Path] = ()) -> Calibration:
+def calibrate(run_dirs: Sequence[pathlib.Path], held_out: Sequence[pathlib.Path] = (),
+              window: int = 1) -> Calibration:
     """Fit one step-time model to the step logs of `run_dirs`, which must share one key, and measure the
     engine's time between steps on the same logs (step_model.py says why); its error is also measured on
-    the steps of `held_out` (same key, not fitted on): the honest number."""
+    the steps of `held_out` (same key, not fitted on): the honest number. `window` > 1 fits sums of that
+    many consecutive steps of each log (`fit_step_model`)."""
     key, _, _ = _steps([*run_dirs, *held_out])  # one key for all: a held-out run of another setup proves nothing
     _, fitted, logs = _steps(run_dirs)
+    sizes = [sum(StepSample.from_record(row) is not None for row in rows) for rows in logs]
     try:
-        coefficients, fit = fit_step_model(fitted)
+        coefficients, fit = fit_step_model(fitted, window, sizes)
         error = fit_error(coefficients, _steps(held_out)[1]) if held_out else None
     except ValueError as problem:
         raise CalibrationError(str(problem)) from None
