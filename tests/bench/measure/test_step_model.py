@@ -242,5 +242,8 @@ def test_a_window_fit_prices_time_logged_on_the_wrong_neighbour(tmp_path: pathli
     with pytest.raises(ValueError, match="do not add up"):
         fit_step_model(samples(rows), window=2, run_sizes=[100, 100])
     runs = [write_run(tmp_path / f"r{i}", shifted_async_log(101, seed=i)[:201]) for i in range(2)]  # odd: a partial window each
-    assert calibrate(runs, window=2).coefficients.per_prefill_token_s == pytest.approx(1e-4, rel=0.02)
+    calibration = calibrate(runs, window=2)
+    assert calibration.coefficients.per_prefill_token_s == pytest.approx(1e-4, rel=0.02)
+    write_calibration(tmp_path / "w.json", calibration)
+    assert read_calibrations(tmp_path / "w.json") == [calibration] and calibration.fit_window == 2
     assert main(["bench", "calibrate", str(runs[0]), "--fit-window", "0", "--out", str(tmp_path / "c.json")]) == 2

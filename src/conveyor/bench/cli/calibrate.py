@@ -45,10 +45,11 @@ def describe(calibration: Calibration) -> str:
              "per_decode_token_s": ("us", 1e6), "per_context_token_s": ("ns", 1e9), "per_multi_row_step_s": ("ms", 1e3)}
     terms = [f"{name.removesuffix('_s')} = {value * units[name][1]:.4g} {units[name][0]}"
              for name, value in zip(TERMS, calibration.coefficients.values)]
+    window = f" (sums of {calibration.fit_window})" if calibration.fit_window > 1 else ""
     terms.append(f"then between steps {calibration.coefficients.between_steps_s * 1e3:.4g} ms (measured)")
     lines = [f"{key.hardware} | {key.model} | {key.dtype} | " + " ".join(f"{k}={v}" for k, v in key.configuration),
              "step time = " + ", ".join(terms),
-             f"fit on {fit.num_steps} steps: R² {fit.r2:.3f}, relative error median {fit.median_rel_error:.1%}, "
+             f"fit on {fit.num_steps} steps{window}: R² {fit.r2:.3f}, relative error median {fit.median_rel_error:.1%}, "
              f"p95 {fit.p95_rel_error:.1%}"]
     if held_out is not None:
         lines.append(f"held out, {held_out.num_steps} steps of {len(calibration.held_out_runs)} run(s): R² "
