@@ -14,15 +14,19 @@ from conveyor.bench.measure.calibration import (
 )
 from conveyor.bench.measure.rundirs import load_run
 from conveyor.bench.measure.step_model import FitError, StepTimeCoefficients
+from conveyor.bench.measure.summary import Simulated
 from conveyor.bench.plan.gpu_catalog import find_gpu
 from conveyor.bench.report.dashboard import ReportInputs, analyze, decision_lines
 from conveyor.config import CacheConfig, SchedulerConfig
 from conveyor.core.step_time import CalibratedStepTime
 from conveyor.sim.cross_hardware import (
     HardwareScale,
+    ModelWork,
     catalog_gpu,
+    model_work,
     plan_num_blocks,
     scale_step_time,
+    scaled_for_validation,
 )
 from conveyor.sim.engine_setup import EngineSetup
 
@@ -48,6 +52,38 @@ def test_a100_to_h100_scales_compute_terms_by_flops() -> None:
     assert scaled.per_prefill_token_s == pytest.approx(3e-5 * 312 / 989)
     assert scaled.per_decode_token_s == pytest.approx(4e-5 * 312 / 989)
     assert scaled.per_step_s == pytest.approx(0.010 * 2.039 / 3.35) and scaled.per_seq_s == 2e-5
+
+
+def test_only_a_terms_work_at_the_source_peak_is_scaled() -> None:
+    """Issue 36: the Qwen3-32B shape's decode step took 23.7 ms on the H100 and 18.1 ms on the H200, 1.31x,
+    not the bandwidths' 1.43x: 19.1 ms of it is the weights' 64 GB at the H100's peak, the rest is not the
+    bandwidth's. With the model's work the floor is scaled and the excess kept; a term under its floor
+    (here the context token's, 30 ns against 78 ns for 256 KiB) is scaled whole."""
+    work = ModelWork(step_bytes=64e9, context_token_bytes=262_144, token_flops=16e9)
+    model = CalibratedStepTime(0.0235, 2e-5, 9e-5, 9e-5, 30e-9, per_multi_row_step_s=4e-4, between_steps_s=6e-4)
+    scaled = scale_step_time(model, HardwareScale(find_gpu("H100"), find_gpu("H200")), work)
+    floor = 64e9 / 3.35e12
+    assert scaled.per_step_s == pytest.approx(floor * 3.35 / 4.8 + (0.0235 - floor))
+    assert scaled.per_context_token_s == pytest.approx(30e-9 * 3.35 / 4.8)
+    assert (scaled.per_prefill_token_s, scaled.between_steps_s) == (9e-5, 6e-4)
+    assert "roofline" in scaled.label
+    a100 = scale_step_time(model, HardwareScale(find_gpu("A100"), find_gpu("H100")), work)
+    compute_floor = 16e9 / 312e12
+    assert a100.per_prefill_token_s == pytest.approx(compute_floor * 312 / 989 + (9e-5 - compute_floor))
+    assert scale_step_time(model, HardwareScale(find_gpu("H100"), find_gpu("H200"))).per_step_s == pytest.approx(
+        0.0235 * 3.35 / 4.8)  # without the model, the whole term
+
+
+def test_the_model_work_comes_from_its_config() -> None:
+    work = model_work(FIXTURES / "llama-3.1-8b", CALIBRATION)
+    embedding = 128_256 * 4096  # Llama-3.1-8B: untied, so only the LM head's copy is read whole
+    assert work.step_bytes == pytest.approx((8_030_261_248 - embedding) * 2)
+    assert work.context_token_bytes == 131_072
+    assert work.token_flops == pytest.approx(2 * (8_030_261_248 - 2 * embedding - 266_240), rel=1e-6)
+    scaled, simulated = scaled_for_validation(CalibratedStepTime(0.010, 0.0, 3e-5, 4e-5, 5e-9), [CALIBRATION],
+                                              "H200", Simulated(step_time="x"), FIXTURES / "llama-3.1-8b")
+    assert scaled.per_step_s == pytest.approx(0.010 - work.step_bytes / 3.35e12 * (1 - 3.35 / 4.8))
+    assert simulated.target_gpu == "H200 (from H100)" and "roofline" in simulated.step_time
 
 
 def test_the_calibrations_hardware_names_a_catalog_gpu() -> None:

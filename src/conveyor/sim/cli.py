@@ -57,9 +57,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     trace.add_argument("--profile", choices=[p.value for p in LoadProfile], help="GuideLLM's load profiles, as bench run")
     hardware = parser.add_argument_group("cross-hardware what-if (with --trace, or --validate for its error, and --calibration)")
     hardware.add_argument("--target-gpu", metavar="GPU", help="scale the calibration to this catalog GPU (H100, H200, "
-                          "...): weight and KV reads by bandwidth, token compute by bf16 FLOP/s")
+                          "...): weight and KV reads by bandwidth, token compute by bf16 FLOP/s (with --model-config, only each "
+                          "term's work at the source's peak; the rest as measured)")
     hardware.add_argument("--model-config", metavar="CONFIG.json", help="the model's config.json, for the target's "
-                          "KV pool from the memory plan (or give --num-gpu-blocks-override)")
+                          "KV pool from the memory plan (or give --num-gpu-blocks-override) and each term's "
+                          "roofline floor")
     hardware.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="for the memory plan (default 0.9)")
     study = parser.add_argument_group("simulate, then verify: a study on the simulator, to shortlist configurations")
     study.add_argument("--study", metavar="STUDY.toml", help="run this `bench study` file on the simulator (with "
@@ -102,7 +104,8 @@ def _validate(args: argparse.Namespace, command: str) -> int:
     step_time, simulated = step_price(args)
     if args.target_gpu is not None:  # cross-hardware: a calibration of one GPU against runs on another
         found = calibration_entries(pathlib.Path(args.calibration), args.calibration_hardware)
-        step_time, simulated = scaled_for_validation(step_time, found, args.target_gpu, simulated)
+        config = pathlib.Path(args.model_config) if args.model_config is not None else None
+        step_time, simulated = scaled_for_validation(step_time, found, args.target_gpu, simulated, config)
     out_dir = pathlib.Path(args.out_dir or "simulate-validation")
     results = validate_runs(run_dirs, step_time, simulated, out_dir, command,
                             lambda setup: apply_engine_flags(setup, args))

@@ -5,6 +5,12 @@ Each fitted term is scaled by what bounds it (first order, from the datasheets' 
   times the bandwidth ratio source / target;
 - per prefill and per decode token (the matmuls of each computed token): tensor-core compute, so times
   the dense bf16 FLOP ratio source / target;
+- with the model's config.json (`--model-config`), only the part of a term that its work needs at the
+  source's peak is scaled (the roofline's floor: the weights' bytes / peak bandwidth for the per-step
+  term, KV bytes per context token / bandwidth, 2 x the layers' parameters / peak FLOP/s per token);
+  what the fitted term holds above that floor is not the peak's (latency-bound small kernels, launches,
+  synchronization, the fraction of peak a kernel reaches) and stays as measured. Without the config the
+  whole term is scaled;
 - per sequence (sampling, input preparation, the host's per-request work) and the loop's time between
   steps (measured, not fitted): unchanged, they are not the GPU's.
 The KV pool is the target's: the memory plan (bench/plan/memory.py, `conveyor plan`) of the model's
@@ -25,9 +31,12 @@ from conveyor.bench.plan.gpu_catalog import CATALOG, GPU, find_gpu
 from conveyor.bench.plan.memory import (
     DTYPE_BYTES,
     PlanInputs,
+    count_parameters,
     fit_on,
     load_shape,
     model_memory,
+    shape_per_rank,
+    weights_bytes,
 )
 from conveyor.core.step_time import CalibratedStepTime
 from conveyor.sim.engine_setup import EngineSetup
@@ -62,27 +71,56 @@ class HardwareScale:
         return self._ratio(self.source.bf16_dense_flops, self.target.bf16_dense_flops, "dense bf16 FLOP/s")
 
 
-def scale_step_time(model: CalibratedStepTime, scale: HardwareScale) -> CalibratedStepTime:
-    """The calibration's terms scaled to the target (module docstring)."""
+@dataclass(frozen=True)
+class ModelWork:
+    """What one GPU of the model moves or computes, for each term's roofline floor on the source GPU."""
+
+    step_bytes: float
+    """The weights read once per step (an untied embedding table is not: only its rows are gathered)."""
+    context_token_bytes: float
+    """K and V of one attended context token, all layers."""
+    token_flops: float
+    """Per computed token: 2 x the layers' matmul parameters (the LM head runs on sampled rows only)."""
+
+
+def _split(term: float, floor_s: float | None, ratio: float) -> float:
+    """The term's floor (its work at the source's peak) times the ratio; what it holds above, as measured."""
+    if floor_s is None:
+        return term * ratio
+    scaled = min(term, floor_s)
+    return scaled * ratio + (term - scaled)
+
+
+def scale_step_time(model: CalibratedStepTime, scale: HardwareScale, work: ModelWork | None = None) -> CalibratedStepTime:
+    """The calibration's terms scaled to the target (module docstring); `work` splits them at their floors."""
     bandwidth, compute = scale.bandwidth_ratio, scale.compute_ratio
+    source_bw, source_flops = scale.source.memory_bandwidth_bytes_per_s, scale.source.bf16_dense_flops
+    assert source_bw is not None and source_flops is not None  # the ratios above refuse a GPU without them
+    weights_s = work.step_bytes / source_bw if work else None
+    kv_s = work.context_token_bytes / source_bw if work else None
+    token_s = work.token_flops / source_flops if work else None
     return CalibratedStepTime(
-        per_step_s=model.per_step_s * bandwidth, per_seq_s=model.per_seq_s,
-        per_prefill_token_s=model.per_prefill_token_s * compute, per_decode_token_s=model.per_decode_token_s * compute,
-        per_context_token_s=model.per_context_token_s * bandwidth,
+        per_step_s=_split(model.per_step_s, weights_s, bandwidth), per_seq_s=model.per_seq_s,
+        per_prefill_token_s=_split(model.per_prefill_token_s, token_s, compute),
+        per_decode_token_s=_split(model.per_decode_token_s, token_s, compute),
+        per_context_token_s=_split(model.per_context_token_s, kv_s, bandwidth),
         per_multi_row_step_s=model.per_multi_row_step_s * bandwidth, between_steps_s=model.between_steps_s,
-        label=f"{model.label}, scaled {scale.source.name} -> {scale.target.name}")
+        label=f"{model.label}, scaled {scale.source.name} -> {scale.target.name}"
+              + (" above the roofline floors" if work else ""))
 
 
 def scaled_for_validation(model: object, calibrations: list[Calibration], target_gpu: str,
-                          simulated: Simulated) -> tuple[CalibratedStepTime, Simulated]:
-    """`--validate --target-gpu`: the calibration's terms scaled to the GPU the measured runs ran on.
+                          simulated: Simulated, config: pathlib.Path | None = None) -> tuple[CalibratedStepTime, Simulated]:
+    """`--validate --target-gpu`: the calibration's terms scaled to the GPU the measured runs ran on
+    (split at their floors when `config`, the model's config.json, is given).
 
     Each run keeps its own KV pool (its server's recorded block count), so the error measured is the
     scaled step time's alone; the plan's pool against the engine's is checked apart (`conveyor plan`)."""
     if not isinstance(model, CalibratedStepTime) or len(calibrations) != 1:
         raise ValueError("--target-gpu scales a calibration's terms: give --calibration (one entry)")
     scale = HardwareScale(catalog_gpu(calibrations[0].key.hardware), find_gpu(target_gpu))
-    scaled = scale_step_time(model, scale)
+    work = model_work(config, calibrations[0]) if config is not None else None
+    scaled = scale_step_time(model, scale, work)
     return scaled, replace(simulated, step_time=scaled.describe(),
                            target_gpu=f"{scale.target.name} (from {scale.source.name})")
 
@@ -98,19 +136,39 @@ def catalog_gpu(hardware: str) -> GPU:
                      f"({', '.join(g.name for g in CATALOG)}); scaling needs its bandwidth and FLOP/s")
 
 
-def plan_num_blocks(config: pathlib.Path, setup: EngineSetup, target: GPU, calibration: Calibration,
-                    gpu_memory_utilization: float) -> int:
-    """KV blocks the memory plan gives the model on the target GPU at the simulated limits."""
+def _plan_inputs(calibration: Calibration, setup: EngineSetup | None = None,
+                 gpu_memory_utilization: float = 0.9) -> PlanInputs:
+    """The memory plan's inputs for the calibrated server (at the simulated limits when `setup`)."""
     flags = dict(calibration.key.configuration)
     dtype = calibration.key.dtype if calibration.key.dtype in DTYPE_BYTES else "bfloat16"
-    s = setup.scheduler
     kv_dtype = flags.get("kv_cache_dtype")  # the calibrated server's: an FP8 cache holds twice the blocks
     inputs = PlanInputs(dtype=dtype, kv_cache_dtype=kv_dtype if kv_dtype in DTYPE_BYTES else None,
-                        max_num_seqs=s.max_num_seqs, context_len=s.max_model_len,
-                        max_num_batched_tokens=s.max_num_batched_tokens, block_size=setup.cache.block_size,
                         gpu_memory_utilization=gpu_memory_utilization,
                         tensor_parallel_size=int(flags.get("tensor_parallel_size", "1")),
                         enforce_eager=flags.get("enforce_eager") == "true")
+    if setup is None:
+        return inputs
+    s = setup.scheduler
+    return replace(inputs, max_num_seqs=s.max_num_seqs, context_len=s.max_model_len,
+                   max_num_batched_tokens=s.max_num_batched_tokens, block_size=setup.cache.block_size)
+
+
+def model_work(config: pathlib.Path, calibration: Calibration) -> ModelWork:
+    """The roofline work of one GPU of the calibrated server's model (`ModelWork`)."""
+    fp8 = dict(calibration.key.configuration).get("quantization") == "fp8"  # one byte per projection weight
+    inputs = replace(_plan_inputs(calibration), quantization="fp8" if fp8 else None)
+    shape = load_shape(config)
+    params = count_parameters(shape_per_rank(shape, inputs.tensor_parallel_size))
+    read = replace(params, embedding=0) if params.lm_head else params  # tied: the table is the LM head, read whole
+    return ModelWork(step_bytes=weights_bytes(read, inputs),
+                     context_token_bytes=model_memory(shape, inputs).kv_bytes_per_token,
+                     token_flops=2 * (params.attention + params.mlp))
+
+
+def plan_num_blocks(config: pathlib.Path, setup: EngineSetup, target: GPU, calibration: Calibration,
+                    gpu_memory_utilization: float) -> int:
+    """KV blocks the memory plan gives the model on the target GPU at the simulated limits."""
+    inputs = _plan_inputs(calibration, setup, gpu_memory_utilization)
     memory = model_memory(load_shape(config), inputs)
     budget = fit_on(target, memory, inputs).kv_budget_bytes
     blocks = budget // (memory.kv_bytes_per_token * setup.cache.block_size)
@@ -125,13 +183,13 @@ def retarget(args: argparse.Namespace, model: object, setup: EngineSetup, simula
     if not isinstance(model, CalibratedStepTime) or len(calibrations) != 1:
         raise ValueError("--target-gpu scales a calibration's terms: give --calibration (one entry)")
     scale = HardwareScale(catalog_gpu(calibrations[0].key.hardware), find_gpu(args.target_gpu))
-    scaled = scale_step_time(model, scale)
+    config = pathlib.Path(args.model_config) if args.model_config is not None else None
+    scaled = scale_step_time(model, scale, model_work(config, calibrations[0]) if config else None)
     blocks = args.num_gpu_blocks_override
     if blocks is None:
-        if args.model_config is None:
+        if config is None:
             raise ValueError("--target-gpu needs --model-config CONFIG.json (the memory plan sizes the target's KV "
                              "pool) or --num-gpu-blocks-override N")
-        blocks = plan_num_blocks(pathlib.Path(args.model_config), setup, scale.target, calibrations[0],
-                                 args.gpu_memory_utilization)
+        blocks = plan_num_blocks(config, setup, scale.target, calibrations[0], args.gpu_memory_utilization)
     return scaled, replace(setup, num_blocks=blocks), replace(
         simulated, step_time=scaled.describe(), target_gpu=f"{scale.target.name} (from {scale.source.name})")

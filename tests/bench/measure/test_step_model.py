@@ -210,3 +210,40 @@ def test_the_time_between_steps_is_the_logs_median_gap_not_its_idle_time(tmp_pat
     assert between_steps_s([synthetic_steps(10, TRUE)]) == 0.0  # no start times (start_s 0): nothing measured
     legacy = {k: v for k, v in TRUE.to_json().items() if k != "between_steps_s"}
     assert StepTimeCoefficients.from_json(legacy, "old file").between_steps_s == 0.0
+
+
+def shifted_async_log(pairs: int, seed: int = 0) -> list[dict]:
+    """Issue 36's H200 logs: an async engine's record before a prefill carries 60% of the prefill's time.
+    Pairs of (decode step, then a prefill or another decode), so windows of 2 hold each shifted pair whole."""
+    model = StepTimeCoefficients(0.018, 1e-4, 1e-4, 0.0, 0.0)
+    rng, rows = random.Random(seed), []
+    for _ in range(pairs):
+        seqs = rng.randint(20, 120)
+        decode = StepSample(seqs, 0, seqs, seqs * 1000, 1.0)
+        prefill = rng.random() < 0.5
+        second = StepSample(seqs + 1, rng.randint(500, 2000), seqs, seqs * 1000, 1.0) if prefill else decode
+        first_s, second_s = model.predict_s(decode), model.predict_s(second)
+        moved = 0.6 * second_s if prefill else 0.0
+        for sample, time_s in ((decode, first_s + moved), (second, second_s - moved)):
+            rows.append({"num_prefill_reqs": 1 if sample.num_prefill_tokens else 0,
+                         "num_decode_reqs": sample.num_seqs - (1 if sample.num_prefill_tokens else 0),
+                         "num_prefill_tokens": sample.num_prefill_tokens, "num_decode_tokens": sample.num_decode_tokens,
+                         "num_context_tokens": sample.num_context_tokens, "step_time_s": time_s})
+    return rows
+
+
+def test_a_window_fit_prices_time_logged_on_the_wrong_neighbour(tmp_path: pathlib.Path) -> None:
+    rows = shifted_async_log(200)
+    per_step, _ = fit_step_model(samples(rows))
+    assert per_step.per_prefill_token_s < 0.8e-4  # the prefill's moved time went to the decode terms
+    windowed, fit = fit_step_model(samples(rows), window=2)
+    assert windowed.per_prefill_token_s == pytest.approx(1e-4, rel=0.02)
+    assert windowed.per_step_s == pytest.approx(0.018, rel=0.02) and fit.num_steps == 400  # errors stay per step
+    with pytest.raises(ValueError, match="do not add up"):
+        fit_step_model(samples(rows), window=2, run_sizes=[100, 100])
+    runs = [write_run(tmp_path / f"r{i}", shifted_async_log(101, seed=i)[:201]) for i in range(2)]  # odd: a partial window each
+    calibration = calibrate(runs, window=2)
+    assert calibration.coefficients.per_prefill_token_s == pytest.approx(1e-4, rel=0.02)
+    write_calibration(tmp_path / "w.json", calibration)
+    assert read_calibrations(tmp_path / "w.json") == [calibration] and calibration.fit_window == 2
+    assert main(["bench", "calibrate", str(runs[0]), "--fit-window", "0", "--out", str(tmp_path / "c.json")]) == 2

@@ -15,13 +15,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run directories with step_log.jsonl (bench run --collect-step-log), one server setup")
     parser.add_argument("--held-out", nargs="+", default=[], metavar="RUN_DIR",
                         help="runs of the same setup not fitted on: the model's error on their steps is reported too")
+    parser.add_argument("--fit-window", type=int, default=1, metavar="K",
+                        help="fit sums of K consecutive steps of each log (default 1: each step); K > 1 stops "
+                             "an async engine's log, whose records can carry part of the next step's time, "
+                             "from mispricing both neighbours")
     parser.add_argument("--out", required=True,
                         help="calibration file to write; an entry with the same key is replaced, others kept")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        calibration = calibrate([pathlib.Path(d) for d in args.run_dirs], [pathlib.Path(d) for d in args.held_out])
+        if args.fit_window < 1:
+            raise CalibrationError(f"--fit-window must be >= 1 (got {args.fit_window})")
+        calibration = calibrate([pathlib.Path(d) for d in args.run_dirs], [pathlib.Path(d) for d in args.held_out],
+                                args.fit_window)
         write_calibration(pathlib.Path(args.out), calibration)
     except CalibrationError as error:
         print(f"conveyor bench calibrate: error: {error}", file=sys.stderr)
@@ -38,10 +45,11 @@ def describe(calibration: Calibration) -> str:
              "per_decode_token_s": ("us", 1e6), "per_context_token_s": ("ns", 1e9), "per_multi_row_step_s": ("ms", 1e3)}
     terms = [f"{name.removesuffix('_s')} = {value * units[name][1]:.4g} {units[name][0]}"
              for name, value in zip(TERMS, calibration.coefficients.values)]
+    window = f" (sums of {calibration.fit_window})" if calibration.fit_window > 1 else ""
     terms.append(f"then between steps {calibration.coefficients.between_steps_s * 1e3:.4g} ms (measured)")
     lines = [f"{key.hardware} | {key.model} | {key.dtype} | " + " ".join(f"{k}={v}" for k, v in key.configuration),
              "step time = " + ", ".join(terms),
-             f"fit on {fit.num_steps} steps: R² {fit.r2:.3f}, relative error median {fit.median_rel_error:.1%}, "
+             f"fit on {fit.num_steps} steps{window}: R² {fit.r2:.3f}, relative error median {fit.median_rel_error:.1%}, "
              f"p95 {fit.p95_rel_error:.1%}"]
     if held_out is not None:
         lines.append(f"held out, {held_out.num_steps} steps of {len(calibration.held_out_runs)} run(s): R² "

@@ -97,12 +97,16 @@ class Calibration:
     held_out: FitError | None = None
     """The coefficients' error on the steps of runs not fitted on (None: none given)."""
     held_out_runs: tuple[str, ...] = ()
+    fit_window: int = 1
+    """Consecutive steps per fitted sum (`bench calibrate --fit-window`; 1: each step, as files without it)."""
 
     def to_json(self) -> dict[str, JSON]:
         value: dict[str, JSON] = {"key": self.key.to_json(), "coefficients": dict(self.coefficients.to_json()),
                                   "fit": dict(self.fit.to_json()), "runs": list(self.runs)}
         if self.held_out is not None:
             value.update(held_out=dict(self.held_out.to_json()), held_out_runs=list(self.held_out_runs))
+        if self.fit_window != 1:
+            value["fit_window"] = self.fit_window
         return value
 
     @classmethod
@@ -115,29 +119,36 @@ class Calibration:
             raise CalibrationError(f"{where}: key, coefficients and fit must be objects, runs a list")
         key, coefficients, fit = (p if isinstance(p, dict) else {} for p in parts)
         held_out, held_out_runs = value.get("held_out"), value.get("held_out_runs", [])
+        window = value.get("fit_window", 1)
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise CalibrationError(f"{where}: fit_window must be an integer >= 1")
         try:
             return cls(CalibrationKey.from_json(key, where + ".key"),
                        StepTimeCoefficients.from_json(coefficients, where + ".coefficients"),
                        FitError.from_json(fit, where + ".fit"), tuple(str(r) for r in runs),
                        FitError.from_json(held_out, where + ".held_out") if isinstance(held_out, dict) else None,
-                       tuple(str(r) for r in held_out_runs) if isinstance(held_out_runs, list) else ())
+                       tuple(str(r) for r in held_out_runs) if isinstance(held_out_runs, list) else (), window)
         except ValueError as error:
             raise CalibrationError(str(error)) from None
 
 
-def calibrate(run_dirs: Sequence[pathlib.Path], held_out: Sequence[pathlib.Path] = ()) -> Calibration:
+def calibrate(run_dirs: Sequence[pathlib.Path], held_out: Sequence[pathlib.Path] = (),
+              window: int = 1) -> Calibration:
     """Fit one step-time model to the step logs of `run_dirs`, which must share one key, and measure the
     engine's time between steps on the same logs (step_model.py says why); its error is also measured on
-    the steps of `held_out` (same key, not fitted on): the honest number."""
+    the steps of `held_out` (same key, not fitted on): the honest number. `window` > 1 fits sums of that
+    many consecutive steps of each log (`fit_step_model`)."""
     key, _, _ = _steps([*run_dirs, *held_out])  # one key for all: a held-out run of another setup proves nothing
     _, fitted, logs = _steps(run_dirs)
+    sizes = [sum(StepSample.from_record(row) is not None for row in rows) for rows in logs]
     try:
-        coefficients, fit = fit_step_model(fitted)
+        coefficients, fit = fit_step_model(fitted, window, sizes)
         error = fit_error(coefficients, _steps(held_out)[1]) if held_out else None
     except ValueError as problem:
         raise CalibrationError(str(problem)) from None
     coefficients = replace(coefficients, between_steps_s=between_steps_s(logs))
-    return Calibration(key, coefficients, fit, tuple(str(d) for d in run_dirs), error, tuple(str(d) for d in held_out))
+    return Calibration(key, coefficients, fit, tuple(str(d) for d in run_dirs), error, tuple(str(d) for d in held_out),
+                       window)
 
 
 def _steps(run_dirs: Sequence[pathlib.Path]) -> tuple[CalibrationKey, list[StepSample], list[list[dict[str, JSON]]]]:

@@ -147,21 +147,43 @@ class FitError:
         return cls(num_steps=steps, **{k: float(v) for k, v in fields.items()})  # type: ignore[arg-type]
 
 
-def fit_step_model(samples: Sequence[StepSample]) -> tuple[StepTimeCoefficients, FitError]:
-    """Non-negative least squares of step time on the terms, and the fit's error on `samples`."""
-    if len(samples) < len(TERMS):
-        raise ValueError(f"a step-time fit needs at least {len(TERMS)} logged steps (got {len(samples)})")
+def fit_step_model(samples: Sequence[StepSample], window: int = 1,
+                   run_sizes: Sequence[int] | None = None) -> tuple[StepTimeCoefficients, FitError]:
+    """Non-negative least squares of step time on the terms, and the fit's error on `samples` (per step).
+
+    `window` > 1 fits sums of that many consecutive steps of each run (`run_sizes`: how many of `samples`,
+    in order, each run gave; default one run): the model is linear, so a window's time is the sum of its
+    steps' terms, and time a log puts on the wrong one of two neighbours (an async engine's record spans
+    the next step's schedule and launch) cancels inside the window instead of pricing both steps wrong."""
+    if len(samples) < len(TERMS) * window:
+        raise ValueError(f"a step-time fit needs at least {len(TERMS) * window} logged steps (got {len(samples)})")
     design = np.array([s.features for s in samples], dtype=np.float64)
     times = np.array([s.step_time_s for s in samples], dtype=np.float64)
     multi_row = TERMS.index("per_multi_row_step_s")
     if np.all(design[:, multi_row] == design[0, multi_row]):  # one kind of step: c5 is c0's twin, fixed at 0
         design[:, multi_row] = 0.0
+    if window > 1:
+        design, times = _window_sums(design, times, run_sizes or [len(samples)], window)
     # Columns span 1 to 1e6 (context tokens): scaled to a max of 1 each, NNLS converges on all of them.
     scale = np.abs(design).max(axis=0)
     scale[scale == 0] = 1.0
     solution, _ = nnls(design / scale, times)
     coefficients = StepTimeCoefficients(*(float(c) for c in solution / scale))
     return coefficients, fit_error(coefficients, samples)
+
+
+def _window_sums(design: np.ndarray, times: np.ndarray, run_sizes: Sequence[int],
+                 window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each run's consecutive rows summed `window` at a time (a run's last partial window is left out)."""
+    if sum(run_sizes) != len(times):
+        raise ValueError(f"run sizes {list(run_sizes)} do not add up to the {len(times)} steps")
+    rows, sums, start = [], [], 0
+    for size in run_sizes:
+        used = size // window * window
+        rows.append(design[start:start + used].reshape(-1, window, design.shape[1]).sum(axis=1))
+        sums.append(times[start:start + used].reshape(-1, window).sum(axis=1))
+        start += size
+    return np.concatenate(rows), np.concatenate(sums)
 
 
 def fit_error(coefficients: StepTimeCoefficients, samples: Sequence[StepSample]) -> FitError:
