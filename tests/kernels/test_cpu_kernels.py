@@ -49,7 +49,9 @@ def test_q4_matmul_matches_the_dequantized_float32_matmul(num_rows: int, n: int,
                                atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("n", "k"), [(40, 64), (7, 96), (960, 576), (576, 1536)])  # K/32 over 16: a vector of m terms
+# K/32 over 16: a vector of m terms; n = 1, 7, 16, 40: a partial, a whole and 2.5 groups of 16 rows; odd K/32: the
+# even/odd accumulators' last block
+@pytest.mark.parametrize(("n", "k"), [(40, 64), (7, 96), (1, 32), (16, 160), (960, 576), (576, 1536)])
 def test_q4_one_row_is_within_float32_accumulation_error_of_the_tile_path(n: int, k: int) -> None:
     # One input row takes the factored kernel, d (q . x) + m sum(x) per block; the same row in a 2-row
     # input takes the tiles' w = d q + m (the path before). Both against a float64 reference, bounded
@@ -65,7 +67,7 @@ def test_q4_one_row_is_within_float32_accumulation_error_of_the_tile_path(n: int
     assert torch.all((tile.double() - exact).abs() <= bound)
 
 
-@pytest.mark.parametrize(("n", "k"), [(21, 128), (300, 576), (64, 1024)])  # K/32 = 32: two vectors of d terms
+@pytest.mark.parametrize(("n", "k"), [(21, 128), (300, 576), (64, 1024), (1, 32), (17, 96)])  # K/32 = 32: two vectors
 def test_q8_0_one_row_is_within_float32_accumulation_error_of_the_tile_path(n: int, k: int) -> None:
     gen = torch.Generator().manual_seed(n)
     qweight = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=gen)
