@@ -9,6 +9,8 @@ completion). Needs vLLM importable (its site on PYTHONPATH, as session.sh sets i
 
     PYTHONPATH=src:/tmp/site python3 benchmarks/gpu/vllm_offline.py --model benchmarks/models/llama-3.1-70b \\
         --tensor-parallel-size 2 --out results.jsonl
+    PYTHONPATH=src:/tmp/site python3 benchmarks/gpu/vllm_offline.py --model benchmarks/models/llama-3.1-8b \\
+        --quantization fp8 --kv-cache-dtype fp8      # issue 37: vLLM's own FP8 flags, beside conveyor's
 
 Prints one JSON line ("RESULT {...}") and appends it to --out if given.
 """
@@ -35,6 +37,8 @@ def main() -> int:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--temperature", type=float, default=0.6)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quantization", default=None, choices=[None, "fp8"], help="vLLM's online dynamic FP8 weights")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"])
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
@@ -45,7 +49,8 @@ def main() -> int:
     started = time.perf_counter()
     llm = LLM(model=args.model, load_format="dummy", skip_tokenizer_init=True, max_model_len=args.max_model_len,
               gpu_memory_utilization=args.gpu_memory_utilization, dtype="bfloat16", seed=args.seed,
-              tensor_parallel_size=args.tensor_parallel_size)
+              tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization,
+              kv_cache_dtype=args.kv_cache_dtype)
     load_s = time.perf_counter() - started
 
     def params(n: int) -> SamplingParams:
@@ -62,6 +67,7 @@ def main() -> int:
     config = llm.llm_engine.vllm_config
     result = {"engine": "vllm", "vllm_version": vllm.__version__, "model": pathlib.Path(args.model).name,
               "workload": "nano256", "tensor_parallel_size": args.tensor_parallel_size, "prompt_tokens": in_tok,
+              "quantization": args.quantization or "none", "kv_cache_dtype": args.kv_cache_dtype,
               "output_tokens": out_tok, "output_tokens_generated": got, "wall_s": round(wall, 3),
               "output_tok_s": round(out_tok / wall, 1), "total_tok_s": round((in_tok + out_tok) / wall, 1),
               "load_and_capture_s": round(load_s, 1), "num_gpu_blocks": config.cache_config.num_gpu_blocks,

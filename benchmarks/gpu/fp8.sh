@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Issue 37's GPU proof, on one machine, conveyor first and vLLM 0.24 right after: the FP8 GPU tests, then
+# nano256 on the Llama-3.1-8B shape (dummy weights) with vLLM's FP8 flags, each engine at bf16 and at FP8.
+# Staged as benchmarks/gpu/study.sh stages (three calls, each carrying one of .peers/c1..c3):
+#   call 1, carry .peers/c1:  bash benchmarks/gpu/study.sh stage 1 && bash benchmarks/gpu/fp8.sh tests && \
+#                             bash benchmarks/gpu/fp8.sh conveyor none auto && bash benchmarks/gpu/fp8.sh conveyor fp8 fp8
+#   call 2, carry .peers/c2:  bash benchmarks/gpu/study.sh stage 2 && bash benchmarks/gpu/fp8.sh conveyor none fp8 ...
+#   call 3, carry .peers/c3:  bash benchmarks/gpu/study.sh stage 3 && bash benchmarks/gpu/study.sh unpack && \
+#                             bash benchmarks/gpu/fp8.sh vllm none auto && bash benchmarks/gpu/fp8.sh vllm fp8 fp8
+# QUANT is none | fp8 (--quantization), KV is auto | fp8 (--kv-cache-dtype). Each run is its own process
+# with nothing cached from the one before but Triton's / torch.compile's kernel caches (no prefix cache:
+# every nano256 prompt is random ids, and offline.py turns prefix caching off).
+# Results: one JSON line per run in $OUT/results.jsonl, logs in $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+export TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0
+MODEL=benchmarks/models/llama-3.1-8b
+
+step=$1; shift
+case $step in
+  tests)
+    PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL 240 python3 -m pytest -q -p no:cacheprovider -m gpu \
+      tests/kernels/test_fp8_kv_gpu.py tests/worker/test_kv_cache_fp8.py tests/kernels/test_fp8_linear.py \
+      tests/worker/test_fp8_weights.py 2>&1 | tail -25 ;;
+  conveyor)
+    q=$1; kv=$2
+    PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL "${GUARD:-240}" python3 benchmarks/gpu/offline.py --model $MODEL \
+      --async-scheduling --max-num-seqs 1024 --max-num-batched-tokens 16384 --quantization "$q" --kv-cache-dtype "$kv" \
+      --out "$OUT/results.jsonl" > "$OUT/conveyor_${q}_$kv.log" 2>&1
+    echo "conveyor $q $kv rc=$?"; grep -h RESULT "$OUT/conveyor_${q}_$kv.log" | cut -c1-700
+    grep -h RESULT "$OUT/conveyor_${q}_$kv.log" > /dev/null || tail -20 "$OUT/conveyor_${q}_$kv.log" | cut -c1-300 ;;
+  vllm)
+    q=$1; kv=$2; flags=(--kv-cache-dtype "$kv"); [ "$q" = fp8 ] && flags+=(--quantization fp8)
+    PYTHONPATH=$PWD/src:/tmp/site timeout -s KILL "${GUARD:-300}" python3 benchmarks/gpu/vllm_offline.py --model $MODEL \
+      "${flags[@]}" --out "$OUT/results.jsonl" > "$OUT/vllm_${q}_$kv.log" 2>&1
+    echo "vllm $q $kv rc=$?"; grep -h RESULT "$OUT/vllm_${q}_$kv.log" | cut -c1-700
+    grep -h RESULT "$OUT/vllm_${q}_$kv.log" > /dev/null || tail -20 "$OUT/vllm_${q}_$kv.log" | cut -c1-300 ;;
+esac
+exit 0
