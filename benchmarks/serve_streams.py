@@ -83,7 +83,9 @@ def percentile(values: list[float], q: float) -> float:
 async def run_level(url: str, concurrency: int, max_tokens: int, prompt_words: int = 0,
                     repeats: int = 1) -> dict[str, float]:
     """`repeats` rounds of `concurrency` requests at once (each round's prompts new), pooled."""
-    limits = httpx.Limits(max_connections=concurrency)
+    # A new connection per request: llama-server closes idle keep-alive connections, and a pooled one reused
+    # just after it was closed ends the request as "Server disconnected" (seen on issue 39's runs).
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=0)
     results: list[StreamResult] = []
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         await one_stream(client, -1, 4, prompt_words)  # warm-up
