@@ -23,12 +23,13 @@ case $step in
     PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL 240 python3 -m pytest -q -p no:cacheprovider -m gpu \
       tests/kernels/test_fp8_kv_gpu.py tests/worker/test_kv_cache_fp8.py tests/kernels/test_fp8_linear.py \
       tests/worker/test_fp8_weights.py 2>&1 | tail -25 ;;
-  conveyor)
-    q=$1; kv=$2
+  conveyor)  # PROFILE=N: after the timed run, N decode steps at batch 256 under torch.profiler (the table)
+    q=$1; kv=$2; prof=(); [ "${PROFILE:-0}" -gt 0 ] && prof=(--profile-steps "$PROFILE" --profile-out "$OUT/prof_${q}_$kv.txt")
     PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL "${GUARD:-240}" python3 benchmarks/gpu/offline.py --model $MODEL \
       --async-scheduling --max-num-seqs 1024 --max-num-batched-tokens 16384 --quantization "$q" --kv-cache-dtype "$kv" \
-      --out "$OUT/results.jsonl" > "$OUT/conveyor_${q}_$kv.log" 2>&1
+      "${prof[@]}" --out "$OUT/results.jsonl" > "$OUT/conveyor_${q}_$kv.log" 2>&1
     echo "conveyor $q $kv rc=$?"; grep -h RESULT "$OUT/conveyor_${q}_$kv.log" | cut -c1-700
+    rm -f "$OUT/prof_${q}_$kv.json"  # the Chrome trace: too large to bring back; the table is kept
     grep -h RESULT "$OUT/conveyor_${q}_$kv.log" > /dev/null || tail -20 "$OUT/conveyor_${q}_$kv.log" | cut -c1-300 ;;
   vllm)
     q=$1; kv=$2; flags=(--kv-cache-dtype "$kv"); [ "$q" = fp8 ] && flags+=(--quantization fp8)

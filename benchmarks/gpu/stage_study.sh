@@ -23,5 +23,9 @@ tar -C "$WORK/deps" -cf - . | xz -6 -T0 > "$ROOT/.peers/c1/deps.tar.xz"
 tar -C /tmp -cJf "$ROOT/.peers/c1/tok.tar.xz" tok
 (cd "$WORK/split" && split -n 3 -a 1 "$WORK/vllm_site.tar.xz" vllm.)
 mv "$WORK/split/vllm.a" "$ROOT/.peers/c1/"; mv "$WORK/split/vllm.b" "$ROOT/.peers/c2/"; mv "$WORK/split/vllm.c" "$ROOT/.peers/c3/"
+# vLLM's --quantization imports compressed-tensors (pinned by vLLM 0.24.0) even for its own fp8 method;
+# the peer's site lacks it and loguru, its one import the GPU image lacks (issue 37's FP8 runs).
+mkdir -p "$ROOT/.peers/c3/whl" && python3 -m pip download -q --no-deps --only-binary=:all: -d "$ROOT/.peers/c3/whl" \
+  compressed-tensors==0.17.0 loguru==0.7.3
 sha256sum "$WORK/vllm_site.tar.xz" | cut -d' ' -f1 | tee "$ROOT/.peers/vllm_site.full.sha256" > "$ROOT/.peers/c3/vllm_site.full.sha256"
 du -sh "$ROOT"/.peers/c?

@@ -38,6 +38,7 @@ case $step in
     got=$(cat /tmp/stage/vllm.a /tmp/stage/vllm.b /tmp/stage/vllm.c | sha256sum | cut -d' ' -f1)
     [ "$got" = "$(cat .peers/c3/vllm_site.full.sha256)" ] || { echo "vLLM pieces corrupt"; exit 3; }
     rm -rf /tmp/site && mkdir -p /tmp/site && cat /tmp/stage/vllm.a /tmp/stage/vllm.b /tmp/stage/vllm.c | tar -xJ -C /tmp/site
+    for w in .peers/c3/whl/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site; done
     du -sh /tmp/site ;;
   study)
     engine=$1; tag=$2; dir=/tmp/study_${engine}_$tag

@@ -26,7 +26,8 @@ ENGINE_BLOCKS = [
     ("H100", 1024, 507, "unchunked"),    # the defaults: the sampler's reserve for 1,024 rows took most of the KV budget
     ("H100", 256, 1955, "unchunked"),
     ("H200", 1024, 14475, "unchunked"),
-    # chunked counts: pending a GPU run of benchmarks/gpu/kv_blocks.sh
+    ("H200", 1024, 16033, "chunked"),     # benchmarks/gpu/kv_blocks.sh 1024 256 on 2026-12-06
+    ("H200", 256, 16044, "chunked"),
 ]
 
 

@@ -12,15 +12,19 @@ from __future__ import annotations
 SAMPLER_BYTES_PER_LOGIT = 8
 """Bytes per (row, vocabulary entry) the sampler's profiled step holds for the whole batch: the float32
 copy of the LM head's logits and the shared generator's exponential noise [rows, V] (top-p alone keeps
-every token). Fitted with the two constants below to one sampler call's peak on an H100 (beyond the LM
-head's bf16 logits): 0.479 GiB at 256 × 128,256, 1.212 GiB at 1,024 × 128,256, 0.523 GiB at 256 × 151,936,
-1.393 GiB at 1,024 × 151,936 (docs/performance.md, "Sampler memory"); the model is within 0.2% of each."""
+every token). Fitted with the two constants below to one sampler call's peak on an H200 (beyond the LM
+head's bf16 logits; benchmarks/gpu/sampler_memory.py on this code, 2026-12-06): 0.5378 GiB at
+256 × 128,256, 1.2684 GiB at 1,024 × 128,256, 0.5811 GiB at 256 × 151,936, 1.4503 GiB at 1,024 × 151,936
+(docs/performance.md, "Sampler memory"); the model is within 0.2% of each."""
 SAMPLER_STAGED_BYTES_PER_LOGIT = 48
 """Bytes per logit of the staged path's temporaries (scaled copy, top-p's full sort: values and int64
-ids, softmax, cumulative sum, masks) -- for the rows of one chunk only (worker/sampler_staged.py)."""
-SAMPLER_CHUNK_PEAK_BYTES = 251_000_000
-"""The staged temporaries' peak once the rows go through in chunks (the sampler's 250 MB budget,
-`SAMPLER_CHUNK_BYTES`, plus rounding to whole rows; measured on the H100 as above)."""
+ids, softmax, cumulative sum, masks) -- for the rows of one chunk only (worker/sampler_staged.py). A whole
+batch in one pass peaks at 8 + 48 = 56 bytes per logit (measured: 56.0 on the H200)."""
+SAMPLER_CHUNK_PEAK_BYTES = 315_000_000
+"""The staged temporaries' peak once the rows go through in chunks: 311-315 MB measured at both
+vocabularies, against the 250 MB budget (`SAMPLER_CHUNK_BYTES`) the chunk's rows are sized by. The
+~63 MB above the budget is constant across vocabularies and row counts, so part of one chunk's
+temporaries is still live while the next one's are made."""
 UNCHUNKED_SAMPLER_BYTES_PER_LOGIT = 52
 """Historical: the whole-batch sampler's reserve before the staged path went through row chunks (H100,
 Qwen3-32B shape: the KV budget at max_num_seqs 1024 was 5,792 MiB below that at 256, i.e. 52.0 bytes for
