@@ -262,7 +262,7 @@ class AsyncEngineCore(EngineCore):
             # this empty schedule is the settled step's time: nothing else is logged for it
             return self._apply(previous.scheduler_output, self.runner.collect(previous.handle), previous, start_s)
         handle = self.runner.launch(scheduler_output)
-        launched_s = self._clock()
+        launched_s = self._clock() if self.step_log is not None else start_s  # an unlogged step reads it once
         previous, self._in_flight = self._in_flight, _InFlight(scheduler_output, handle, start_s, launched_s - start_s)
         if previous is None:
             return self.step()  # a burst starts: launch the next step before applying this one
