@@ -19,6 +19,10 @@ N's time is its launch (schedule + prepare + launch of N, `launch_time_s`) plus 
 of N+1's launch to the end of N's update: the wait for N's tokens and the update). N+1's launch, which
 happens between the two, is N+1's. Timing N from N+1's schedule instead (the logs written before this
 rule) charged a big prefill's launch to the decode step before it, and the prefill then logged a few ms.
+What no rule can split: the device runs N while the host launches N+1, and that time is in N+1's record.
+In steady state N's wait is its device time less N+1's launch, so a record is about the step's period;
+a decode before a launch longer than its device work logs little more than its own host work (the
+device was otherwise idle: the pair's sum is still the pair's cost).
 A launch that must wait for the step in flight (penalties and grammars read its token) carries that wait.
 An empty step (nothing computed) is not logged, and its time with it.
 
