@@ -7,7 +7,7 @@ from core_builders import make_request, make_scheduler
 from conveyor.core.fake_runner import FakeModelRunner
 from conveyor.core.outputs import CachedRequestData, NewRequestData, SchedulerOutput
 from conveyor.core.stats import SchedulerStats
-from conveyor.core.step_log import StepLog, StepRecord, step_record
+from conveyor.core.step_log import StepLog, StepRecord, StepTiming, step_record
 from conveyor.sampling_params import SamplingParams
 
 STATS = SchedulerStats(num_running_reqs=0, num_waiting_reqs=0, kv_cache_usage=0.0)
@@ -41,7 +41,7 @@ def test_drafts_count_as_decode_tokens_and_preemptions_come_from_the_stats() -> 
     record = step_record(output, stats, 1.0, 1.25)
     assert record == StepRecord(num_prefill_tokens=0, num_decode_tokens=5, num_prefill_reqs=0, num_decode_reqs=2,
                                 num_context_tokens=24 + 31, num_draft_tokens=3, num_preemptions=1,
-                                step_time_s=0.25, start_s=1.0)
+                                step_time_s=0.25, start_s=1.0, end_s=1.25)
 
 
 def test_prefix_cache_hits_are_context_but_not_computed_tokens() -> None:
@@ -66,3 +66,14 @@ def test_json_round_trip_ignores_unknown_keys() -> None:
     record = StepRecord(num_prefill_tokens=3, num_decode_tokens=2, num_prefill_reqs=1, num_decode_reqs=2,
                         num_context_tokens=40, num_draft_tokens=0, num_preemptions=0, step_time_s=0.01, start_s=5.0)
     assert StepRecord.from_json({**record.to_json(), "future_field": 1}) == record
+
+
+def test_an_async_step_is_timed_by_its_launch_plus_its_settle() -> None:
+    """Launched from 1.0 for 0.25 s; the next step's launch ran until 1.5, then this one settled until 1.75:
+    0.5 s, the next launch's 0.25 s not included. A synchronous step is one span."""
+    output = SchedulerOutput([], CachedRequestData(["a"], [()], [4]), {"a": 1}, 1)
+    record = step_record(output, STATS, timing=StepTiming(1.0, 1.75, launch_time_s=0.25, settle_start_s=1.5))
+    assert (record.step_time_s, record.launch_time_s, record.start_s, record.end_s) == (0.5, 0.25, 1.0, 1.75)
+    sync = step_record(output, STATS, 1.0, 1.75)
+    assert (sync.step_time_s, sync.launch_time_s, sync.end_s) == (0.75, 0.0, 1.75)
+    assert StepRecord.from_json(record.to_json()) == record

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -26,7 +27,7 @@ from conveyor.config import EngineConfig
 from conveyor.core.errors import AdmissionError, QueueFullError
 from conveyor.core.outputs import EngineCoreOutput, EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
 from conveyor.core.stats import SchedulerStats
-from conveyor.core.step_log import StepLog, StepRecord
+from conveyor.core.step_log import StepLog, StepRecord, StepTiming
 from conveyor.request import FinishReason, Request
 
 EMPTY_RUNNER_OUTPUT = ModelRunnerOutput(sampled_token_ids={})
@@ -99,7 +100,7 @@ class EngineCore:
     """Owns the scheduler and the model runner and advances them one step at a time."""
 
     def __init__(self, config: EngineConfig, runner: Runner, scheduler: SchedulerLike,
-                 limits: ModelLimits) -> None:
+                 limits: ModelLimits, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.runner = runner
         self.scheduler = scheduler
@@ -112,6 +113,8 @@ class EngineCore:
         """Waiting requests the scheduler refused when their grammar was ready: reported by the next step."""
         self.step_log = StepLog(config.step_log_size) if config.step_log_size else None
         """Each step's batch and wall time (--step-log-size; None when off: one branch per step)."""
+        self._clock = clock
+        """The step log's clock (a test's injected one times steps exactly)."""
         self._step_start_s = 0.0
 
     def add_request(self, request: Request) -> None:
@@ -147,7 +150,7 @@ class EngineCore:
 
     def _schedule(self) -> SchedulerOutput:
         """The scheduler's next step, after it received the requests whose matcher is now ready."""
-        self._step_start_s = time.monotonic()  # the step log's start; a clock read is noise next to a step
+        self._step_start_s = self._clock()  # the step log's start; a clock read is noise next to a step
         grammars = self._grammars
         if grammars is not None and self._waiting_for_grammar and not self.scheduler.has_unfinished_requests():
             grammars.wait(next(iter(self._waiting_for_grammar)), GRAMMAR_WAIT_S)  # else only empty steps
@@ -168,10 +171,12 @@ class EngineCore:
             return self._apply(scheduler_output, EMPTY_RUNNER_OUTPUT)
         return self._apply(scheduler_output, self.runner.execute(scheduler_output))
 
-    def _apply(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> StepResult:
+    def _apply(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput,
+               launched: _InFlight | None = None, settle_start_s: float = 0.0) -> StepResult:
         """The scheduler takes the step's output (append, stop, free); invariants checked if asked.
         Requests whose grammar failed end first, as errors: the EOS the worker forced for them this step
-        would otherwise finish them as a plain stop."""
+        would otherwise finish them as a plain stop. `launched`: an async step, settled from
+        `settle_start_s` (its step log time is its launch plus its settle; None: one span)."""
         failed = self._fail_grammars(runner_output.grammar_errors)
         outputs, stats = self.scheduler.update_from_output(scheduler_output, runner_output)
         outputs.finished_outputs.extend(failed)
@@ -182,9 +187,14 @@ class EngineCore:
         if self.config.check_invariants:
             self.scheduler.check_invariants()
         if self.step_log is not None:
-            self.step_log.record(scheduler_output, stats, self._step_start_s, time.monotonic())
+            self.step_log.record(scheduler_output, stats, timing=self._timing(launched, settle_start_s))
         self.num_steps += 1
         return StepResult(outputs, stats)
+
+    def _timing(self, launched: _InFlight | None, settle_start_s: float) -> StepTiming:
+        if launched is None:
+            return StepTiming(self._step_start_s, self._clock())
+        return StepTiming(launched.start_s, self._clock(), launched.launch_time_s, settle_start_s)
 
     def _fail_grammars(self, errors: dict[str, str]) -> list[EngineCoreOutput]:
         if not errors:
@@ -219,6 +229,10 @@ class _InFlight:
 
     scheduler_output: SchedulerOutput
     handle: Any
+    start_s: float = 0.0
+    """When its schedule began (the step log's)."""
+    launch_time_s: float = 0.0
+    """Its schedule + prepare + launch: charged to it, not to the step settled after it."""
 
 
 class AsyncEngineCore(EngineCore):
@@ -231,34 +245,39 @@ class AsyncEngineCore(EngineCore):
     """
 
     def __init__(self, config: EngineConfig, runner: PipelinedRunner, scheduler: SchedulerLike,
-                 limits: ModelLimits) -> None:
-        super().__init__(config, runner, scheduler, limits)
+                 limits: ModelLimits, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(config, runner, scheduler, limits, clock)
         self.runner: PipelinedRunner = runner
         self._in_flight: _InFlight | None = None
 
     def step(self) -> StepResult:
+        """The step log times each step by its own launch plus its settle (core/step_log.py's docstring):
+        the launch of N+1, which runs before N is settled, is not N's."""
         scheduler_output = self._schedule()
+        start_s = self._step_start_s
         if _nothing_for_runner(scheduler_output):
             previous, self._in_flight = self._in_flight, None
             if previous is None:
                 return self._apply(scheduler_output, EMPTY_RUNNER_OUTPUT)
-            return self._apply(previous.scheduler_output, self.runner.collect(previous.handle))
+            # this empty schedule is the settled step's time: nothing else is logged for it
+            return self._apply(previous.scheduler_output, self.runner.collect(previous.handle), previous, start_s)
         handle = self.runner.launch(scheduler_output)
-        previous, self._in_flight = self._in_flight, _InFlight(scheduler_output, handle)
+        launched_s = self._clock() if self.step_log is not None else start_s  # an unlogged step reads it once
+        previous, self._in_flight = self._in_flight, _InFlight(scheduler_output, handle, start_s, launched_s - start_s)
         if previous is None:
             return self.step()  # a burst starts: launch the next step before applying this one
-        return self._apply(previous.scheduler_output, self.runner.collect(previous.handle))
+        return self._apply(previous.scheduler_output, self.runner.collect(previous.handle), previous, launched_s)
 
     def has_unfinished_requests(self) -> bool:
         return self._in_flight is not None or super().has_unfinished_requests()
 
 
 def make_engine_core(config: EngineConfig, runner: Runner, scheduler: SchedulerLike,
-                     limits: ModelLimits) -> EngineCore:
-    """The step loop `config.scheduler.async_scheduling` asks for."""
+                     limits: ModelLimits, clock: Callable[[], float] = time.monotonic) -> EngineCore:
+    """The step loop `config.scheduler.async_scheduling` asks for (`clock`: the step log's)."""
     if config.scheduler.async_scheduling:
-        return AsyncEngineCore(config, runner, scheduler, limits)  # type: ignore[arg-type]
-    return EngineCore(config, runner, scheduler, limits)
+        return AsyncEngineCore(config, runner, scheduler, limits, clock)  # type: ignore[arg-type]
+    return EngineCore(config, runner, scheduler, limits, clock)
 
 
 def _nothing_for_runner(scheduler_output: SchedulerOutput) -> bool:

@@ -212,6 +212,33 @@ def test_the_time_between_steps_is_the_logs_median_gap_not_its_idle_time(tmp_pat
     assert StepTimeCoefficients.from_json(legacy, "old file").between_steps_s == 0.0
 
 
+
+def async_engine_log(settles_s: list[float], gap_s: float, launch_s: float = 1e-3) -> list[dict]:
+    """A log as AsyncEngineCore writes it (core/step_log.py): engine call j, `gap_s` after call j-1 ended,
+    launches step j, then settles step j-1 for settles_s[j-1]; step j's record starts at its launch, is its
+    launch plus its settle long, and ends with call j+1."""
+    rows: list[dict] = []
+    starts, call_s = [], 100.0
+    for step, settle_s in enumerate(settles_s):
+        starts.append(call_s)
+        if step:
+            end_s = call_s + launch_s + settles_s[step - 1]
+            rows.append({"num_decode_tokens": 1, "step_time_s": launch_s + settles_s[step - 1],
+                         "start_s": starts[step - 1], "launch_time_s": launch_s, "end_s": end_s})
+            call_s = end_s + gap_s
+        else:
+            call_s += launch_s  # a burst starts: the first call goes on to launch the second step
+    return rows
+
+
+def test_between_steps_of_an_async_log_is_the_gap_between_engine_calls() -> None:
+    """Settles of 1 and 9 ms in turn: next start - (start + step time) is the gap -8 or +8 ms, a median of
+    nothing; from the end of the step settled before, each start is the 0.6 ms gap exactly."""
+    log = async_engine_log([1e-3, 9e-3] * 20, 6e-4)
+    assert between_steps_s([log]) == pytest.approx(6e-4)
+    legacy = [{k: v for k, v in row.items() if k != "end_s"} for row in log]
+    assert between_steps_s([legacy]) != pytest.approx(6e-4, abs=1e-4)  # why the end is logged
+
 def shifted_async_log(pairs: int, seed: int = 0) -> list[dict]:
     """Issue 36's H200 logs: an async engine's record before a prefill carries 60% of the prefill's time.
     Pairs of (decode step, then a prefill or another decode), so windows of 2 hold each shifted pair whole."""

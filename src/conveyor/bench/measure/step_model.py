@@ -21,8 +21,11 @@ outputs handed to the I/O thread, new requests taken in), which no step record's
 busy engine's cadence is step_time + that gap, so a simulation that priced steps alone would run fast by it
 (on the H100 study, 0.54-0.63 ms after each ~26 ms decode step: 2%, which over a request's hundreds of
 decode steps made it end ~0.3 s early, and requests waiting for its blocks start that much early). It is
-the median over consecutive logged steps of next start - (start + step_time): the median, so the few
-gaps where the engine sat idle between bursts do not count.
+the median over logged steps of start - the latest earlier step's end (end_s) before it: the median, so
+the few gaps where the engine sat idle between bursts do not count. With async scheduling a step's end is
+not the next one's start (step N+1 launches before N settles; core/step_log.py), so the gap is measured
+from the end of the step settled by the previous engine call, the latest end before the start. A log
+written before end_s takes start + step_time as the end and the next step's start, as it always did.
 
 The fit's error is reported on the log it was fitted on: R² and the median and p95 of the per-step
 relative error |predicted - measured| / measured; `bench calibrate --held-out` measures the same on other
@@ -31,6 +34,7 @@ runs' steps, and `conveyor simulate --validate` the simulation's error per metri
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -201,12 +205,30 @@ def fit_error(coefficients: StepTimeCoefficients, samples: Sequence[StepSample])
 
 
 def between_steps_s(logs: Sequence[Sequence[Mapping[str, JSON]]]) -> float:
-    """The median gap between consecutive steps of each log (rows in logged order), 0 when no row has a time
-    and a start (module docstring)."""
-    gaps = []
+    """The median gap before each step of each log (rows in logged order), 0 when no row has a time and a
+    start (module docstring)."""
+    gaps: list[float] = []
     for rows in logs:
-        timed = [(float(start), float(time_s)) for row in rows
-                 if isinstance(start := row.get("start_s"), (int, float)) and not isinstance(start, bool) and start > 0
-                 and isinstance(time_s := row.get("step_time_s"), (int, float)) and not isinstance(time_s, bool)]
-        gaps += [max(0.0, later[0] - start - time_s) for (start, time_s), later in itertools.pairwise(timed)]
+        timed = [(start, time_s, _number(row, "end_s")) for row in rows
+                 if (start := _number(row, "start_s")) > 0 and (time_s := _number(row, "step_time_s", -1.0)) >= 0]
+        if timed and all(end > 0 for _, _, end in timed):
+            gaps += _gaps_before_starts([start for start, _, _ in timed], [end for _, _, end in timed])
+        else:  # a log written before end_s: each step ended at start + step_time, the next one starts after
+            gaps += [max(0.0, later[0] - start - time_s) for (start, time_s, _), later in itertools.pairwise(timed)]
     return float(np.median(gaps)) if gaps else 0.0
+
+
+def _gaps_before_starts(starts: Sequence[float], ends: Sequence[float]) -> list[float]:
+    """Each start minus the latest end before it among the earlier steps (ends rise in logged order: a step is
+    logged when it ends); the first step, with no end before it, has none."""
+    gaps = []
+    for index, start in enumerate(starts):
+        before = bisect.bisect_right(ends, start, 0, index)
+        if before:
+            gaps.append(start - ends[before - 1])
+    return gaps
+
+
+def _number(row: Mapping[str, JSON], key: str, missing: float = 0.0) -> float:
+    value = row.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else missing
