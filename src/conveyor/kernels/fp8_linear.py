@@ -4,8 +4,9 @@ The model: at load every decoder projection's weight W [N, K] becomes `fp8(W / s
 per-tensor scale s_w = max|W| / 448, so it takes one byte per element; embeddings, norms and the LM
 head keep the model's dtype (as vLLM's Fp8LinearMethod leaves them). Each forward quantizes its input
 the same way, per tensor and dynamically (s_x = max|x| / 448, computed on the device: no host sync,
-CUDA-graph capturable), and one `torch._scaled_mm` computes (x_q @ W_q^T) * s_x * s_w (+ bias) in the
-input's dtype, accumulating in float32. The torch reference does the same in float32 from the
+CUDA-graph capturable; on a GPU by kernels/fp8_quant.py's two Triton passes, the same bits), and one
+`torch._scaled_mm` computes (x_q @ W_q^T) * s_x * s_w (+ bias) in the input's dtype, accumulating in
+float32. The torch reference does the same in float32 from the
 dequantized operands.
 """
 
@@ -13,21 +14,11 @@ from __future__ import annotations
 
 import torch
 
-FP8_WEIGHT_DTYPE = torch.float8_e4m3fn
+from conveyor.kernels.fp8_quant import FP8_DTYPE, dynamic_scale, quantize_fp8, quantize_fp8_dynamic
+from conveyor.kernels.triton_compat import HAS_TRITON
+
+FP8_WEIGHT_DTYPE = FP8_DTYPE
 """vLLM's --quantization fp8 element type."""
-_FP8_MAX = torch.finfo(FP8_WEIGHT_DTYPE).max
-_MIN_SCALE = 1.0 / (_FP8_MAX * 512.0)
-"""Floor of a dynamic scale (vLLM's): an all-zero input must not divide by zero."""
-
-
-def dynamic_scale(x: torch.Tensor) -> torch.Tensor:
-    """Per-tensor scale [] float32: max|x| / 448, floored."""
-    return (x.abs().amax().float() / _FP8_MAX).clamp_(min=_MIN_SCALE)
-
-
-def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x [..] -> fp8 [..]: x / scale saturated to +-448, rounded to nearest even."""
-    return (x.float() / scale).clamp_(-_FP8_MAX, _FP8_MAX).to(FP8_WEIGHT_DTYPE)
 
 
 def quantize_weight_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,8 +40,11 @@ def fp8_linear(
 ) -> torch.Tensor:
     """x [T, K] (bf16/fp16) @ fp8 weight [N, K]^T -> [T, N] in x's dtype, x quantized per tensor on the fly."""
     _check_inputs(x, weight, weight_scale)
-    x_scale = dynamic_scale(x)
-    x_q = quantize_fp8(x, x_scale)  # [T, K]
+    if x.is_cuda and HAS_TRITON:  # two fused passes instead of seven torch kernels (kernels/fp8_quant.py)
+        x_q, x_scale = quantize_fp8_dynamic(x)  # [T, K] fp8, [] float32
+    else:
+        x_scale = dynamic_scale(x)
+        x_q = quantize_fp8(x, x_scale)  # [T, K]
     # weight.t() is a column-major [K, N] view: the layout _scaled_mm's second operand needs.
     return torch._scaled_mm(x_q, weight.t(), scale_a=x_scale, scale_b=weight_scale.reshape(()), bias=bias,
                             out_dtype=x.dtype)

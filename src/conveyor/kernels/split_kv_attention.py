@@ -67,6 +67,8 @@ def _split_kv_decode_kernel(
     m_i = tl.full([ROWS], -1.0e30, tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, HEAD_DIM_PAD], tl.float32)
+    if KV_FP8:  # q.(k s_k) = s_k (q.k): one multiply per score, none per key element
+        scale_log2 = scale_log2 * k_scale
     cols = tl.arange(0, TILE_N)
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_s
     for tile_start in range(span_start, span_end, TILE_N):
@@ -79,9 +81,9 @@ def _split_kv_decode_kernel(
         k = tl.load(k_cache_ptr + kv_head * stride_k_h + k_offsets, mask=kv_mask, other=0.0)
         v_offsets = block_ids[:, None] * stride_v_b + in_block[:, None] * stride_v_s + dims[None, :]
         v = tl.load(v_cache_ptr + kv_head * stride_v_h + v_offsets, mask=kv_mask, other=0.0)
-        if KV_FP8:  # [TILE_N, D] fp8 -> the query's dtype before the dot products
-            k = (k.to(tl.float32) * k_scale).to(q.dtype)
-            v = (v.to(tl.float32) * v_scale).to(q.dtype)
+        if KV_FP8:  # [TILE_N, D] fp8 -> the query's dtype, exactly; the scales are folded (below, above)
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
         scores = tl.dot(q, tl.trans(k)) * scale_log2  # [ROWS, TILE_N]
         scores = tl.where(key_valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
@@ -92,6 +94,8 @@ def _split_kv_decode_kernel(
         m_i = m_new
     lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
     acc = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    if KV_FP8:  # sum p (v s_v) = s_v sum p v; the reduce's weights are linear in it
+        acc = acc * v_scale
     # partial_out [S, H, num_splits, HEAD_DIM_PAD] float32, partial_lse [S, H, num_splits]
     num_heads = tl.num_programs(1) * GROUP
     row_base = (seq * num_heads + head) * num_splits + split  # [ROWS]

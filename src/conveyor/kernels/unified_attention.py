@@ -12,8 +12,10 @@ depends only on token and sequence counts, never on the values of query lengths,
 CUDA-graph capturable. Sequence i's query blocks start at program `query_start_loc[i] // BLOCK_Q + i`
 (this never overlaps the next sequence's); a program finds its sequence by binary search over
 `query_start_loc` and exits if it falls in the gap after the sequence's last block. An FP8 cache
-(KV_FP8) is dequantized tile by tile right after its load -- x * k_scale (v_scale) in float32, then the
-query's dtype, as vLLM's triton_unified_attention does -- so the dot products stay bf16/fp16 ones.
+(KV_FP8) is converted tile by tile right after its load to the query's dtype (exact: e4m3 and e5m2 fit
+in bf16 and fp16), so the dot products stay bf16/fp16 ones, and the per-tensor scales are folded out of
+the loop: k_scale into the softmax scale (q.(k s_k) = s_k q.k), v_scale into the output (sum p v s_v =
+s_v sum p v). At the default unit scales that is the same arithmetic as dequantizing each element first.
 """
 
 from dataclasses import dataclass
@@ -100,9 +102,9 @@ def _attend_tiles(acc, m_i, l_i, q, query_pos, start, end, kv_end, table_row, k_
         else:
             k = tl.load(k_base + k_offsets)
             v = tl.load(v_base + v_offsets)
-        if KV_FP8:  # [N, D] fp8 -> the query's dtype (tl.dot takes no fp8 x bf16 mix)
-            k = (k.to(tl.float32) * k_scale).to(q.dtype)
-            v = (v.to(tl.float32) * v_scale).to(q.dtype)
+        if KV_FP8:  # [N, D] fp8 -> the query's dtype, exactly (tl.dot takes no fp8 x bf16 mix); the
+            k = k.to(q.dtype)  # scales are folded: k_scale into scale_log2, v_scale into the output
+            v = v.to(q.dtype)
         scores = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_M, TILE_N], log2 units
         if MASKED:
             visible = (key_pos[None, :] <= query_pos[:, None]) & key_valid[None, :]
@@ -158,6 +160,8 @@ def _unified_attention_kernel(
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_s
     k_base = k_cache_ptr + kv_head * stride_k_h
     v_base = v_cache_ptr + kv_head * stride_v_h
+    if KV_FP8:  # q.(k s_k) = s_k (q.k): one multiply per score, none per key element
+        scale_log2 = scale_log2 * k_scale
     acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, query_pos, 0, full_end, kv_end, table_row, k_base, v_base,
                                   scale_log2, stride_k_b, stride_k_s, stride_v_b, stride_v_s, dims,
                                   dim_valid, k_scale, v_scale, TILE_N, BLOCK_SIZE, HEAD_DIM != HEAD_DIM_PAD,
@@ -167,6 +171,8 @@ def _unified_attention_kernel(
                                   dim_valid, k_scale, v_scale, TILE_N, BLOCK_SIZE, HEAD_DIM != HEAD_DIM_PAD,
                                   True, KV_FP8)
     acc = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # padding sequences (seq_len 0) write zeros
+    if KV_FP8:  # sum p (v s_v) = s_v sum p v
+        acc = acc * v_scale
     o_offsets = (q_start + token)[:, None] * stride_o_t + head[:, None] * stride_o_h + dims[None, :]
     tl.store(out_ptr + o_offsets, acc.to(out_ptr.dtype.element_ty),
              mask=row_valid[:, None] & dim_valid[None, :])
