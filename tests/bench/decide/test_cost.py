@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from conveyor.bench.decide.cost import Cost, CostModel
+from conveyor.bench.decide.cost import Cost, CostBasis, CostModel
 from conveyor.bench.decide.decision import (
     DecisionInputs,
     Outcome,
@@ -22,7 +22,8 @@ from conveyor.bench.decide.decision_checklist import (
     answer_checklist,
 )
 from conveyor.bench.decide.slo import SLO
-from conveyor.bench.measure.intervals import Interval, IntervalMethod
+from conveyor.bench.measure.intervals import Interval, IntervalConfig, IntervalMethod
+from conveyor.bench.measure.run_stats import RequestSample, rate_intervals, steady_accepted_rate
 from conveyor.bench.measure.rundirs import discover_runs, group_points
 from conveyor.bench.report.dashboard import ReportInputs, analyze, config_rows
 
@@ -41,6 +42,47 @@ def test_cost_is_price_times_gpus_times_time_over_accepted_with_its_interval() -
     assert "$2/GPU-hour from study.json × 2 GPUs × 0.0167 h / 240 accepted" in text
     unpriced = Cost(CostModel(), run_time_s=60.0, num_accepted=240, accepted_rate=rate)
     assert unpriced.per_accepted is None and unpriced.interval is None and unpriced.describe() == "no price given"
+
+
+def _steady_run() -> list[RequestSample]:
+    """100 requests at 1 req/s, each answered in 10 s: 10 s to fill the pipeline, 10 s to drain it after the
+    last send; in between the server ends 1 request a second."""
+    return [RequestSample(status="completed", sent_s=float(i), end_s=i + 10.0, e2e_s=10.0) for i in range(100)]
+
+
+def test_the_cost_divides_the_price_by_the_steady_accepted_rate_not_the_whole_run() -> None:
+    cfg = IntervalConfig(num_resamples=300)
+    run = _steady_run()
+    steady = steady_accepted_rate([run], None, cfg)
+    assert steady is not None and steady.estimate == pytest.approx(1.0)
+    cost = Cost(CostModel(3.6, 1, "test"), run_time_s=109.0, num_accepted=100,
+                accepted_rate=rate_intervals([run], None, cfg)["request_throughput"], steady_rate=steady)
+    per_second = 3.6 / 3600.0
+    assert cost.basis is CostBasis.STEADY
+    assert cost.per_accepted == pytest.approx(per_second / 1.0)  # $1 per 1,000
+    assert cost.per_accepted_whole_run == pytest.approx(per_second * 109.0 / 100)  # fill and drain paid for
+    # one quantity: the estimate and both ends are the price over the same rate's estimate and ends
+    assert cost.interval == pytest.approx((per_second / steady.high, per_second / steady.low))
+    low, high = cost.interval or (0.0, 0.0)
+    assert low < cost.per_accepted < high
+    assert cost.server_hour == pytest.approx(cost.per_accepted * steady.estimate * 3600.0) == pytest.approx(3.6)
+    text = cost.describe()
+    assert text.startswith("$1 [") and "per 1,000 accepted responses" in text
+    assert "/ 1 [" in text and "accepted/s steady; whole run incl. fill and drain: $1.09" in text
+
+
+def test_without_a_steady_window_the_cost_is_the_whole_runs_and_says_so() -> None:
+    cfg = IntervalConfig(num_resamples=300)
+    burst = [RequestSample(status="completed", sent_s=0.01 * i, end_s=30.0 + i, e2e_s=30.0 + i) for i in range(40)]
+    steady = steady_accepted_rate([burst], None, cfg)
+    cost = Cost(CostModel(3.6, 1, "test"), run_time_s=69.6, num_accepted=40,
+                accepted_rate=rate_intervals([burst], None, cfg)["request_throughput"], steady_rate=steady)
+    assert steady is None and cost.basis is CostBasis.WHOLE_RUN
+    assert cost.per_accepted == cost.per_accepted_whole_run == pytest.approx(3.6 / 3600.0 * 69.6 / 40)
+    low, high = cost.interval or (0.0, 0.0)
+    assert low <= (cost.per_accepted or 0.0) <= high
+    assert "whole run incl. fill and drain: no steady window measured" in cost.describe()
+    assert "whole run: no steady window" in cost.short()
 
 
 def test_without_a_price_the_decision_ranks_by_capacity_per_gpu_and_says_so() -> None:

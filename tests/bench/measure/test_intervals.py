@@ -23,6 +23,7 @@ from conveyor.bench.measure.run_stats import (
     pooled_intervals,
     rate_intervals,
     sample_intervals,
+    steady_accepted_rate,
 )
 
 FAST = IntervalConfig(num_resamples=999)
@@ -172,6 +173,22 @@ def test_the_steady_completion_rate_is_not_biased_by_the_spread_of_answer_length
 def test_no_steady_rate_when_the_pipeline_never_fills_before_the_sends_stop() -> None:
     burst = [RequestSample(status="completed", sent_s=0.01 * i, end_s=30.0 + i, e2e_s=30.0 + i) for i in range(40)]
     assert completion_rate([burst], IntervalConfig(num_resamples=300)) is None
+
+
+def test_the_steady_accepted_rate_counts_accepted_ends_in_the_capacity_rules_window() -> None:
+    """100 requests at 1 req/s answered in 10 s, every 4th too slow to first token: the window is [10, 99)
+    (first send + p95 E2E to the last send), 89 ends there, 23 of them not accepted."""
+    cfg = IntervalConfig(num_resamples=300)
+    run = [RequestSample(status="completed", sent_s=float(i), end_s=i + 10.0, e2e_s=10.0,
+                         ttft_s=2.0 if i % 4 == 0 else 0.2) for i in range(100)]
+    accepted = steady_accepted_rate([run], lambda s: (s.ttft_s or 0.0) < 1.0, cfg)
+    assert accepted is not None and accepted.estimate == pytest.approx(66 / 89)
+    assert accepted.method is IntervalMethod.POISSON and accepted.low < accepted.estimate < accepted.high
+    completed = steady_accepted_rate([run], None, cfg)  # no per-request bound: every completed response
+    assert completed == completion_rate([run], cfg)
+    assert rate_intervals([run], None, cfg)["steady_accepted_rate"] == completed
+    burst = [RequestSample(status="completed", sent_s=0.01 * i, end_s=30.0 + i, e2e_s=30.0 + i) for i in range(40)]
+    assert steady_accepted_rate([burst], None, cfg) is None  # the pipeline never filled
 
 
 def test_garwood_interval_of_a_poisson_count() -> None:

@@ -1,16 +1,24 @@
 """One cost per accepted response, computed in one place and shown with its inputs.
 
 The model: at a configuration's operating point, over its valid repeats,
-    cost = price per GPU-hour × GPUs × Σ run time (h) / Σ accepted responses
-where an accepted response completed and met every per-request bound. Its interval comes from the
-accepted rate's (goodput's, else the completed rate's) interval: cost ∝ 1 / rate, so the rate's high
-end gives the cost's low end. There is no built-in price: a price comes from the user (study.json,
-a flag) and says where it came from; without one there is no cost, and the decision ranks by capacity
-per GPU instead. The configurations table, the checklist and the headline all display `Cost.describe`.
+    cost = price per GPU-hour × GPUs / 3600 / steady accepted rate
+where the steady accepted rate is the accepted responses per second in the window the capacity rule
+reads (run_stats.steady_accepted_rate: from the pipeline's fill, first send + p95 E2E, to the last send),
+pooled over the repeats, and an accepted response completed and met every per-request bound. A run's
+fill (few requests in flight) and drain (the tail after the last send) are not what a steadily loaded
+server pays for: on the GPU study's H200 runs they were ~20% of the whole run's cost. The estimate and its
+interval are one quantity: cost ∝ 1 / rate, so the rate's high end gives the cost's low end, and cost ×
+rate × 3600 is the price of one server-hour (what the checklist's servers cost). The whole run's figure
+(price × GPUs × Σ run time / Σ accepted) stays shown beside it; it is the cost itself, said so
+(`CostBasis.WHOLE_RUN`), when no run has a steady window (requests not recorded, or the sends stopped
+before the pipeline filled). There is no built-in price: a price comes from the user (study.json, a flag)
+and says where it came from; without one there is no cost, and the decision ranks by capacity per GPU
+instead. The configurations table, the checklist and the headline all display `Cost.describe`.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 
@@ -41,6 +49,15 @@ class CostModel:
         return f"${self.price_per_gpu_hour:.3g}/GPU-hour from {self.price_source} × {gpus}"
 
 
+class CostBasis(enum.Enum):
+    """Which accepted rate a cost divides the price by."""
+
+    STEADY = "steady"
+    """The steady window's accepted rate (run_stats.steady_accepted_rate)."""
+    WHOLE_RUN = "whole_run"
+    """Σ accepted / Σ run time, fill and drain included: only when no steady rate was measured."""
+
+
 @dataclass(frozen=True)
 class Cost:
     """USD per accepted response at one point, with its interval and the inputs it came from."""
@@ -52,26 +69,60 @@ class Cost:
     num_accepted: int
     """Accepted responses over the valid repeats."""
     accepted_rate: Interval | None = None
-    """Accepted responses per second, pooled over the valid repeats (None: not measured)."""
+    """The whole run's accepted responses per second, pooled over the valid repeats (None: not measured)."""
+    steady_rate: Interval | None = None
+    """Accepted responses per second in the steady window, pooled (None: no run had one)."""
+
+    @property
+    def basis(self) -> CostBasis:
+        steady = self.steady_rate is not None and self.steady_rate.estimate > 0
+        return CostBasis.STEADY if steady else CostBasis.WHOLE_RUN
+
+    @property
+    def per_second(self) -> float | None:
+        """USD per second of one server (None: no price)."""
+        price = self.model.price_per_gpu_hour
+        return None if price is None else price * self.model.num_gpus / 3600.0
+
+    @property
+    def per_accepted_whole_run(self) -> float | None:
+        """USD per accepted response over whole runs, fill and drain included (None: no price, or nothing
+        accepted)."""
+        per_second = self.per_second
+        if per_second is None or self.num_accepted == 0:
+            return None
+        return per_second * self.run_time_s / self.num_accepted
 
     @property
     def per_accepted(self) -> float | None:
-        """USD per accepted response (None: no price, or nothing accepted)."""
-        price = self.model.price_per_gpu_hour
-        if price is None or self.num_accepted == 0:
-            return None
-        return price * self.model.num_gpus * self.run_time_s / 3600.0 / self.num_accepted
+        """USD per accepted response on `basis` (None: no price, or nothing accepted)."""
+        per_second, rate = self.per_second, self.steady_rate
+        if self.basis is CostBasis.WHOLE_RUN or per_second is None or rate is None:
+            return self.per_accepted_whole_run
+        return per_second / rate.estimate
 
     @property
     def interval(self) -> tuple[float, float] | None:
-        """(low, high) USD per accepted response; always holds the estimate."""
-        estimate, price, rate = self.per_accepted, self.model.price_per_gpu_hour, self.accepted_rate
-        if estimate is None or price is None or rate is None:
+        """(low, high) USD per accepted response; always holds the estimate. On the steady basis it is the
+        steady rate's interval turned over; on the whole run's, the whole run's rate's, widened to hold the
+        estimate (its rate counts the ends over Σ gaps, the estimate over Σ durations)."""
+        estimate, per_second = self.per_accepted, self.per_second
+        rate = self.steady_rate if self.basis is CostBasis.STEADY else self.accepted_rate
+        if estimate is None or per_second is None or rate is None:
             return None
-        per_second = price * self.model.num_gpus / 3600.0
         low = per_second / rate.high if rate.high > 0 else 0.0
         high = per_second / rate.low if rate.low > 0 else math.inf
         return min(low, estimate), max(high, estimate)
+
+    @property
+    def server_hour(self) -> float | None:
+        """USD per hour of one server, as cost × accepted rate × 3600: the same price the cost came from
+        (the checklist provisions servers with it; None: no price)."""
+        estimate, rate = self.per_accepted, self.steady_rate
+        if estimate is not None and rate is not None and self.basis is CostBasis.STEADY:
+            return estimate * rate.estimate * 3600.0
+        per_second = self.per_second
+        return None if per_second is None else per_second * 3600.0
 
     def describe(self) -> str:
         """"$0.0556 [0.0500, 0.0625] per 1,000 accepted responses ($2/GPU-hour from study.json × 1 GPU ...)"."""
@@ -86,11 +137,24 @@ class Cost:
         estimate, price = self.per_accepted, self.model.price_per_gpu_hour
         if estimate is None or price is None:
             return self.describe()
-        return f"{money(estimate, self.interval)} at ${price:.3g}/GPU-hour ({self.model.price_source})"
+        basis = "" if self.basis is CostBasis.STEADY else ", whole run: no steady window"
+        return f"{money(estimate, self.interval)} at ${price:.3g}/GPU-hour ({self.model.price_source}{basis})"
 
     def inputs(self) -> str:
-        return (f"{self.model.describe_price()} × {self.run_time_s / 3600.0:.3g} h / "
-                f"{self.num_accepted:,} accepted")
+        whole = (f"{self.model.describe_price()} × {self.run_time_s / 3600.0:.3g} h / "
+                 f"{self.num_accepted:,} accepted")
+        rate = self.steady_rate
+        if self.basis is CostBasis.WHOLE_RUN or rate is None:
+            return f"{whole}; whole run incl. fill and drain: no steady window measured"
+        run_cost = self.per_accepted_whole_run
+        # on the estimate's scale, so the two read side by side ("per 1,000" both)
+        shown = "n/a" if run_cost is None else f"${run_cost * _scale(self.per_accepted or run_cost):.3g}"
+        return (f"{self.model.describe_price()} / {rate.estimate:.3g} [{rate.low:.3g}, {rate.high:.3g}] accepted/s "
+                f"steady; whole run incl. fill and drain: {shown} ({whole})")
+
+
+def _scale(value: float) -> float:
+    return 1.0 if value >= 0.01 else 1000.0
 
 
 def money(value: float | None, interval: tuple[float, float] | None = None) -> str:
@@ -98,7 +162,8 @@ def money(value: float | None, interval: tuple[float, float] | None = None) -> s
     accepted responses"."""
     if value is None:
         return "n/a"
-    scale, unit = (1.0, "per accepted response") if value >= 0.01 else (1000.0, "per 1,000 accepted responses")
+    scale = _scale(value)
+    unit = "per accepted response" if scale == 1.0 else "per 1,000 accepted responses"
     shown = f"${value * scale:.3g}"
     if interval is not None:
         high = "..." if math.isinf(interval[1]) else f"{interval[1] * scale:.3g}"

@@ -206,13 +206,15 @@ def reproducibility(config: ConfigEval, inputs: ChecklistInputs) -> ChecklistIte
 
 def servers_needed(config: ConfigEval, main_rate: float | None) -> tuple[int, float, float] | None:
     """(whole servers serving the main rate at the operating point, the fraction of their capacity left
-    unused, USD per hour for them; None without an operating point or a price)."""
+    unused, USD per hour for them; None without an operating point or a price). A server's hour is the
+    cost's own (cost per accepted × steady accepted rate × 3600), so "cheapest" and "saving" rest on one cost."""
     op = config.operating_point
-    if op is None or op.cost.model.price_per_gpu_hour is None or not math.isfinite(op.offered_rate):
+    hourly = None if op is None else op.cost.server_hour
+    if op is None or hourly is None or not math.isfinite(op.offered_rate):
         return None
     servers = 1 if not main_rate or main_rate <= 0 else max(1, math.ceil(main_rate / op.offered_rate - 1e-9))
     used = 1.0 if not main_rate or main_rate <= 0 else main_rate / (servers * op.offered_rate)
-    return servers, 1.0 - used, servers * op.cost.model.num_gpus * op.cost.model.price_per_gpu_hour
+    return servers, 1.0 - used, servers * hourly
 
 
 def _retries(config: ConfigEval) -> str:

@@ -106,10 +106,10 @@ def evaluate_point(point: Point, slo: SLO, cost: CostModel, cfg: IntervalConfig 
     valid = valid_runs(point.runs)
     intervals = point_intervals(valid, shown_slo(slo), cfg) if valid else {}
     status, verdict = point_verdict(point.runs, slo, cfg, intervals)
-    # accepted responses per second: goodput when per-request bounds decide acceptance, else completions
+    # the whole run's accepted rate: goodput when per-request bounds decide acceptance, else completions
     rate = intervals.get("goodput") if slo.goodput_bounds() else None
     measured = Cost(cost, sum(r.summary.duration for r in valid), sum(accepted_responses(r, slo) for r in valid),
-                    rate or intervals.get("request_throughput"))
+                    rate or intervals.get("request_throughput"), intervals.get("steady_accepted_rate"))
     return PointEval(point=point, status=status, verdict=verdict,
                      verdicts=tuple(slo.evaluate(r.summary) for r in point.runs), cost=measured, intervals=intervals)
 

@@ -101,7 +101,7 @@ def queue_interval(runs: Sequence[RunResult], key: str,
 def point_intervals(runs: Sequence[RunResult], slo: SLO, cfg: IntervalConfig) -> dict[str, Interval]:
     """Summary key -> pooled interval, for the client-side keys the objective names and the rates."""
     keys = [SUMMARY_KEYS[n] for n in SUMMARY_KEYS if getattr(slo, n) is not None]
-    steady = ["completion_rate", "steady_offered_rate"]
+    steady = ["completion_rate", "steady_offered_rate", "steady_accepted_rate"]
     client_keys = [k for k in keys if not k.startswith("server.")] + list(RATE_KEYS) + steady
     samples = [_samples(r) for r in runs]
     out: dict[str, Interval] = {}

@@ -130,6 +130,9 @@ def rate_intervals(repeats: Sequence[Sequence[RequestSample]], accept: AcceptFn 
         # A point value, not an estimate with an interval: what the sends would complete at if kept up with.
         out["steady_offered_rate"] = Interval(offered, offered, offered, cfg.confidence, IntervalMethod.NONE,
                                               rate.num_samples)
+    accepted = steady_accepted_rate(repeats, accept, cfg)
+    if accepted is not None:
+        out["steady_accepted_rate"] = accepted
     counted = [s for samples in repeats for s in samples if s.status != "cancelled"]
     error = proportion_interval(sum(s.status == "failed" for s in counted), len(counted), cfg)
     if error is not None:
@@ -167,6 +170,12 @@ def _expected_ends(samples: Sequence[RequestSample], start: float, end: float) -
     return sum(share_within(end - s.sent_s) - share_within(start - s.sent_s) for s in done)
 
 
+def _steady_ends(samples: Sequence[RequestSample], window: tuple[float, float],
+                 counted: Callable[[RequestSample], bool]) -> int:
+    start, end = window
+    return sum(1 for s in samples if s.completed and s.end_s is not None and start <= s.end_s < end and counted(s))
+
+
 def steady_rates(repeats: Sequence[Sequence[RequestSample]], cfg: IntervalConfig) -> tuple[Interval, float] | None:
     """Completions per second inside each run's steady window, pooled (the requests that end there over the
     window's length), with Garwood's exact Poisson interval; and the rate its sends would have completed at
@@ -180,12 +189,26 @@ def steady_rates(repeats: Sequence[Sequence[RequestSample]], cfg: IntervalConfig
         window = steady_window(samples)
         if window is None:
             continue
-        start, end = window
-        count += sum(1 for s in samples if s.completed and s.end_s is not None and start <= s.end_s < end)
-        expected += _expected_ends(samples, start, end)
-        span += end - start
+        count += _steady_ends(samples, window, lambda _: True)
+        expected += _expected_ends(samples, *window)
+        span += window[1] - window[0]
     interval = poisson_rate_interval(count, span, cfg) if count >= 2 else None
     return None if interval is None else (interval, expected / span)
+
+
+def steady_accepted_rate(repeats: Sequence[Sequence[RequestSample]], accept: AcceptFn | None,
+                         cfg: IntervalConfig) -> Interval | None:
+    """Accepted responses (completed, and meeting `accept` when given) per second in the same steady windows
+    as steady_rates, pooled, with Garwood's interval: what a server kept at this load delivers. The cost per
+    accepted response divides the price by it (decide/cost.py): the fill and the drain of a run are not
+    what a steadily loaded server pays for. None: no run has a steady window, or fewer than 2 ends in it."""
+    count, span = 0, 0.0
+    for samples in repeats:
+        window = steady_window(samples)
+        if window is not None:
+            count += _steady_ends(samples, window, accept or (lambda _: True))
+            span += window[1] - window[0]
+    return poisson_rate_interval(count, span, cfg) if count >= 2 and span > 0 else None
 
 
 def completion_rate(repeats: Sequence[Sequence[RequestSample]], cfg: IntervalConfig) -> Interval | None:
