@@ -6,7 +6,7 @@ where the steady accepted rate is the accepted responses per second in the windo
 reads (run_stats.steady_accepted_rate: from the pipeline's fill, first send + p95 E2E, to the last send),
 pooled over the repeats, and an accepted response completed and met every per-request bound. A run's
 fill (few requests in flight) and drain (the tail after the last send) are not what a steadily loaded
-server pays for: on the GPU study's H200 runs they were ~20% of the whole run's cost. The estimate and its
+server pays for (on the GPU study they were 3-6% of the whole run's cost). The estimate and its
 interval are one quantity: cost ∝ 1 / rate, so the rate's high end gives the cost's low end, and cost ×
 rate × 3600 is the price of one server-hour (what the checklist's servers cost). The whole run's figure
 (price × GPUs × Σ run time / Σ accepted) stays shown beside it; it is the cost itself, said so
