@@ -10,7 +10,8 @@
 # SETUPS="..." picks setups; W=DIR keeps the outputs elsewhere (default /tmp/val); VENV=DIR names the
 # virtual environment (default .venv). HELD_OUT_FIRST=1 runs the held-out rate first instead of last (the
 # same roles): on 2026-12-06 the held-out run, last and the middle rate, ran 3-26% cheaper per step than
-# the fit of the two before it, so which of the two it is needs the order swapped.
+# the fit of the two before it, so which of the two it is needs the order swapped. WARMUP_RUN=1 serves one
+# more 16-request run first and keeps it out of both (a server's steps get cheaper over its first runs).
 set -uo pipefail
 cd "$(dirname "$0")/.."; . "${VENV:-.venv}/bin/activate"
 W=${W:-/tmp/val}; rm -rf "$W"; mkdir -p "$W"
@@ -23,6 +24,10 @@ setup() {  # NAME TRACE "FIT_RATE FIT_RATE HELD_OUT_RATE" FLAGS...
   pid=$!
   for _ in $(seq 1 120); do curl -sf localhost:8031/health > /dev/null && break; sleep 1; done
   order=("${rates[@]}"); [ "${HELD_OUT_FIRST:-0}" = 1 ] && order=("${rates[2]}" "${rates[0]}" "${rates[1]}")
+  if [ "${WARMUP_RUN:-0}" = 1 ]; then  # one run at the held-out rate, kept out of the fit and the check
+    conveyor bench run --base-url http://127.0.0.1:8031 --trace $trace --rate "${rates[2]}" --num-requests 16 \
+      --no-progress --out $W/$name/warmup > $W/$name-warmup.log 2>&1
+  fi
   for r in "${order[@]}"; do
     conveyor bench run --base-url http://127.0.0.1:8031 --trace $trace --rate $r --num-requests 16 \
       --collect-step-log --no-progress --out $W/$name/rate-$r > $W/$name-run-$r.log 2>&1
