@@ -9,9 +9,9 @@
 # On a shared machine serialize timed work: flock /tmp/cpu-measure.lock bash benchmarks/sim_validation_cpu.sh
 # SETUPS="..." picks setups; W=DIR keeps the outputs elsewhere (default /tmp/val); VENV=DIR names the
 # virtual environment (default .venv). HELD_OUT_FIRST=1 runs the held-out rate first instead of last (the
-# same roles): on 2026-12-06 the held-out run, last and the middle rate, ran 3-26% cheaper per step than
-# the fit of the two before it, so which of the two it is needs the order swapped. WARMUP_RUN=1 serves one
-# more 16-request run first and keeps it out of both (a server's steps get cheaper over its first runs).
+# same roles); WARMUP_RUN=1 serves one more 16-request run first and keeps it out of both. On 2026-12-06
+# neither made the held-out run's step cost track the fit: it drifted ±15-25% from run to run either way
+# (docs/decision.md, "The CPU validation again").
 set -uo pipefail
 cd "$(dirname "$0")/.."; . "${VENV:-.venv}/bin/activate"
 W=${W:-/tmp/val}; rm -rf "$W"; mkdir -p "$W"
