@@ -19,8 +19,8 @@ import torch
 from conveyor.kernels.fp8_kv import UNIT_KV_SCALES, KVScales, dequantize_kv, is_fp8
 from conveyor.kernels.paged_batch import PagedBatch, check_paged_inputs, paged_attention_ref
 from conveyor.kernels.triton_compat import tl, triton
+from conveyor.kernels.unified_attention import score_scale
 
-LOG2_E = 1.4426950408889634
 TILE_N = 64
 """Keys per inner-loop tile; every split spans a whole number of tiles."""
 
@@ -42,7 +42,7 @@ class SplitKVParams:
 @triton.jit(do_not_specialize=["num_splits", "stride_bt_s"])
 def _split_kv_decode_kernel(
     partial_out_ptr, partial_lse_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-    scale_log2, num_splits, k_scale, v_scale,
+    scale_log2, num_splits, v_scale,
     stride_q_t, stride_q_h, stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
     stride_bt_s,
     GROUP: tl.constexpr, ROWS: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -67,8 +67,6 @@ def _split_kv_decode_kernel(
     m_i = tl.full([ROWS], -1.0e30, tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, HEAD_DIM_PAD], tl.float32)
-    if KV_FP8:  # q.(k s_k) = s_k (q.k): one multiply per score, none per key element
-        scale_log2 = scale_log2 * k_scale
     cols = tl.arange(0, TILE_N)
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_s
     for tile_start in range(span_start, span_end, TILE_N):
@@ -81,7 +79,7 @@ def _split_kv_decode_kernel(
         k = tl.load(k_cache_ptr + kv_head * stride_k_h + k_offsets, mask=kv_mask, other=0.0)
         v_offsets = block_ids[:, None] * stride_v_b + in_block[:, None] * stride_v_s + dims[None, :]
         v = tl.load(v_cache_ptr + kv_head * stride_v_h + v_offsets, mask=kv_mask, other=0.0)
-        if KV_FP8:  # [TILE_N, D] fp8 -> the query's dtype, exactly; the scales are folded (below, above)
+        if KV_FP8:  # [TILE_N, D] fp8 -> the query's dtype, exactly; k_scale is folded into scale_log2 (score_scale), v_scale below
             k = k.to(q.dtype)
             v = v.to(q.dtype)
         scores = tl.dot(q, tl.trans(k)) * scale_log2  # [ROWS, TILE_N]
@@ -155,7 +153,7 @@ def split_kv_attention(
     partial_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=query.device)
     _split_kv_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         partial_out, partial_lse, query, key_cache, value_cache, batch.block_tables, batch.seq_lens,
-        scale * LOG2_E, num_splits, params.kv_scales.k_scale, params.kv_scales.v_scale,
+        score_scale(scale, params.kv_scales, key_cache.dtype), num_splits, params.kv_scales.v_scale,
         query.stride(0), query.stride(1), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), batch.block_tables.stride(0),
         GROUP=group, ROWS=max(16, triton.next_power_of_2(group)), TILE_N=TILE_N, HEAD_DIM=head_dim,

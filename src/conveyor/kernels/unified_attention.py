@@ -27,6 +27,12 @@ from conveyor.kernels.paged_batch import PagedBatch, check_paged_inputs, paged_a
 from conveyor.kernels.triton_compat import tl, triton
 
 LOG2_E = 1.4426950408889634
+
+
+def score_scale(scale: float, kv_scales: KVScales, cache_dtype: torch.dtype) -> float:
+    """The kernels' softmax scale in log2 units; an FP8 cache folds k_scale in (q.(k s_k) = s_k q.k), so
+    no key element is multiplied in the loop."""
+    return scale * LOG2_E * (kv_scales.k_scale if is_fp8(cache_dtype) else 1.0)
 ALL_ROWS = 0
 """`ROWS` of a launch: every sequence of the batch (decode-only batches: they all have one token)."""
 DECODE_ROWS = 1
@@ -76,7 +82,7 @@ def _program_block(query_start_loc_ptr, num_seqs, BLOCK_Q: tl.constexpr, ROWS: t
 
 @triton.jit
 def _attend_tiles(acc, m_i, l_i, q, query_pos, start, end, kv_end, table_row, k_base, v_base, scale_log2,
-                  stride_k_b, stride_k_s, stride_v_b, stride_v_s, dims, dim_valid, k_scale, v_scale,
+                  stride_k_b, stride_k_s, stride_v_b, stride_v_s, dims, dim_valid,
                   TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, PAD_DIMS: tl.constexpr,
                   MASKED: tl.constexpr, KV_FP8: tl.constexpr):
     """Online softmax over the keys [start, end) in TILE_N tiles gathered through the block table;
@@ -103,7 +109,7 @@ def _attend_tiles(acc, m_i, l_i, q, query_pos, start, end, kv_end, table_row, k_
             k = tl.load(k_base + k_offsets)
             v = tl.load(v_base + v_offsets)
         if KV_FP8:  # [N, D] fp8 -> the query's dtype, exactly (tl.dot takes no fp8 x bf16 mix); the
-            k = k.to(q.dtype)  # scales are folded: k_scale into scale_log2, v_scale into the output
+            k = k.to(q.dtype)  # scales are folded: k_scale into scale_log2 (host), v_scale into the output
             v = v.to(q.dtype)
         scores = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_M, TILE_N], log2 units
         if MASKED:
@@ -124,7 +130,7 @@ def _attend_tiles(acc, m_i, l_i, q, query_pos, start, end, kv_end, table_row, k_
 @triton.jit(do_not_specialize=["num_seqs", "stride_bt_s"])
 def _unified_attention_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-    scale_log2, num_seqs, k_scale, v_scale,
+    scale_log2, num_seqs, v_scale,
     stride_q_t, stride_q_h, stride_o_t, stride_o_h,
     stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h, stride_bt_s,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -160,15 +166,13 @@ def _unified_attention_kernel(
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_s
     k_base = k_cache_ptr + kv_head * stride_k_h
     v_base = v_cache_ptr + kv_head * stride_v_h
-    if KV_FP8:  # q.(k s_k) = s_k (q.k): one multiply per score, none per key element
-        scale_log2 = scale_log2 * k_scale
     acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, query_pos, 0, full_end, kv_end, table_row, k_base, v_base,
                                   scale_log2, stride_k_b, stride_k_s, stride_v_b, stride_v_s, dims,
-                                  dim_valid, k_scale, v_scale, TILE_N, BLOCK_SIZE, HEAD_DIM != HEAD_DIM_PAD,
+                                  dim_valid, TILE_N, BLOCK_SIZE, HEAD_DIM != HEAD_DIM_PAD,
                                   False, KV_FP8)
     acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, query_pos, full_end, kv_end, kv_end, table_row, k_base,
                                   v_base, scale_log2, stride_k_b, stride_k_s, stride_v_b, stride_v_s, dims,
-                                  dim_valid, k_scale, v_scale, TILE_N, BLOCK_SIZE, HEAD_DIM != HEAD_DIM_PAD,
+                                  dim_valid, TILE_N, BLOCK_SIZE, HEAD_DIM != HEAD_DIM_PAD,
                                   True, KV_FP8)
     acc = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # padding sequences (seq_len 0) write zeros
     if KV_FP8:  # sum p (v s_v) = s_v sum p v
@@ -259,7 +263,7 @@ def _launch(
         grid = (num_tokens // tile.block_q + batch.num_seqs, num_kv_heads)
     _unified_attention_kernel[grid](
         out, query, key_cache, value_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
-        scale * LOG2_E, batch.num_seqs, kv_scales.k_scale, kv_scales.v_scale,
+        score_scale(scale, kv_scales, key_cache.dtype), batch.num_seqs, kv_scales.v_scale,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), batch.block_tables.stride(0),
