@@ -116,11 +116,8 @@ class Cost:
 
     @property
     def server_hour(self) -> float | None:
-        """USD per hour of one server, as cost × accepted rate × 3600: the same price the cost came from
-        (the checklist provisions servers with it; None: no price)."""
-        estimate, rate = self.per_accepted, self.steady_rate
-        if estimate is not None and rate is not None and self.basis is CostBasis.STEADY:
-            return estimate * rate.estimate * 3600.0
+        """USD per hour of one server (the checklist provisions servers with it; None: no price). On the
+        steady basis it equals cost × steady accepted rate × 3600, so the two cost figures agree."""
         per_second = self.per_second
         return None if per_second is None else per_second * 3600.0
 
