@@ -15,7 +15,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0
-MODEL=benchmarks/models/llama-3.1-8b
+MODEL=${MODEL:-benchmarks/models/llama-3.1-8b}; M=$(basename "$MODEL")  # MODEL=...: another shape
 
 step=$1; shift
 case $step in
@@ -24,18 +24,18 @@ case $step in
       tests/kernels/test_fp8_kv_gpu.py tests/worker/test_kv_cache_fp8.py tests/kernels/test_fp8_linear.py tests/kernels/test_fp8_quant.py \
       tests/worker/test_fp8_weights.py 2>&1 | tail -25 ;;
   conveyor)  # PROFILE=N: after the timed run, N decode steps at batch 256 under torch.profiler (the table)
-    q=$1; kv=$2; prof=(); [ "${PROFILE:-0}" -gt 0 ] && prof=(--profile-steps "$PROFILE" --profile-out "$OUT/prof_${q}_$kv.txt")
+    q=$1; kv=$2; prof=(); [ "${PROFILE:-0}" -gt 0 ] && prof=(--profile-steps "$PROFILE" --profile-out "$OUT/prof_${M}_${q}_$kv.txt")
     PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL "${GUARD:-240}" python3 benchmarks/gpu/offline.py --model $MODEL \
       --async-scheduling --max-num-seqs 1024 --max-num-batched-tokens 16384 --quantization "$q" --kv-cache-dtype "$kv" \
-      "${prof[@]}" --out "$OUT/results.jsonl" > "$OUT/conveyor_${q}_$kv.log" 2>&1
-    echo "conveyor $q $kv rc=$?"; grep -h RESULT "$OUT/conveyor_${q}_$kv.log" | cut -c1-700
-    rm -f "$OUT/prof_${q}_$kv.json"  # the Chrome trace: too large to bring back; the table is kept
-    grep -h RESULT "$OUT/conveyor_${q}_$kv.log" > /dev/null || tail -20 "$OUT/conveyor_${q}_$kv.log" | cut -c1-300 ;;
+      "${prof[@]}" --out "$OUT/results.jsonl" > "$OUT/conveyor_${M}_${q}_$kv.log" 2>&1
+    echo "conveyor $q $kv rc=$?"; grep -h RESULT "$OUT/conveyor_${M}_${q}_$kv.log" | cut -c1-700
+    rm -f "$OUT/prof_${M}_${q}_$kv.json"  # the Chrome trace: too large to bring back; the table is kept
+    grep -h RESULT "$OUT/conveyor_${M}_${q}_$kv.log" > /dev/null || tail -20 "$OUT/conveyor_${M}_${q}_$kv.log" | cut -c1-300 ;;
   vllm)
     q=$1; kv=$2; flags=(--kv-cache-dtype "$kv"); [ "$q" = fp8 ] && flags+=(--quantization fp8)
     PYTHONPATH=$PWD/src:/tmp/site timeout -s KILL "${GUARD:-300}" python3 benchmarks/gpu/vllm_offline.py --model $MODEL \
-      "${flags[@]}" --out "$OUT/results.jsonl" > "$OUT/vllm_${q}_$kv.log" 2>&1
-    echo "vllm $q $kv rc=$?"; grep -h RESULT "$OUT/vllm_${q}_$kv.log" | cut -c1-700
-    grep -h RESULT "$OUT/vllm_${q}_$kv.log" > /dev/null || tail -20 "$OUT/vllm_${q}_$kv.log" | cut -c1-300 ;;
+      "${flags[@]}" --out "$OUT/results.jsonl" > "$OUT/vllm_${M}_${q}_$kv.log" 2>&1
+    echo "vllm $q $kv rc=$?"; grep -h RESULT "$OUT/vllm_${M}_${q}_$kv.log" | cut -c1-700
+    grep -h RESULT "$OUT/vllm_${M}_${q}_$kv.log" > /dev/null || tail -20 "$OUT/vllm_${M}_${q}_$kv.log" | cut -c1-300 ;;
 esac
 exit 0

@@ -5,9 +5,10 @@ Cases are the shapes nano256 produces (Qwen3-0.6B: 16 query / 8 KV heads; Llama-
 decode batches of 256 sequences with contexts uniform in [100, 2048], decode with few long sequences
 (unified vs split-KV), pure prefill chunks, and a mixed batch. Decode is judged by bytes (K and V of every
 context token read once) over time, prefill by causal attention FLOPs over time. Also sweeps the unified
-kernel's tile shape. Prints one JSON line per case ("KERNEL {...}") and a table.
+kernel's tile shape. Prints one JSON line per case ("KERNEL {...}") and a table. `--kv-dtype fp8` stores the
+caches in e4m3 (bytes counted at one per element); `--decode-only` runs the decode cases and their sweep.
 
-    python benchmarks/gpu/kernels.py [--quick]
+    python benchmarks/gpu/kernels.py [--quick] [--decode-only] [--kv-dtype bf16|fp8]
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ from conveyor.kernels.unified_attention import (
 
 BLOCK_SIZE = 16
 HEAD_DIM = 128
+KV_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
 
 
-def make_batch(query_lens: list[int], seq_lens: list[int], heads: tuple[int, int]) -> tuple:
-    """Random bf16 query and caches with shuffled block tables (no reference: speed only)."""
+def make_batch(query_lens: list[int], seq_lens: list[int], heads: tuple[int, int],
+               kv_dtype: torch.dtype = torch.bfloat16) -> tuple:
+    """Random bf16 query, caches in kv_dtype, shuffled block tables (no reference: speed only)."""
     num_heads, num_kv_heads = heads
     blocks = [math.ceil(n / BLOCK_SIZE) for n in seq_lens]
     num_blocks = sum(blocks)
@@ -45,7 +48,7 @@ def make_batch(query_lens: list[int], seq_lens: list[int], heads: tuple[int, int
     for seq, count in enumerate(blocks):
         table[seq, :count] = perm[tail : tail + count]
         tail += count
-    caches = torch.randn(2, num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    caches = torch.randn(2, num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM, device="cuda").to(kv_dtype)
     starts = torch.zeros(len(seq_lens) + 1, dtype=torch.int32)
     starts[1:] = torch.cumsum(torch.tensor(query_lens), 0)
     query = torch.randn(int(starts[-1]), num_heads, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
@@ -54,10 +57,11 @@ def make_batch(query_lens: list[int], seq_lens: list[int], heads: tuple[int, int
     return query, caches, batch
 
 
-def attention_cost(query_lens: list[int], seq_lens: list[int], heads: tuple[int, int]) -> tuple[float, float]:
+def attention_cost(query_lens: list[int], seq_lens: list[int], heads: tuple[int, int],
+                   kv_element_bytes: int = 2) -> tuple[float, float]:
     """(bytes: K+V of every context token once + q + out, FLOPs: 4 * visible (q, k) pairs * H * d)."""
     num_heads, num_kv_heads = heads
-    kv_bytes = sum(seq_lens) * num_kv_heads * HEAD_DIM * 2 * 2
+    kv_bytes = sum(seq_lens) * num_kv_heads * HEAD_DIM * 2 * kv_element_bytes
     qo_bytes = sum(query_lens) * num_heads * HEAD_DIM * 2 * 2
     pairs = sum(q * (s - q) + q * (q + 1) / 2 for q, s in zip(query_lens, seq_lens))
     return kv_bytes + qo_bytes, 4.0 * pairs * num_heads * HEAD_DIM
@@ -74,15 +78,15 @@ def report(name: str, ms: float, cost: tuple[float, float], extra: dict | None =
     return row
 
 
-def decode_cases(rows: list[dict], quick: bool) -> None:
+def decode_cases(rows: list[dict], quick: bool, kv_dtype: torch.dtype) -> None:
     rng = random.Random(0)
     for model, heads in (("qwen3-0.6b", (16, 8)), ("llama-3.1-8b", (32, 8))):
         for num_seqs in ((256,) if quick else (64, 256, 512)):
             seq_lens = [rng.randint(100, 2048) for _ in range(num_seqs)]
-            query, caches, batch = make_batch([1] * num_seqs, seq_lens, heads)
-            cost = attention_cost([1] * num_seqs, seq_lens, heads)
+            query, caches, batch = make_batch([1] * num_seqs, seq_lens, heads, kv_dtype)
+            cost = attention_cost([1] * num_seqs, seq_lens, heads, caches.element_size())
             ms = time_ms(lambda: unified_attention(query, caches[0], caches[1], batch, 0.088))
-            rows.append(report(f"decode {model} S={num_seqs}", ms, cost))
+            rows.append(report(f"decode {model} S={num_seqs} kv={caches.dtype}", ms, cost))
             if num_seqs == 256:
                 sweep_decode(rows, (query, caches, batch), cost, heads)
 
@@ -90,7 +94,10 @@ def decode_cases(rows: list[dict], quick: bool) -> None:
 def sweep_decode(rows: list[dict], inputs: tuple, cost: tuple, heads: tuple[int, int]) -> None:
     query, caches, batch = inputs
     group_pad = triton.next_power_of_2(heads[0] // heads[1])
-    for tile_n, warps, stages in [(32, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 2), (64, 2, 2), (128, 4, 3)]:
+    tiles = [(32, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 2), (64, 2, 2), (128, 4, 3)]
+    if caches.element_size() == 1:  # FP8: a 128-key tile holds the bytes of a 16-bit 64-key tile
+        tiles += [(64, 4, 4), (128, 4, 4), (128, 8, 3), (256, 4, 2), (256, 8, 2), (256, 8, 3)]
+    for tile_n, warps, stages in tiles:
         tile = UnifiedTile(16 // group_pad, 16, tile_n, warps, stages)
         ms = time_ms(lambda: unified_attention_with_tile(query, (caches[0], caches[1]), batch, 0.088, tile))
         rows.append(report(f"  sweep decode tile_n={tile_n} warps={warps} stages={stages}", ms, cost))
@@ -168,13 +175,16 @@ def mixed_and_store(rows: list[dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer cases")
+    parser.add_argument("--decode-only", action="store_true", help="only the decode cases and their sweep")
+    parser.add_argument("--kv-dtype", choices=sorted(KV_DTYPES), default="bf16", help="the decode caches' dtype")
     args = parser.parse_args()
     torch.manual_seed(0)
     rows: list[dict] = []
-    decode_cases(rows, args.quick)
-    long_context_cases(rows)
-    prefill_cases(rows)
-    mixed_and_store(rows)
+    decode_cases(rows, args.quick, KV_DTYPES[args.kv_dtype])
+    if not args.decode_only:
+        long_context_cases(rows)
+        prefill_cases(rows)
+        mixed_and_store(rows)
     print(f"\n{'case':58} {'ms':>9} {'GB/s':>8} {'TFLOP/s':>8}")
     for row in rows:
         print(f"{row['case']:58} {row['ms']:9.4f} {row['GB_s']:8.1f} {row['TFLOP_s']:8.2f}")

@@ -40,6 +40,12 @@ def test_an_all_zero_input_takes_the_floor_scale() -> None:
     assert scale.item() > 0 and not x_q.float().any()
 
 
+def test_an_empty_input_takes_the_floor_scale_like_the_triton_path() -> None:
+    zero_scale = quantize_fp8_dynamic_ref(torch.zeros(64, dtype=torch.bfloat16))[1]
+    x_q, scale = quantize_fp8_dynamic_ref(torch.empty(3, 0, dtype=torch.bfloat16))
+    assert torch.equal(scale, zero_scale) and x_q.shape == (3, 0) and x_q.dtype == FP8_DTYPE
+
+
 def _same(x: torch.Tensor) -> None:
     x_q, scale = quantize_fp8_dynamic(x)
     ref_q, ref_scale = quantize_fp8_dynamic_ref(x)

@@ -48,6 +48,8 @@ def _quantize_kernel(x_ptr, out_ptr, amax_ptr, scale_ptr, n,
 
 def dynamic_scale(x: torch.Tensor) -> torch.Tensor:
     """Per-tensor scale [] float32: max|x| / 448, floored (torch)."""
+    if x.numel() == 0:  # amax has no identity on an empty tensor: the floor, as the Triton path gives
+        return torch.full((), _MIN_SCALE, dtype=torch.float32, device=x.device)
     return (x.abs().amax().float() / _FP8_MAX).clamp_(min=_MIN_SCALE)
 
 
