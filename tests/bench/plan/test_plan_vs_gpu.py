@@ -28,6 +28,8 @@ ENGINE_BLOCKS = [
     ("H200", 1024, 14475, "unchunked"),
     ("H200", 1024, 16033, "chunked"),     # benchmarks/gpu/kv_blocks.sh 1024 256 on 2026-12-06
     ("H200", 256, 16044, "chunked"),
+    ("H100", 1024, 2066, "chunked"),      # benchmarks/gpu/kv_blocks.sh 1024 256 on 2026-12-07: the defaults
+    ("H100", 256, 2076, "chunked"),       # now keep 4x the unchunked sampler's 507 blocks
 ]
 
 
