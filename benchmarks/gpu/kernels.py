@@ -96,7 +96,7 @@ def sweep_decode(rows: list[dict], inputs: tuple, cost: tuple, heads: tuple[int,
     group_pad = triton.next_power_of_2(heads[0] // heads[1])
     tiles = [(32, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 2), (64, 2, 2), (128, 4, 3)]
     if caches.element_size() == 1:  # FP8: a 128-key tile holds the bytes of a 16-bit 64-key tile
-        tiles += [(64, 4, 4), (128, 4, 4), (128, 8, 3), (256, 4, 2), (256, 8, 2), (256, 8, 3)]
+        tiles += [(64, 4, 2), (64, 4, 4), (128, 4, 4), (128, 8, 3), (256, 4, 2), (256, 8, 2), (256, 8, 3)]
     for tile_n, warps, stages in tiles:
         tile = UnifiedTile(16 // group_pad, 16, tile_n, warps, stages)
         ms = time_ms(lambda: unified_attention_with_tile(query, (caches[0], caches[1]), batch, 0.088, tile))

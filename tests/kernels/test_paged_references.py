@@ -80,6 +80,12 @@ def test_the_decode_tile_of_a_mixed_batch_holds_one_token() -> None:
     assert (decode_tile(32).block_q, decode_tile(32).block_m) == (1, 32)
 
 
+def test_an_fp8_cache_doubles_the_decode_tiles_keys_for_the_same_bytes() -> None:
+    assert unified_tile(1, 4).tile_n == decode_tile(4).tile_n == 64
+    assert unified_tile(1, 4, kv_element_size=1).tile_n == decode_tile(4, kv_element_size=1).tile_n == 128
+    assert unified_tile(100, 4, kv_element_size=1).tile_n == 64  # prefill blocks are compute-bound: unchanged
+
+
 def test_num_splits_fill_the_gpu_only_when_needed() -> None:
     assert choose_num_splits(num_seqs=256, num_kv_heads=8, max_seq_len=2048, num_sms=132) == 1
     assert choose_num_splits(num_seqs=2, num_kv_heads=8, max_seq_len=4096, num_sms=132) == 16

@@ -196,17 +196,29 @@ class UnifiedTile:
     num_stages: int
 
 
-def unified_tile(max_query_len: int, group: int) -> UnifiedTile:
+# A decode program is bound by the K/V bytes it keeps in flight: 64 keys of a 16-bit cache per tile.
+# An FP8 cache holds a key in half the bytes, so its decode tile takes twice the keys for the same bytes
+# (with 64, an H100 read FP8 K/V at 1.6 TB/s against bf16's 2.7: docs/performance.md, FP8 on an H100).
+DECODE_TILE_BYTES = 64 * 2
+
+
+def decode_tile_n(kv_element_size: int) -> int:
+    """Keys per tile of a decode program: the same bytes in flight at any cache dtype."""
+    return DECODE_TILE_BYTES // kv_element_size
+
+
+def unified_tile(max_query_len: int, group: int, kv_element_size: int = 2) -> UnifiedTile:
     """Small row blocks for decode-only batches (memory-bound), 64 rows when prefills are in."""
     group_pad = triton.next_power_of_2(group)
     block_m = max(16 if max_query_len == 1 else 64, group_pad)
-    return UnifiedTile(block_q=block_m // group_pad, block_m=block_m, tile_n=64, num_warps=4, num_stages=2)
+    tile_n = decode_tile_n(kv_element_size) if max_query_len == 1 else 64
+    return UnifiedTile(block_q=block_m // group_pad, block_m=block_m, tile_n=tile_n, num_warps=4, num_stages=2)
 
 
-def decode_tile(group: int) -> UnifiedTile:
+def decode_tile(group: int, kv_element_size: int = 2) -> UnifiedTile:
     """One token per program (DECODE_ROWS): the group's query heads, padded to tl.dot's 16 rows."""
-    return UnifiedTile(block_q=1, block_m=max(16, triton.next_power_of_2(group)), tile_n=64, num_warps=4,
-                       num_stages=2)
+    return UnifiedTile(block_q=1, block_m=max(16, triton.next_power_of_2(group)),
+                       tile_n=decode_tile_n(kv_element_size), num_warps=4, num_stages=2)
 
 
 def unified_attention(
@@ -222,12 +234,13 @@ def unified_attention(
     decode tile for the same K/V reads, and decodes are most of a mixed step's attention online.
     Which sequence each launch takes is decided in the kernel from the query lengths, so the launches
     stay CUDA-graph capturable."""
-    group = query.shape[1] // key_cache.shape[2]
+    group, kv_size = query.shape[1] // key_cache.shape[2], key_cache.element_size()
     caches = (key_cache, value_cache)
     if batch.max_query_len == 1:
-        return unified_attention_with_tile(query, caches, batch, scale, unified_tile(1, group), kv_scales=kv_scales)
+        decode_only = unified_tile(1, group, kv_size)
+        return unified_attention_with_tile(query, caches, batch, scale, decode_only, kv_scales=kv_scales)
     out = torch.empty_like(query)
-    _launch(out, query, caches, batch, scale, decode_tile(group), DECODE_ROWS, kv_scales)
+    _launch(out, query, caches, batch, scale, decode_tile(group, kv_size), DECODE_ROWS, kv_scales)
     _launch(out, query, caches, batch, scale, unified_tile(batch.max_query_len, group), PREFILL_ROWS, kv_scales)
     return out
 
