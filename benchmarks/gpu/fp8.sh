@@ -21,7 +21,7 @@ step=$1; shift
 case $step in
   tests)
     PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL 240 python3 -m pytest -q -p no:cacheprovider -m gpu \
-      tests/kernels/test_fp8_kv_gpu.py tests/worker/test_kv_cache_fp8.py tests/kernels/test_fp8_linear.py tests/kernels/test_fp8_quant.py \
+      tests/kernels/test_fp8_kv_gpu.py tests/worker/test_kv_cache_fp8.py tests/kernels/test_fp8_linear.py tests/kernels/test_fp8_quant.py tests/kernels/test_fp8_per_token.py \
       tests/worker/test_fp8_weights.py 2>&1 | tail -25 ;;
   conveyor)  # PROFILE=N: after the timed run, N decode steps at batch 256 under torch.profiler (the table)
     q=$1; kv=$2; prof=(); [ "${PROFILE:-0}" -gt 0 ] && prof=(--profile-steps "$PROFILE" --profile-out "$OUT/prof_${M}_${q}_$kv.txt")

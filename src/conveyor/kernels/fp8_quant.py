@@ -79,3 +79,48 @@ def quantize_fp8_dynamic_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     """Plain-torch `quantize_fp8_dynamic` (the path of devices without Triton)."""
     scale = dynamic_scale(x)
     return quantize_fp8(x, scale), scale
+
+
+# Per-token scales (issue 37's lever 4, beside the per-tensor path the engine runs): one scale per row,
+# s_t = max(max|x_t| / 448, floor).
+# A row is one program, so the amax and the cast are one launch with no atomic and no zeroed word
+# (the per-tensor path is three launches: at decode a projection's input is ~2 MB, so each launch costs
+# its latency, ~1-4 us on an H100, not its bytes). `torch._scaled_mm` takes the scales row-wise.
+@triton.jit
+def _per_token_kernel(x_ptr, out_ptr, scale_ptr, num_cols, stride_x, stride_out,
+                      FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    amax = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, num_cols, BLOCK):  # pass 1 over the row: its max|x|
+        x = tl.load(x_ptr + row * stride_x + start + cols, mask=start + cols < num_cols, other=0.0)
+        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+    scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), FP8_MAX), MIN_SCALE)  # [] float32
+    tl.store(scale_ptr + row, scale)
+    for start in range(0, num_cols, BLOCK):  # pass 2: the row again (from L2), one byte out per element
+        mask = start + cols < num_cols
+        x = tl.load(x_ptr + row * stride_x + start + cols, mask=mask, other=0.0).to(tl.float32)
+        y = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX)
+        tl.store(out_ptr + row * stride_out + start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def quantize_fp8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, K] (16/32-bit, on a Triton device) -> (e4m3 [T, K], per-row scales [T, 1] float32)."""
+    assert x.dim() == 2 and x.dtype in (torch.bfloat16, torch.float16, torch.float32), f"x [T, K]: {x.shape} {x.dtype}"
+    x = x.contiguous()
+    out = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
+    scales = torch.empty((x.shape[0], 1), dtype=torch.float32, device=x.device)
+    if x.numel() == 0:
+        return out, scales.fill_(_MIN_SCALE)
+    _per_token_kernel[(x.shape[0],)](x, out, scales, x.shape[1], x.stride(0), out.stride(0),
+                                     FP8_MAX=_FP8_MAX, MIN_SCALE=_MIN_SCALE, BLOCK=1024)
+    return out, scales
+
+
+def quantize_fp8_per_token_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain-torch `quantize_fp8_per_token`: [T, K] -> (e4m3 [T, K], [T, 1] float32)."""
+    if x.numel() == 0:
+        return torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device), torch.full(
+            (x.shape[0], 1), _MIN_SCALE, dtype=torch.float32, device=x.device)
+    scales = (x.abs().amax(dim=1, keepdim=True).float() / _FP8_MAX).clamp_(min=_MIN_SCALE)  # [T, 1]
+    return quantize_fp8(x, scales), scales
