@@ -7,6 +7,8 @@
 #   call 2, carry .peers/c2:  bash benchmarks/gpu/study.sh stage 2 && bash benchmarks/gpu/fp8.sh conveyor none fp8 ...
 #   call 3, carry .peers/c3:  bash benchmarks/gpu/study.sh stage 3 && bash benchmarks/gpu/study.sh unpack && \
 #                             bash benchmarks/gpu/fp8.sh vllm none auto && bash benchmarks/gpu/fp8.sh vllm fp8 fp8
+# Before a lever is switched on: `bash benchmarks/gpu/fp8.sh sweep` (call 1, after stage 1) times the FP8 decode
+# tiles and the per-token projections in isolation (benchmarks/gpu/kernels.py, fp8_gemm.py).
 # QUANT is none | fp8 (--quantization), KV is auto | fp8 (--kv-cache-dtype). Each run is its own process
 # with nothing cached from the one before but Triton's / torch.compile's kernel caches (no prefix cache:
 # every nano256 prompt is random ids, and offline.py turns prefix caching off).
@@ -23,6 +25,13 @@ case $step in
     PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL 240 python3 -m pytest -q -p no:cacheprovider -m gpu \
       tests/kernels/test_fp8_kv_gpu.py tests/worker/test_kv_cache_fp8.py tests/kernels/test_fp8_linear.py tests/kernels/test_fp8_quant.py tests/kernels/test_fp8_per_token.py \
       tests/worker/test_fp8_weights.py 2>&1 | tail -25 ;;
+  sweep)  # the decode attention tiles at bf16 and FP8 (lever 3), then the projections per-tensor vs per-token (lever 4)
+    for kv in bf16 fp8; do
+      PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL 200 python3 benchmarks/gpu/kernels.py --quick --decode-only --kv-dtype $kv \
+        > "$OUT/kernels_$kv.log" 2>&1; echo "kernels $kv rc=$?"; grep -v '^KERNEL' "$OUT/kernels_$kv.log" | tail -20
+    done
+    PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL 200 python3 benchmarks/gpu/fp8_gemm.py > "$OUT/fp8_gemm.log" 2>&1
+    echo "fp8_gemm rc=$?"; grep -v '^FP8GEMM' "$OUT/fp8_gemm.log" | tail -8 ;;
   conveyor)  # PROFILE=N: after the timed run, N decode steps at batch 256 under torch.profiler (the table)
     q=$1; kv=$2; prof=(); [ "${PROFILE:-0}" -gt 0 ] && prof=(--profile-steps "$PROFILE" --profile-out "$OUT/prof_${M}_${q}_$kv.txt")
     PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL "${GUARD:-240}" python3 benchmarks/gpu/offline.py --model $MODEL \
