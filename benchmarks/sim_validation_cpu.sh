@@ -21,6 +21,12 @@ cd "$(dirname "$0")/.."; . "${VENV:-.venv}/bin/activate"
 W=${W:-/tmp/val}; rm -rf "$W"; mkdir -p "$W"; PORT=${PORT:-8031}; NREQ=${NREQ:-16}
 SRV=(); CLI=(); THREADS=()  # PIN=1: the server (engine, one torch thread, and API server) on cpu 0, the client on cpu 1
 [ "${PIN:-1}" = 1 ] && { SRV=(taskset -c 0); CLI=(taskset -c 1); THREADS=(--num-threads 1); }
+# PIN=split: the engine core alone on cpu 0 (one torch thread), the API server and the client on cpu 1
+[ "${PIN:-1}" = split ] && { SRV=(taskset -c 1); CLI=(taskset -c 1); THREADS=(--num-threads 1); }
+pin_engine() {  # SERVE_PID: under PIN=split, move the engine core process (the spawned child) to cpu 0
+  [ "${PIN:-1}" = split ] || return 0
+  for child in $(pgrep -P $1 -f spawn_main); do taskset -a -p -c 0 $child > /dev/null; done
+}
 TRACE_N=$(( NREQ > 40 ? NREQ : 40 )); REPEATS=${REPEATS:-1}
 conveyor trace make --mix chat=1 --seed 5 --num-requests $TRACE_N --out $W/trace.jsonl --max-model-len 800 > /dev/null
 conveyor trace make --mix chat=1 --seed 5 --num-requests $TRACE_N --out $W/trace-long.jsonl --max-model-len 512 \
@@ -37,6 +43,7 @@ serve_runs() {  # NAME TRACE "FIT_RATE FIT_RATE HELD_OUT_RATE" FLAGS...: one ser
   "${SRV[@]}" conveyor serve --port $PORT --step-log-size 20000 "${THREADS[@]}" "$@" > $W/serve_$name.log 2>&1 &
   pid=$!
   for _ in $(seq 1 120); do curl -sf localhost:$PORT/health > /dev/null && break; sleep 1; done
+  pin_engine $pid
   order=("${rates[@]}"); [ "${HELD_OUT_FIRST:-0}" = 1 ] && order=("${rates[2]}" "${rates[0]}" "${rates[1]}")
   # WARMUP_RUN=1: one run at the held-out rate, kept out of the fit and the check
   [ "${WARMUP_RUN:-0}" = 1 ] && bench $trace "${rates[2]}" $W/$name/warmup $W/$name-warmup.log
