@@ -14,9 +14,16 @@ from conveyor.bench.measure.calibration import (
     CalibrationKey,
     calibrate,
     read_calibrations,
+    run_paces,
     write_calibration,
 )
-from conveyor.bench.measure.step_model import StepSample, StepTimeCoefficients, between_steps_s, fit_step_model
+from conveyor.bench.measure.step_model import (
+    StepSample,
+    StepTimeCoefficients,
+    between_steps_s,
+    fit_step_model,
+    pace,
+)
 from conveyor.cli import main
 
 TRUE = StepTimeCoefficients(per_step_s=0.012, per_seq_s=4e-5, per_prefill_token_s=6e-5, per_decode_token_s=9e-5,
@@ -178,7 +185,9 @@ def test_held_out_runs_are_measured_not_fitted(tmp_path: pathlib.Path, capsys: p
     assert Calibration.from_json(json.loads(json.dumps(calibration.to_json())), "x") == calibration
     out = tmp_path / "calib.json"
     assert main(["bench", "calibrate", str(fitted), "--held-out", str(held), "--out", str(out)]) == 0
-    assert "held out, 100 steps of 1 run(s)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "held out, 100 steps of 1 run(s)" in printed
+    assert "fitted fit 1.00" in printed and "held out held 0.83" in printed  # priced at 1 / 1.2 of what it took
     other = write_run(tmp_path / "other", synthetic_steps(50, TRUE), {**FIXED, "dtype": "float16"})
     with pytest.raises(CalibrationError, match="differ"):
         calibrate([fitted], [other])
@@ -274,3 +283,18 @@ def test_a_window_fit_prices_time_logged_on_the_wrong_neighbour(tmp_path: pathli
     write_calibration(tmp_path / "w.json", calibration)
     assert read_calibrations(tmp_path / "w.json") == [calibration] and calibration.fit_window == 2
     assert main(["bench", "calibrate", str(runs[0]), "--fit-window", "0", "--out", str(tmp_path / "c.json")]) == 2
+
+
+def test_a_runs_pace_is_its_summed_predicted_over_measured_step_time(tmp_path: pathlib.Path) -> None:
+    steady = samples(synthetic_steps(100, TRUE, noise=0.05, seed=6))
+    assert pace(TRUE, steady) == pytest.approx(1.0, abs=0.02)  # per-step noise averages out over a run
+    slow = [StepSample(s.num_seqs, s.num_prefill_tokens, s.num_decode_tokens, s.num_context_tokens,
+                       1.25 * s.step_time_s) for s in steady]
+    assert pace(TRUE, slow) == pytest.approx(pace(TRUE, steady) / 1.25)  # a run 25% slower than priced: 0.8
+    with pytest.raises(ValueError, match="no logged steps"):
+        pace(TRUE, [])
+    runs = [write_run(tmp_path / name, synthetic_steps(50, TRUE, seed=seed)) for name, seed in (("a", 7), ("b", 0))]
+    paces = run_paces(TRUE, runs)
+    assert [run for run, _ in paces] == [str(run) for run in runs] and [v for _, v in paces] == pytest.approx([1.0, 1.0])
+    with pytest.raises(CalibrationError, match="--collect-step-log"):
+        run_paces(TRUE, [tmp_path / "missing"])

@@ -6,7 +6,13 @@ import argparse
 import pathlib
 import sys
 
-from conveyor.bench.measure.calibration import Calibration, CalibrationError, calibrate, write_calibration
+from conveyor.bench.measure.calibration import (
+    Calibration,
+    CalibrationError,
+    calibrate,
+    run_paces,
+    write_calibration,
+)
 from conveyor.bench.measure.step_model import TERMS
 
 
@@ -30,10 +36,12 @@ def run(args: argparse.Namespace) -> int:
         calibration = calibrate([pathlib.Path(d) for d in args.run_dirs], [pathlib.Path(d) for d in args.held_out],
                                 args.fit_window)
         write_calibration(pathlib.Path(args.out), calibration)
+        paces = describe_paces(calibration)
     except CalibrationError as error:
         print(f"conveyor bench calibrate: error: {error}", file=sys.stderr)
         return 2
     print(describe(calibration))
+    print(paces)
     print(f"written to {args.out}")
     return 0
 
@@ -56,3 +64,14 @@ def describe(calibration: Calibration) -> str:
                      f"{held_out.r2:.3f}, relative error median {held_out.median_rel_error:.1%}, "
                      f"p95 {held_out.p95_rel_error:.1%}")
     return "\n".join(lines)
+
+
+def describe_paces(calibration: Calibration) -> str:
+    """Each run's summed predicted / measured step time, fitted runs then held-out ones: a held-out run far
+    from 1 ran at another pace than the fit (the host drifted), and its simulated latencies inherit that."""
+    def listed(runs: tuple[str, ...]) -> str:
+        paces = run_paces(calibration.coefficients, [pathlib.Path(r) for r in runs])
+        return ", ".join(f"{pathlib.Path(run).name} {value:.3f}" for run, value in paces)
+
+    line = f"pace (predicted / measured step time, summed per run): fitted {listed(calibration.runs)}"
+    return line + (f"; held out {listed(calibration.held_out_runs)}" if calibration.held_out_runs else "")

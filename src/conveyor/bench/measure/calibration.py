@@ -28,6 +28,7 @@ from conveyor.bench.measure.step_model import (
     between_steps_s,
     fit_error,
     fit_step_model,
+    pace,
 )
 
 CALIBRATION_SCHEMA_VERSION = 1
@@ -149,6 +150,14 @@ def calibrate(run_dirs: Sequence[pathlib.Path], held_out: Sequence[pathlib.Path]
     coefficients = replace(coefficients, between_steps_s=between_steps_s(logs))
     return Calibration(key, coefficients, fit, tuple(str(d) for d in run_dirs), error, tuple(str(d) for d in held_out),
                        window)
+
+
+def run_paces(coefficients: StepTimeCoefficients, run_dirs: Sequence[pathlib.Path]) -> list[tuple[str, float]]:
+    """Each run's pace under `coefficients` (step_model.pace: summed predicted / measured step time), in order."""
+    try:
+        return [(str(run_dir), pace(coefficients, _steps([run_dir])[1])) for run_dir in run_dirs]
+    except ValueError as problem:
+        raise CalibrationError(str(problem)) from None
 
 
 def _steps(run_dirs: Sequence[pathlib.Path]) -> tuple[CalibrationKey, list[StepSample], list[list[dict[str, JSON]]]]:

@@ -204,6 +204,16 @@ def fit_error(coefficients: StepTimeCoefficients, samples: Sequence[StepSample])
                     p95_rel_error=float(np.percentile(relative, 95)))
 
 
+def pace(coefficients: StepTimeCoefficients, samples: Sequence[StepSample]) -> float:
+    """Summed predicted / summed measured step time of `samples`: 1.0 when a run kept the model's pace on the
+    whole, 0.9 when its steps took 11% longer than priced. A step's error averages out here; a host that ran
+    a whole run slower or faster does not, and that drift is what a held-out run's latencies inherit."""
+    measured = sum(s.step_time_s for s in samples)
+    if not samples or measured <= 0:
+        raise ValueError("no logged steps to measure the pace of")
+    return sum(coefficients.predict_s(s) for s in samples) / measured
+
+
 def between_steps_s(logs: Sequence[Sequence[Mapping[str, JSON]]]) -> float:
     """The median gap before each step of each log (rows in logged order), 0 when no row has a time and a
     start (module docstring)."""
