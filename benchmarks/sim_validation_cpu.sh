@@ -71,7 +71,7 @@ setup() {  # NAME TRACE "FIT_RATE FIT_RATE HELD_OUT_RATE" FLAGS...: serve, fit o
   done
   conveyor bench calibrate "${fit[@]}" --held-out "${held[@]}" --out $W/$name/calib.json 2>&1 | tail -4
   conveyor simulate --validate "${held[@]}" --calibration $W/$name/calib.json \
-    --out-dir $W/$name/validation 2>&1 | tail -$(( 11 + REPEATS ))
+    --out-dir $W/$name/validation 2>&1 | tail -$(( 11 + REPEATS + (REPEATS > 1) ))  # + the repeats' mean row
 }
 echo "load before: $(cat /proc/loadavg)"
 lscpu | grep -E '^Model name|^CPU\(s\)'

@@ -17,7 +17,7 @@ from conveyor.bench.measure.calibration import (
 from conveyor.bench.measure.server_summary import ServerSummary
 from conveyor.bench.measure.step_model import FitError, StepTimeCoefficients
 from conveyor.bench.measure.summary import RunIdentity, RunSummary, RunTotals
-from conveyor.sim.validate import METRICS, compare, relative_error
+from conveyor.sim.validate import METRICS, RunValidation, compare, relative_error, repeat_means
 
 FIT = FitError(num_steps=100, r2=0.99, median_rel_error=0.02, p95_rel_error=0.08)
 KEY = CalibrationKey("cpu", "tiny (abc)", "float32", ())
@@ -46,6 +46,20 @@ def test_compare_takes_every_metric_from_the_summaries() -> None:
     assert errors == pytest.approx({"request_throughput": 0.1, "p50_ttft_ms": -0.1, "p95_ttft_ms": 0.25,
                                     "p50_itl_ms": 0.0, "p50_e2el_ms": 0.05, "p95_e2el_ms": -0.2,
                                     "num_preemptions": -1.0})
+
+
+def test_runs_with_identical_replays_are_compared_as_one_against_their_mean() -> None:
+    twin = summary(2.0, 100.0, 400.0, 20.0, 3000.0, 0.0)
+    runs = [RunValidation(f"rep{k}", f"rep{k}", 1.0, compare(summary(2.0, m, 4 * m, 20.0, 3000.0, 0.0), twin))
+            for k, m in ((1, 90.0), (2, 120.0))]
+    other = RunValidation("other", "other", 2.0, compare(twin, summary(2.1, 1.0, 1.0, 1.0, 1.0, 0.0)))
+    (group,) = repeat_means([runs[0], other, runs[1]])
+    assert group.run_dirs == ("rep1", "rep2") and group.label == "mean of 2 repeats"
+    errors = {e.key: e for e in group.errors}
+    assert errors["p50_ttft_ms"].measured == 105.0 and errors["p95_ttft_ms"].measured == 420.0
+    assert errors["p50_ttft_ms"].relative_error == pytest.approx(100.0 / 105.0 - 1)
+    assert errors["request_throughput"].relative_error == 0.0
+    assert repeat_means(runs[:1] + [other]) == []  # no repeats, no group
 
 
 def _trace(path: pathlib.Path) -> pathlib.Path:
@@ -92,6 +106,26 @@ def test_a_run_replayed_with_the_model_that_made_it_has_no_error(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "fitted on by the calibration" in err and str(fitted) in err
     assert not (tmp_path / "w").exists()  # refused before anything was replayed
+
+
+def test_repeats_of_one_run_get_a_row_against_their_mean(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    trace = _trace(tmp_path / "t.jsonl")
+    repeats = [_measured(tmp_path, trace, f"rep{k}", "6") for k in (1, 2)]
+    for run, factor in zip(repeats, (0.9, 1.3)):  # the host drifted: one repeat slower, one faster than the model
+        data = json.loads((run / "summary.json").read_text())
+        data["p95_ttft_ms"] *= factor
+        (run / "summary.json").write_text(json.dumps(data))
+    calibration = _calibration(tmp_path / "calib.json", ("fitted",))
+    assert cli.main(["simulate", "--validate", *map(str, repeats), "--calibration", str(calibration),
+                     "--out-dir", str(tmp_path / "v")]) == 0
+    assert "mean of 2 repeats" in capsys.readouterr().out
+    with (tmp_path / "v" / "validation.csv").open() as rows:
+        group = {r["metric"]: r for r in csv.DictReader(rows) if r["label"] == "mean of 2 repeats"}
+    assert group["p95_ttft_ms"]["run_dir"] == f"{repeats[0]};{repeats[1]}"
+    assert float(group["p95_ttft_ms"]["relative_error"]) == pytest.approx(1 / 1.1 - 1)  # against the mean, 1.1x
+    assert abs(float(group["p50_ttft_ms"]["relative_error"])) < 1e-6
 
 
 def test_validate_needs_a_calibration(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:

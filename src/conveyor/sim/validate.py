@@ -8,6 +8,11 @@ is compared: signed relative error = (simulated - measured) / measured, so +20% 
 promises 20% more than the server gave (a throughput) or 20% more latency. The error on runs the
 calibration was not fitted on is the honest one; a run the calibration names among its fitted runs is
 refused before anything is replayed.
+
+Repeats: runs whose replays come out identical (the same trace, rate, seed and engine: the replay is
+deterministic) are repeats of one measurement, and each such group is also compared as one: the simulation
+against the mean of the repeats' measured values. A simulation predicts what a setting does on average;
+one run of a noisy host is that average plus the host's drift, which the mean of n repeats shrinks as 1/sqrt(n).
 """
 
 from __future__ import annotations
@@ -147,6 +152,37 @@ def _config_json(run_dir: pathlib.Path) -> Fields:
     return Fields.of(json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None, str(path))
 
 
+@dataclass(frozen=True)
+class RepeatMean:
+    """Repeats of one measurement (identical replays), compared as one: measured = the repeats' mean."""
+
+    run_dirs: tuple[str, ...]
+    request_rate: float
+    errors: tuple[MetricError, ...]
+
+    @property
+    def label(self) -> str:
+        return f"mean of {len(self.run_dirs)} repeats"
+
+
+def repeat_means(results: Sequence[RunValidation]) -> list[RepeatMean]:
+    """One RepeatMean per group of two or more runs whose simulated values are all equal, in first-seen order."""
+    groups: dict[tuple[float, tuple[float | None, ...]], list[RunValidation]] = {}
+    for result in results:
+        groups.setdefault((result.request_rate, tuple(e.simulated for e in result.errors)), []).append(result)
+    return [_mean_of(members) for members in groups.values() if len(members) > 1]
+
+
+def _mean_of(members: Sequence[RunValidation]) -> RepeatMean:
+    errors = []
+    for index, (key, _) in enumerate(METRICS):
+        measured = [m.errors[index].measured for m in members]
+        mean = None if any(v is None for v in measured) else sum(v for v in measured if v is not None) / len(measured)
+        simulated = members[0].errors[index].simulated
+        errors.append(MetricError(key, mean, simulated, relative_error(mean, simulated)))
+    return RepeatMean(tuple(m.run_dir for m in members), members[0].request_rate, tuple(errors))
+
+
 def validate_runs(run_dirs: Sequence[pathlib.Path], step_time: StepPrice, simulated: Simulated,
                   out_dir: pathlib.Path, command: str, overrides: Callable[[EngineSetup], EngineSetup]) -> list[RunValidation]:
     """Replay each run (its simulated twin written to out_dir/runs/<name>) and compare; `overrides` applies
@@ -184,9 +220,11 @@ def fmt_error(error: MetricError) -> str:
 
 
 def table(results: Sequence[RunValidation]) -> tuple[list[str], list[list[str]]]:
-    """Columns and rows: one row per run (signed errors), then the mean |error| of each metric."""
+    """Columns and rows: one row per run (signed errors), one per group of repeats (against their mean),
+    then the mean |error| of each metric over the runs."""
     columns = ["Run", "Offered req/s", *(name for _, name in METRICS)]
-    rows = [[r.label, fmt_rate(r.request_rate), *(fmt_error(e) for e in r.errors)] for r in results]
+    rows = [[r.label, fmt_rate(r.request_rate), *(fmt_error(e) for e in r.errors)]
+            for r in (*results, *repeat_means(results))]
     means = []
     for index in range(len(METRICS)):
         found = [abs(e) for r in results if (e := r.errors[index].relative_error) is not None]
@@ -207,6 +245,8 @@ def write_tables(out_dir: pathlib.Path, results: Sequence[RunValidation]) -> pat
         writer.writerow(["run_dir", "label", "request_rate", "metric", "measured", "simulated", "relative_error"])
         writer.writerows([r.run_dir, r.label, r.request_rate, e.key, e.measured, e.simulated, e.relative_error]
                          for r in results for e in r.errors)
+        writer.writerows([";".join(g.run_dirs), g.label, g.request_rate, e.key, e.measured, e.simulated,
+                          e.relative_error] for g in repeat_means(results) for e in g.errors)
     return md
 
 
