@@ -153,12 +153,33 @@ def test_ignored_layers_stay_16_bit(tmp_path: pathlib.Path) -> None:
     assert model.model.layers[0].mlp.down_proj.weight.dtype == FP8_WEIGHT_DTYPE
 
 
-def one_line_error(directory: pathlib.Path, quantization: Quantization = Quantization.AUTO,
-                   tensor_parallel: TensorParallelGroup | None = None) -> str:
+def test_each_tensor_parallel_rank_holds_its_part_of_the_merged_weights(tmp_path: pathlib.Path) -> None:
+    """Every rank merges with the whole checkpoint's scales: its rows of q/k/v (columns of down_proj) are the
+    unsharded model's FP8 bits, under the same scale."""
+    tensors = hf_fp8_tensors(sharpened_model(tmp_path), equal_scales=False, static=True)
+    config_json = {"quant_method": "fp8", "activation_scheme": "static"}
+    checkpoint = write_fp8_checkpoint(tmp_path / "fp8", tensors, config_json)
+    full = load_checkpoint(checkpoint).model.layers[1]
+    config = ModelConfig(model=str(checkpoint), load_format=LoadFormat.SAFETENSORS, dtype="bfloat16")
+    for rank in range(2):
+        shard = load_model(config, "cpu", torch.bfloat16, tensor_parallel=TensorParallelGroup(rank, 2)).module
+        layer = shard.model.layers[1]
+        qkv, down = layer.self_attn.qkv_proj, layer.mlp.down_proj
+        assert torch.equal(qkv.weight_scale, full.self_attn.qkv_proj.weight_scale)
+        assert torch.equal(qkv.input_scale, full.self_attn.qkv_proj.input_scale)
+        weight = full.self_attn.qkv_proj.weight  # q 64 rows, k 32, v 32: a rank keeps half of each
+        q, k, v = weight[32 * rank: 32 * rank + 32], weight[64 + 16 * rank: 80 + 16 * rank], weight[96 + 16 * rank:][:16]
+        assert torch.equal(qkv.weight.view(torch.uint8), torch.cat([q, k, v]).view(torch.uint8))
+        columns = full.mlp.down_proj.weight[:, 64 * rank: 64 * (rank + 1)]
+        assert torch.equal(down.weight.view(torch.uint8), columns.view(torch.uint8))
+        assert torch.equal(down.weight_scale, full.mlp.down_proj.weight_scale) and down.input_scale is not None
+
+
+def one_line_error(directory: pathlib.Path, quantization: Quantization = Quantization.AUTO) -> str:
     config = ModelConfig(model=str(directory), load_format=LoadFormat.SAFETENSORS, dtype="bfloat16",
                          quantization=quantization)
     with pytest.raises(ValueError) as error:
-        load_model(config, "cpu", torch.bfloat16, tensor_parallel=tensor_parallel)
+        load_model(config, "cpu", torch.bfloat16)
     assert "\n" not in str(error.value)
     return str(error.value)
 
@@ -168,7 +189,6 @@ def test_other_methods_and_contradictions_fail_in_one_line(tmp_path: pathlib.Pat
     fp8 = write_fp8_checkpoint(tmp_path / "fp8", tensors, {"quant_method": "fp8"})
     assert "--quantization none contradicts" in one_line_error(fp8, Quantization.NONE)
     assert "--quantization gguf contradicts" in one_line_error(fp8, Quantization.GGUF)
-    assert "--tensor-parallel-size > 1" in one_line_error(fp8, tensor_parallel=TensorParallelGroup(0, 2))
     assert load_checkpoint(fp8, Quantization.FP8) is not None  # the flag agrees with the checkpoint
     gptq = write_fp8_checkpoint(tmp_path / "gptq", tensors, {"quant_method": "gptq", "bits": 4})
     assert "quantized with 'gptq'" in one_line_error(gptq)

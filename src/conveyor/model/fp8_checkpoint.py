@@ -7,8 +7,10 @@ q/k/v and gate/up into one `Linear` with one scale, so the shards (each quantize
 copied in as raw FP8 bits and then re-expressed at the largest of their scales (`requantize_to_max_scale`,
 vLLM's `requantize_with_max_scale`). Static input scales merge the same way (their max) and are applied
 as given (`fp8_linear`'s `input_scale`); dynamic ones are computed per forward as for `--quantization fp8`.
-Layers listed in `ignored_layers` / `modules_to_not_convert` stay 16-bit. Refused with one line each:
-other quant methods, block-wise FP8 (`weight_block_size`), per-channel scales.
+Layers listed in `ignored_layers` / `modules_to_not_convert` stay 16-bit. Under tensor parallelism each
+rank keeps its rows / columns of the stored FP8 tensors (model/parallel_layers.py) and merges its fused
+shards with the scales of the whole checkpoint, so every rank holds the unsharded model's bits. Refused
+with one line each: other quant methods, block-wise FP8 (`weight_block_size`), per-channel scales.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from conveyor.kernels.fp8_linear import FP8_WEIGHT_DTYPE
 from conveyor.kernels.fp8_quant import quantize_fp8
 from conveyor.model.layers import Linear
 from conveyor.model.llama import LlamaForCausalLM
+from conveyor.model.parallel_layers import ColumnParallelLinear
 
 _WEIGHT_SCALE = ".weight_scale"
 _INPUT_SCALE = ".input_scale"
@@ -155,9 +158,12 @@ def _checked_weights(model: LlamaForCausalLM, weights: Iterable[tuple[str, torch
 
 def _shard_rows(model: LlamaForCausalLM, name: str, module: Linear,
                 table: Mapping[tuple[str, int | None], torch.Tensor]) -> dict[int | None, int]:
-    """Shard index -> its row count in `module`'s weight: {None: N} unfused, {0: q, 1: k, 2: v} fused."""
+    """Shard index -> its row count in `module`'s weight: {None: N} unfused, {0: q, 1: k, 2: v} fused (under
+    tensor parallelism this rank's rows of each: every rank reads all scales, so all merge to one max)."""
     if (name, None) in table or not any(key[0] == name for key in table):
         return {None: module.out_features}
+    if isinstance(module, ColumnParallelLinear):
+        return {index: span.size for index, span in enumerate(module.spans)}
     return dict(enumerate(model.shard_rows(f"{name}.weight")))
 
 

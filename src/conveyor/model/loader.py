@@ -206,10 +206,9 @@ def load_model(
 
 
 def _tensor_parallel_quantization(requested: Quantization, fp8: Fp8CheckpointConfig | None) -> Quantization:
-    if fp8 is not None:  # each rank's fused shard would mix q/k/v rows of several scales: not merged per rank yet
-        raise ValueError("FP8 checkpoints do not run with --tensor-parallel-size > 1 yet; serve the 16-bit "
-                         "checkpoint with --quantization fp8, or one GPU")
-    return tensor_parallel_quantization(requested)
+    """An FP8 checkpoint shards as stored (each rank its rows of the FP8 tensors, model/fp8_checkpoint.py);
+    the flag then only has to agree with it (`resolve_quantization`)."""
+    return requested if fp8 is not None else tensor_parallel_quantization(requested)
 
 
 WeightIterator = Iterator[tuple[str, torch.Tensor | QuantizedWeight]]
