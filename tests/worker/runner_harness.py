@@ -195,3 +195,16 @@ def force_tokens(runner: ModelRunner, forced: dict[str, list[int]]) -> dict[str,
 
     runner._launch_sampling = launch_sampling  # type: ignore[method-assign]
     return logits_of
+
+
+def five_prefill_logits(runner: ModelRunner) -> torch.Tensor:
+    """Logits [5, V] (float32) of five prompts' prefills in one step: the same inputs for every model, so two
+    models' numerics compare row by row (FP8 against bf16, a stored FP8 checkpoint against online FP8)."""
+    runner.initialize_kv_cache()
+    calls = record_logits(runner)
+    scheduler = ToyScheduler()
+    for index in range(5):
+        prompt = [(7 * index + 3 * j) % 250 + 3 for j in range(5 + 11 * index)]
+        scheduler.add(f"r{index}", prompt, SamplingParams(temperature=0.0, max_tokens=1))
+    scheduler.step(runner)
+    return calls[0].float()

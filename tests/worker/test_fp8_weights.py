@@ -11,6 +11,7 @@ import torch
 from runner_harness import (
     BLOCK_SIZE,
     ToyScheduler,
+    five_prefill_logits,
     record_logits,
     sharpen,
     write_tiny_llama,
@@ -68,14 +69,7 @@ def first_step_logits(model_dir: pathlib.Path, fp8: bool) -> torch.Tensor:
     sharpen(runner.model)  # the 16-bit weights first, then quantized as the loader would
     if fp8:
         assert quantize_linears_fp8(runner.model) == 8
-    runner.initialize_kv_cache()
-    calls = record_logits(runner)
-    scheduler = ToyScheduler()
-    for index in range(5):
-        prompt = [(7 * index + 3 * j) % 250 + 3 for j in range(5 + 11 * index)]
-        scheduler.add(f"r{index}", prompt, SamplingParams(temperature=0.0, max_tokens=1))
-    scheduler.step(runner)
-    return calls[0].float()
+    return five_prefill_logits(runner)
 
 
 def test_logits_stay_close_to_the_16_bit_models(tmp_path: pathlib.Path) -> None:

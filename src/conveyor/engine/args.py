@@ -33,7 +33,7 @@ from conveyor.config import (
     SchedulingPolicy,
     SpeculativeConfig,
 )
-from conveyor.engine.model_files import model_max_positions
+from conveyor.engine.model_files import checkpoint_quant_method, model_max_positions
 from conveyor.engine.vllm_flags import (
     add_vllm_engine_flags,
     human_readable_int,
@@ -278,7 +278,7 @@ def build_engine_config(args: argparse.Namespace) -> EngineConfig:
     if given["device"].get("device") == "cuda":
         _apply_cuda_defaults(given)
     try:
-        return EngineConfig(
+        config = EngineConfig(
             model=ModelConfig(**given["model"]),
             scheduler=SchedulerConfig(**given["scheduler"]),
             cache=CacheConfig(**given["cache"]),
@@ -288,6 +288,16 @@ def build_engine_config(args: argparse.Namespace) -> EngineConfig:
         )
     except ConfigError as error:
         raise ConfigError(fields_to_flags(str(error))) from None
+    _check_fp8_checkpoint_device(config)
+    return config
+
+
+def _check_fp8_checkpoint_device(config: EngineConfig) -> None:
+    """A checkpoint stored in FP8 is served in FP8 (model/fp8_checkpoint.py), a GPU path: refused on the
+    CPU here, before the engine starts, as `--quantization fp8` is by EngineConfig."""
+    if config.device.device != "cuda" and checkpoint_quant_method(config.model) == "fp8":
+        raise ConfigError(f"MODEL {config.model.model!r} is an FP8 checkpoint (config.json quantization_config): "
+                          "FP8 matmuls are a GPU path; pass --device cuda, or a 16-bit checkpoint for the CPU")
 
 
 def _model_max_positions(model_fields: dict[str, object]) -> int:

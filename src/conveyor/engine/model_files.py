@@ -1,4 +1,5 @@
-"""Where a model's files are and what they say before the model is loaded: model path, tokenizer path, max positions.
+"""Where a model's files are and what they say before the model is loaded: model path, tokenizer path, max
+positions, the checkpoint's quantization method.
 
 Stdlib only (plus the GGUF header reader), so the flag parser (`engine.args`, imported by the server)
 can resolve `--max-model-len auto` without torch. `engine.model_setup` builds on these at start-up.
@@ -49,3 +50,15 @@ def model_max_positions(model_config: ModelConfig) -> int:
         return int(metadata.get(f"{arch}.context_length", 2048))
     config = json.loads((path / "config.json").read_text())
     return int(config.get("max_position_embeddings", 2048))
+
+
+def checkpoint_quant_method(model_config: ModelConfig) -> str | None:
+    """config.json's `quantization_config.quant_method` for a Hugging Face directory (None: a GGUF, no
+    such field, or no readable config.json, which the loader reports itself), so that a checkpoint stored
+    in FP8 is refused on the CPU before the engine starts, as `--quantization fp8` is."""
+    try:
+        quant = json.loads((model_path(model_config) / "config.json").read_text()).get("quantization_config")
+    except (OSError, ValueError, AttributeError):
+        return None
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    return method if isinstance(method, str) else None

@@ -43,11 +43,16 @@ def _check_inputs(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
 
 
 def fp8_linear(
-    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
+    input_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [T, K] (bf16/fp16) @ fp8 weight [N, K]^T -> [T, N] in x's dtype, x quantized per tensor on the fly."""
+    """x [T, K] (bf16/fp16) @ fp8 weight [N, K]^T -> [T, N] in x's dtype, x quantized per tensor on the fly,
+    or with `input_scale` ([] float32: an FP8 checkpoint's static scale; x / s saturates at +-448)."""
     _check_inputs(x, weight, weight_scale)
-    if x.is_cuda and HAS_TRITON:  # two fused passes instead of seven torch kernels (kernels/fp8_quant.py)
+    if input_scale is not None:
+        x_scale = input_scale.reshape(())
+        x_q = quantize_fp8(x, x_scale)  # [T, K]
+    elif x.is_cuda and HAS_TRITON:  # two fused passes instead of seven torch kernels (kernels/fp8_quant.py)
         x_q, x_scale = quantize_fp8_dynamic(x)  # [T, K] fp8, [] float32
     else:
         x_scale = dynamic_scale(x)

@@ -162,17 +162,20 @@ class Linear(nn.Linear):
 
     weight_scale: torch.Tensor | None = None
     """[] float32 scale of an FP8 weight (None: the weight has the model's dtype)."""
+    input_scale: torch.Tensor | None = None
+    """[] float32 static activation scale of an FP8 checkpoint's "static" scheme (None: dynamic)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.weight_scale)
+        return linear(x, self.weight, self.bias, self.weight_scale, self.input_scale)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           weight_scale: torch.Tensor | None = None) -> torch.Tensor:
+           weight_scale: torch.Tensor | None = None, input_scale: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear, except on CPU: for x [T <= CPU_FEW_ROWS, in] the padded (W @ x^T)^T of `Linear`, for
     more rows oneDNN's GEMM (kernels/cpu_gemm.py); an FP8 weight (`weight_scale` given): `fp8_linear`."""
     if weight_scale is not None:
-        return fp8_linear(x.reshape(-1, x.shape[-1]), weight, weight_scale, bias).view(*x.shape[:-1], -1)
+        rows = x.reshape(-1, x.shape[-1])
+        return fp8_linear(rows, weight, weight_scale, bias, input_scale).view(*x.shape[:-1], -1)
     if x.device.type != "cpu" or x.dim() != 2:
         return F.linear(x, weight, bias)
     if x.shape[0] > CPU_FEW_ROWS:

@@ -241,6 +241,15 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"{name} (shard {shard}): expected {sizes[index]} rows, got {weight.shape[0]}")
         module.load_rows(sum(sizes[:index]), weight)
 
+    def checkpoint_target(self, hf_name: str) -> tuple[str, int | None] | None:
+        """(parameter name, fused shard or None) an HF tensor name loads into, or None when it is skipped
+        (model/fp8_checkpoint.py maps scale tensors through it too: `q_proj.weight_scale` -> qkv_proj, 0)."""
+        return self._target_of(hf_name)
+
+    def shard_rows(self, name: str) -> list[int]:
+        """Row counts of the shards fused in parameter `name` (a qkv_proj or gate_up_proj one)."""
+        return self._shard_sizes_of(name)
+
     def _target_of(self, hf_name: str) -> tuple[str, int | None] | None:
         """(parameter name, fused shard or None) for an HF tensor name, or None to skip it."""
         if "rotary_emb.inv_freq" in hf_name:

@@ -8,7 +8,9 @@ device and materialized once in the target dtype and device, so a large model is
 twice. A GGUF is served in its Q4_0 / Q4_1 / Q8_0 blocks (`Quantization.GGUF`, model/quantized.py:
 its projections and embedding are swapped for block-quantized twins before materialization) or
 dequantized to float on load (`Quantization.NONE`); `resolve_quantization` picks. `--quantization fp8`
-loads 16-bit weights, then quantizes the decoder projections (model/fp8_weights.py). Nothing is downloaded.
+loads 16-bit weights, then quantizes the decoder projections (model/fp8_weights.py); a safetensors
+checkpoint already in FP8 (config.json's quantization_config) loads as stored (model/fp8_checkpoint.py),
+with or without the flag. Nothing is downloaded.
 Under tensor parallelism (`ModelLayout.tensor_parallel`, model/tensor_parallel.py) the meta model is
 sharded before materialization and every source hands its full tensors to the sharded layers, which
 keep their rank's part; such a model is always dequantized.
@@ -28,6 +30,7 @@ from torch import nn
 from conveyor.config import LoadFormat, ModelConfig, Quantization
 from conveyor.kernels.cpu_build import cpu_kernels, cpu_kernels_available
 from conveyor.model.attention import get_attention_backend
+from conveyor.model.fp8_checkpoint import Fp8CheckpointConfig, fp8_checkpoint_config, fp8_storage, load_fp8_checkpoint
 from conveyor.model.fp8_weights import quantize_linears_fp8
 from conveyor.model.gguf_weights import (
     arch_config_from_gguf,
@@ -108,8 +111,12 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 
 
-def resolve_quantization(requested: Quantization, fmt: LoadFormat, device: str, dtype: torch.dtype) -> Quantization:
-    """GGUF or NONE for a resolved load format; an impossible explicit request raises and says why."""
+def resolve_quantization(requested: Quantization, fmt: LoadFormat, device: str, dtype: torch.dtype,
+                         fp8_checkpoint: bool = False) -> Quantization:
+    """GGUF or NONE for a resolved load format, FP8 for a checkpoint stored in FP8; an impossible
+    explicit request raises and says why."""
+    if fp8_checkpoint:
+        return _fp8_checkpoint_quantization(requested, dtype)
     if requested == Quantization.NONE:
         return Quantization.NONE
     if requested == Quantization.FP8:
@@ -127,6 +134,17 @@ def resolve_quantization(requested: Quantization, fmt: LoadFormat, device: str, 
     return Quantization.GGUF if native_possible and cpu_kernels_available() else Quantization.NONE
 
 
+def _fp8_checkpoint_quantization(requested: Quantization, dtype: torch.dtype) -> Quantization:
+    """An FP8 checkpoint is served in FP8 whether or not --quantization fp8 is given (as vLLM infers it
+    from config.json); another explicit value contradicts the checkpoint."""
+    if requested not in (Quantization.AUTO, Quantization.FP8):
+        raise ValueError(f"--quantization {requested.value} contradicts the checkpoint, which is stored in FP8 "
+                         "(config.json quantization_config.quant_method 'fp8'); drop the flag or pass fp8")
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"an FP8 checkpoint computes in 16 bits: pass --dtype bfloat16 or float16 (got {dtype})")
+    return Quantization.FP8
+
+
 @dataclass(frozen=True)
 class ModelLayout:
     """How the built module departs from the plain float model (nothing, by default)."""
@@ -135,6 +153,8 @@ class ModelLayout:
     """HF name -> block layout: the projections whose every tensor has one are block-quantized."""
     tensor_parallel: TensorParallelGroup | None = None
     """This rank's place when the model is split over ranks (None: the whole model here)."""
+    fp8_checkpoint: Fp8CheckpointConfig | None = None
+    """The checkpoint stores its projections in FP8: they are built with FP8 weights (model/fp8_checkpoint.py)."""
 
 
 def read_arch_config(model_config: ModelConfig) -> ModelArchConfig:
@@ -157,18 +177,21 @@ def load_model(
         config = config.with_num_layers(model_config.num_hidden_layers_override)
     requested = model_config.quantization
     if tensor_parallel is not None:
-        requested = tensor_parallel_quantization(requested)
-    quantization = resolve_quantization(requested, fmt, device, dtype)
+        requested = _tensor_parallel_quantization(requested, source.fp8)
+    quantization = resolve_quantization(requested, fmt, device, dtype, source.fp8 is not None)
     formats = source.block_formats if quantization == Quantization.GGUF else {}
-    module = build_empty_model(config, device, dtype, attention_backend, ModelLayout(formats, tensor_parallel))
-    if fmt == LoadFormat.DUMMY and tensor_parallel is None:
+    layout = ModelLayout(formats, tensor_parallel, source.fp8)
+    module = build_empty_model(config, device, dtype, attention_backend, layout)
+    if source.fp8 is not None:
+        load_fp8_checkpoint(module, source.weights(config, frozenset()), source.fp8)  # type: ignore[arg-type]
+    elif fmt == LoadFormat.DUMMY and tensor_parallel is None:
         init_dummy_weights(module, model_config.seed)
     elif fmt == LoadFormat.DUMMY:  # the unsharded model's draws, then sharded: the same model at any size
         reference = build_empty_model(config, "meta", dtype, attention_backend)
         module.load_weights(iter_full_dummy_weights(reference, device, model_config.seed, DUMMY_WEIGHT_STD))
     else:
         module.load_weights(source.weights(config, module.block_weight_names(formats)))
-    if quantization == Quantization.FP8:
+    if quantization == Quantization.FP8 and source.fp8 is None:
         quantize_linears_fp8(module)
     module.eval()
     return LoadedModel(
@@ -180,6 +203,12 @@ def load_model(
         eos_token_ids=config.eos_token_ids,
         bos_token_id=config.bos_token_id,
     )
+
+
+def _tensor_parallel_quantization(requested: Quantization, fp8: Fp8CheckpointConfig | None) -> Quantization:
+    """An FP8 checkpoint shards as stored (each rank its rows of the FP8 tensors, model/fp8_checkpoint.py);
+    the flag then only has to agree with it (`resolve_quantization`)."""
+    return requested if fp8 is not None else tensor_parallel_quantization(requested)
 
 
 WeightIterator = Iterator[tuple[str, torch.Tensor | QuantizedWeight]]
@@ -195,6 +224,8 @@ class _Source:
     """(config, HF names to keep in blocks) -> HF-named tensors."""
     block_formats: dict[str, BlockFormat | None]
     """HF name -> the block layout a 2-D tensor can be served in (GGUF only; None: dequantized)."""
+    fp8: Fp8CheckpointConfig | None = None
+    """A safetensors checkpoint stored in FP8: its quantization_config (None: 16-bit, or not safetensors)."""
 
 
 def _open_source(path: pathlib.Path, fmt: LoadFormat) -> _Source:
@@ -210,8 +241,10 @@ def _open_source(path: pathlib.Path, fmt: LoadFormat) -> _Source:
     config_path = path / "config.json" if path.is_dir() else path
     if config_path.name != "config.json" or not config_path.is_file():
         raise ModelNotFoundError(f"no config.json at {str(path)!r} (needed for load format {fmt.value})")
-    config = ModelArchConfig.from_hf_config(json.loads(config_path.read_text()))
-    return _Source(config, lambda _config, _keep: iter_safetensors_weights(config_path.parent), {})
+    hf_config = json.loads(config_path.read_text())
+    config = ModelArchConfig.from_hf_config(hf_config)
+    fp8 = fp8_checkpoint_config(hf_config) if fmt == LoadFormat.SAFETENSORS else None  # dummy: the shape only
+    return _Source(config, lambda _config, _keep: iter_safetensors_weights(config_path.parent), {}, fp8)
 
 
 def build_empty_model(
@@ -227,7 +260,10 @@ def build_empty_model(
             shard_model(module, layout.tensor_parallel)
     if layout.block_formats:
         quantize_modules(module, module.block_format_plan(dict(layout.block_formats)))
-    module = module.to(dtype=dtype).to_empty(device=device)
+    module = module.to(dtype=dtype)
+    if layout.fp8_checkpoint is not None:  # after the cast, which would turn FP8 weights back into `dtype`
+        fp8_storage(module, layout.fp8_checkpoint)
+    module = module.to_empty(device=device)
     for sub in module.modules():
         if isinstance(sub, RotaryEmbedding):
             sub.reset_inv_freq()  # float32 buffer, not part of the weights

@@ -165,6 +165,23 @@ def test_fp8_weights_take_one_byte_per_projection_weight() -> None:
         PlanInputs(quantization="int4")
 
 
+def test_a_checkpoint_stored_in_fp8_is_planned_in_fp8(tmp_path: pathlib.Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """As serve loads an FP8 checkpoint in FP8 without --quantization fp8 (model/fp8_checkpoint.py)."""
+    config = json.loads((MODELS / "llama-3.1-8b" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "fp8"}}))
+    assert load_shape(tmp_path).stored_fp8 and not load_shape(MODELS / "llama-3.1-8b").stored_fp8
+    parser = __import__("argparse").ArgumentParser()
+    cli_plan.add_arguments(parser)
+    sizes = []
+    for flags in ([str(tmp_path)], [str(MODELS / "llama-3.1-8b"), "--quantization", "fp8"]):
+        assert cli_plan.run(parser.parse_args(["--config", *flags, "--json"])) == 0
+        sizes.append(json.loads(capsys.readouterr().out)["model"]["weights_bytes"])
+    assert sizes[0] == sizes[1] < 16_060_522_496
+    assert cli_plan.run(parser.parse_args(["--config", str(tmp_path), "--quantization", "none"])) == 2
+    assert "contradicts" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("rows", "vocab_size", "measured_gib"), [
     (256, 128_256, 0.5378), (1024, 128_256, 1.2684), (256, 151_936, 0.5811), (1024, 151_936, 1.4503),
 ])

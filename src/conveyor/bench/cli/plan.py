@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
             context_len=args.context_len, max_num_batched_tokens=args.max_num_batched_tokens,
             block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
             tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager,
-            quantization=args.quantization)
+            quantization=_quantization(args.quantization, shape))
         gpus = priced_catalog(parse_prices(args.price), args.gpu or None)
         memory = model_memory(shape, inputs)
     except (PlanError, CatalogError) as error:
@@ -89,6 +89,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_plan(str(args.config), inputs, memory, fits))
     return 0
+
+
+def _quantization(flag: str | None, shape: ModelShape) -> str | None:
+    """--quantization, else fp8 for a checkpoint stored in FP8 (as serve loads it); none contradicts it."""
+    if shape.stored_fp8 and flag == "none":
+        raise PlanError("--quantization none contradicts the checkpoint, which is stored in FP8 "
+                        "(config.json quantization_config.quant_method 'fp8'); drop the flag")
+    return "fp8" if shape.stored_fp8 else flag
 
 
 def _run_kv_capacity(args: argparse.Namespace, shape: ModelShape) -> int:

@@ -81,6 +81,8 @@ class ModelShape:
     """MLP projections carry biases."""
     max_position_embeddings: int
     """Longest context the model was trained for."""
+    stored_fp8: bool = False
+    """quantization_config.quant_method is "fp8": serve loads the projections in FP8 (one byte) unasked."""
 
 
 def _int(value: object, key: str, origin: str) -> int:
@@ -130,7 +132,13 @@ def shape_from_config(config: Mapping[str, object], origin: str = "config.json")
         attention_bias=_flag(config, "attention_bias"),
         mlp_bias=_flag(config, "mlp_bias"),
         max_position_embeddings=_optional(config, "max_position_embeddings", origin),
+        stored_fp8=_quant_method(config) == "fp8",
     )
+
+
+def _quant_method(config: Mapping[str, object]) -> object:
+    quant = config.get("quantization_config")
+    return quant.get("quant_method") if isinstance(quant, Mapping) else None
 
 
 def load_shape(path: pathlib.Path) -> ModelShape:
