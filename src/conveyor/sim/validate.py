@@ -223,8 +223,8 @@ def table(results: Sequence[RunValidation]) -> tuple[list[str], list[list[str]]]
     """Columns and rows: one row per run (signed errors), one per group of repeats (against their mean),
     then the mean |error| of each metric over the runs."""
     columns = ["Run", "Offered req/s", *(name for _, name in METRICS)]
-    rows = [[r.label, fmt_rate(r.request_rate), *(fmt_error(e) for e in r.errors)]
-            for r in (*results, *repeat_means(results))]
+    compared: list[RunValidation | RepeatMean] = [*results, *repeat_means(results)]
+    rows = [[r.label, fmt_rate(r.request_rate), *(fmt_error(e) for e in r.errors)] for r in compared]
     means = []
     for index in range(len(METRICS)):
         found = [abs(e) for r in results if (e := r.errors[index].relative_error) is not None]
