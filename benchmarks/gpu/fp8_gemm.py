@@ -21,6 +21,7 @@ import triton
 from conveyor.kernels.fp8_linear import (
     fp8_linear,
     fp8_linear_per_token,
+    per_token_weight_scales,
     quantize_weight_fp8,
 )
 
@@ -44,10 +45,11 @@ def time_shape(rows: int, name: str, k: int, n: int) -> dict:
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
     weight_q, weight_scale = quantize_weight_fp8(weight)
+    weight_row = per_token_weight_scales(weight_scale, n)  # once per weight, as a module would hold it
     row = {"rows": rows, "proj": name, "K": k, "N": n,
            "bf16_us": graph_ms(lambda: x @ weight.t()) * 1e3,
            "per_tensor_us": graph_ms(lambda: fp8_linear(x, weight_q, weight_scale)) * 1e3,
-           "per_token_us": graph_ms(lambda: fp8_linear_per_token(x, weight_q, weight_scale)) * 1e3}
+           "per_token_us": graph_ms(lambda: fp8_linear_per_token(x, weight_q, weight_row)) * 1e3}
     row = {key: round(value, 2) if isinstance(value, float) else value for key, value in row.items()}
     print("FP8GEMM " + json.dumps(row), flush=True)
     return row

@@ -75,26 +75,36 @@ def fp8_linear_ref(
     return out.to(x.dtype)
 
 
+def per_token_weight_scales(weight_scale: torch.Tensor, num_out: int) -> torch.Tensor:
+    """A per-tensor weight scale [] as the [1, N] float32 row a row-wise `_scaled_mm` takes (it refuses a
+    broadcast view): made once per weight, not per forward, so a forward adds no copy launch."""
+    return weight_scale.reshape(1, 1).expand(1, num_out).contiguous()
+
+
 def fp8_linear_per_token(
-    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """`fp8_linear` with one activation scale per row: x [T, K] (bf16) -> [T, N] (issue 37's lever 4; the
-    engine runs `fp8_linear`).
+    engine runs `fp8_linear`). `weight_scales` is `per_token_weight_scales`'s [1, N] row.
 
     One quantization launch on a GPU instead of three, and a row-wise `_scaled_mm`
-    (x_q @ W_q^T) * s_x[t] * s_w, which takes the weight's scale as a [1, N] row."""
-    _check_inputs(x, weight, weight_scale)
+    (x_q @ W_q^T) * s_x[t] * s_w."""
+    _check_per_token(x, weight, weight_scales)
     x_q, x_scales = quantize_fp8_per_token(x) if x.is_cuda and HAS_TRITON else quantize_fp8_per_token_ref(x)
-    w_scales = weight_scale.reshape(1, 1).expand(1, weight.shape[0]).contiguous()  # [1, N] float32
-    out = torch._scaled_mm(x_q, weight.t(), scale_a=x_scales, scale_b=w_scales, out_dtype=x.dtype)
+    out = torch._scaled_mm(x_q, weight.t(), scale_a=x_scales, scale_b=weight_scales, out_dtype=x.dtype)
     return out if bias is None else out + bias  # bias apart: row-wise scaling takes none on every build
 
 
 def fp8_linear_per_token_ref(
-    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """float32 reference of `fp8_linear_per_token` (same quantized operands), returned in x's dtype."""
-    _check_inputs(x, weight, weight_scale)
+    _check_per_token(x, weight, weight_scales)
     x_q, x_scales = quantize_fp8_per_token_ref(x)
-    out = (x_q.float() * x_scales) @ (weight.float() * weight_scale).t()  # [T, N]
+    out = (x_q.float() * x_scales) @ (weight.float() * weight_scales.t()).t()  # [T, N]; weight_scales.t() [N, 1]
     return (out if bias is None else out + bias.float()).to(x.dtype)
+
+
+def _check_per_token(x: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor) -> None:
+    _check_inputs(x, weight, weight_scales[0, :1])
+    assert weight_scales.shape == (1, weight.shape[0]), f"weight_scales [1, N]: {tuple(weight_scales.shape)}"
