@@ -9,7 +9,8 @@
 #                             bash benchmarks/gpu/fp8.sh vllm none auto && bash benchmarks/gpu/fp8.sh vllm fp8 fp8
 # Before a lever is switched on: `bash benchmarks/gpu/fp8.sh sweep` (call 1, after stage 1) times the FP8 decode
 # tiles and the per-token projections in isolation (benchmarks/gpu/kernels.py, fp8_gemm.py).
-# QUANT is none | fp8 (--quantization), KV is auto | fp8 (--kv-cache-dtype). Each run is its own process
+# QUANT is none | fp8 | ptpc_fp8 (--quantization; ptpc_fp8, per-token activation and per-channel weight
+# scales, is conveyor's only: vLLM runs it on ROCm alone), KV is auto | fp8 (--kv-cache-dtype). Each run is its own process
 # with nothing cached from the one before but Triton's / torch.compile's kernel caches (no prefix cache:
 # every nano256 prompt is random ids, and offline.py turns prefix caching off).
 # Results: one JSON line per run in $OUT/results.jsonl, logs in $OUT.

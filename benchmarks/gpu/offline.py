@@ -156,7 +156,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--enforce-eager", action="store_true")
-    parser.add_argument("--quantization", default="none", choices=["none", "fp8"],
+    parser.add_argument("--quantization", default="none", choices=["none", "fp8", "ptpc_fp8"],
                         help="fp8: decoder projections quantized to FP8 at load (vLLM's online FP8)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"],
                         help="KV cache element type (fp8: twice the blocks, kernels dequantize on read)")

@@ -46,6 +46,12 @@ class Quantization(enum.Enum):
     """Dequantize every weight to `dtype` at load time."""
     FP8 = "fp8"
     """vLLM's online FP8: decoder projections quantized to e4m3 at load, per-tensor scales (CUDA)."""
+    PTPC_FP8 = "ptpc_fp8"
+    """vLLM's per-token-per-channel online FP8 (ROCm-only there): per-channel weight, per-token input scales."""
+
+    @property
+    def is_fp8(self) -> bool:
+        return self in (Quantization.FP8, Quantization.PTPC_FP8)
 
 
 class LoadFormat(enum.Enum):
@@ -166,7 +172,7 @@ class ModelConfig:
     dtype: str = "auto"
     """Weight and activation dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16."""
     quantization: Quantization = Quantization.AUTO
-    """auto, gguf (serve the GGUF's blocks as they are) or none (dequantize at load)."""
+    """auto, gguf (serve the GGUF's blocks as they are), none (dequantize at load), fp8 or ptpc_fp8 (CUDA)."""
     seed: int = 0
     """Seed for dummy weights and for sampling of requests without their own seed."""
     served_model_name: str | None = None
@@ -384,8 +390,8 @@ class EngineConfig:
     """Steps the engine's step log keeps (core/step_log.py; the newest N, drained by GET /step_log); 0: off."""
 
     def __post_init__(self) -> None:
-        if self.model.quantization is Quantization.FP8 and self.device.device != "cuda":  # before the load
-            raise ConfigError("--quantization fp8 needs --device cuda: FP8 matmuls are a GPU path")
+        if self.model.quantization.is_fp8 and self.device.device != "cuda":  # before the load
+            raise ConfigError(f"--quantization {self.model.quantization.value} needs --device cuda: FP8 matmuls are a GPU path")
         if self.cache.cache_dtype != "auto" and self.device.device != "cuda":
             raise ConfigError(f"cache_dtype {self.cache.cache_dtype} needs --device cuda: the Triton kernels read it")
         if self.step_log_size < 0:

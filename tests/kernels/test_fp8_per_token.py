@@ -16,6 +16,7 @@ from conveyor.kernels.fp8_linear import (
     fp8_linear_per_token_ref,
     per_token_weight_scales,
     quantize_weight_fp8,
+    quantize_weight_fp8_per_channel,
 )
 from conveyor.kernels.fp8_quant import (
     FP8_DTYPE,
@@ -80,6 +81,19 @@ def test_the_row_wise_scaled_mm_equals_its_reference(num_rows: int) -> None:
     scales = per_token_weight_scales(weight_scale, 48)
     out, ref = fp8_linear_per_token(x, weight, scales, bias), fp8_linear_per_token_ref(x, weight, scales, bias)
     assert out.dtype == torch.bfloat16 and out.shape == (num_rows, 48)
+    assert (out.float() - ref.float()).norm() / ref.float().norm() < 0.01
+
+
+def test_per_channel_weights_keep_a_quiet_channel_out_of_the_subnormals() -> None:
+    """ptpc_fp8's weights: channel n scaled by its own max, so channels 2^10 apart both round-trip to 2^-4."""
+    weight = torch.randn(8, 64, generator=torch.Generator().manual_seed(3))
+    weight[0] *= 1024.0
+    weight_q, scales = quantize_weight_fp8_per_channel(weight)
+    assert scales.shape == (1, 8) and weight_q.dtype == FP8_DTYPE
+    back = weight_q.float() * scales.t()  # [N, K]
+    assert torch.all((back - weight).abs() <= weight.abs() * 2.0**-4 + scales.t() * 2.0**-9)
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    out, ref = fp8_linear_per_token(x, weight_q, scales), fp8_linear_per_token_ref(x, weight_q, scales)
     assert (out.float() - ref.float()).norm() / ref.float().norm() < 0.01
 
 

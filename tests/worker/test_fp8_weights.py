@@ -36,14 +36,17 @@ from conveyor.sampling_params import SamplingParams
 from conveyor.worker.model_runner import ModelRunner
 
 
-def test_load_quantizes_the_projections_only(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("quantization", [Quantization.FP8, Quantization.PTPC_FP8])
+def test_load_quantizes_the_projections_only(tmp_path: pathlib.Path, quantization: Quantization) -> None:
     config = ModelConfig(model=str(write_tiny_llama(tmp_path)), load_format=LoadFormat.DUMMY,
-                         quantization=Quantization.FP8, dtype="bfloat16")
+                         quantization=quantization, dtype="bfloat16")
     loaded = load_model(config, "cpu", torch.bfloat16)
-    assert loaded.quantization is Quantization.FP8
+    assert loaded.quantization is quantization
     linears = [m for m in loaded.module.modules() if isinstance(m, Linear)]
     assert len(linears) == 2 * 4  # per layer: qkv, o, gate_up, down
     assert all(m.weight.dtype == FP8_WEIGHT_DTYPE and m.weight_scale is not None for m in linears)
+    per_channel = quantization is Quantization.PTPC_FP8  # a [1, N] row of scales, else one []
+    assert all(m.weight_scale.shape == ((1, m.weight.shape[0]) if per_channel else ()) for m in linears)
     others = [p.dtype for name, p in loaded.module.named_parameters() if not name.endswith("proj.weight")]
     assert others and set(others) == {torch.bfloat16}  # embedding, norms, LM head
 
@@ -58,9 +61,14 @@ def test_fp8_is_refused_where_it_cannot_run() -> None:
     with pytest.raises(ConfigError, match="quantization fp8 needs --device cuda"):
         EngineConfig(model=ModelConfig(quantization=Quantization.FP8))
     EngineConfig(model=ModelConfig(quantization=Quantization.FP8), device=DeviceConfig(device="cuda"))
+    assert tensor_parallel_quantization(Quantization.PTPC_FP8) is Quantization.PTPC_FP8
+    with pytest.raises(ValueError, match="quantization ptpc_fp8 quantizes a 16-bit checkpoint"):
+        resolve_quantization(Quantization.PTPC_FP8, LoadFormat.GGUF, "cuda", torch.bfloat16)
+    with pytest.raises(ConfigError, match="quantization ptpc_fp8 needs --device cuda"):
+        EngineConfig(model=ModelConfig(quantization=Quantization.PTPC_FP8))
 
 
-def first_step_logits(model_dir: pathlib.Path, fp8: bool) -> torch.Tensor:
+def first_step_logits(model_dir: pathlib.Path, fp8: bool, per_channel: bool = False) -> torch.Tensor:
     """Logits [5, V] of five prompts' prefills, teacher-forced: the same inputs for both models."""
     runner = ModelRunner(ModelConfig(model=str(model_dir), load_format=LoadFormat.DUMMY, dtype="bfloat16"),
                          CacheConfig(block_size=BLOCK_SIZE, num_blocks_override=512),
@@ -68,7 +76,7 @@ def first_step_logits(model_dir: pathlib.Path, fp8: bool) -> torch.Tensor:
                          DeviceConfig())
     sharpen(runner.model)  # the 16-bit weights first, then quantized as the loader would
     if fp8:
-        assert quantize_linears_fp8(runner.model) == 8
+        assert quantize_linears_fp8(runner.model, per_channel) == 8
     return five_prefill_logits(runner)
 
 
@@ -77,6 +85,8 @@ def test_logits_stay_close_to_the_16_bit_models(tmp_path: pathlib.Path) -> None:
     reference, quantized = first_step_logits(model_dir, fp8=False), first_step_logits(model_dir, fp8=True)
     error = float((quantized - reference).norm() / reference.norm())
     assert 0 < error <= 0.1  # measured 0.057 over 2 layers; argmax equal on 4 of 5 rows (one near-tie)
+    per_channel = first_step_logits(model_dir, fp8=True, per_channel=True)  # ptpc_fp8: finer scales, as close
+    assert 0 < float((per_channel - reference).norm() / reference.norm()) <= 0.1
 
 
 @pytest.mark.gpu
@@ -86,7 +96,7 @@ def test_cuda_runner_serves_fp8_weights_with_graphs(tmp_path: pathlib.Path) -> N
     scales; tokens come out and the logits stay near the bf16 model's."""
     model_dir = write_tiny_llama(tmp_path)
     outputs = {}
-    for quantization in (Quantization.NONE, Quantization.FP8):
+    for quantization in (Quantization.NONE, Quantization.FP8, Quantization.PTPC_FP8):
         runner = ModelRunner(ModelConfig(model=str(model_dir), load_format=LoadFormat.DUMMY, dtype="bfloat16",
                                          quantization=quantization),
                              CacheConfig(block_size=BLOCK_SIZE, num_blocks_override=512),
@@ -101,9 +111,10 @@ def test_cuda_runner_serves_fp8_weights_with_graphs(tmp_path: pathlib.Path) -> N
                           SamplingParams(temperature=0.0, max_tokens=1))
         scheduler.run(runner)
         outputs[quantization] = calls[0].float()  # the prefill step's logits: the same inputs for both
-    reference, quantized = outputs[Quantization.NONE], outputs[Quantization.FP8]
-    assert not quantized.isnan().any()
-    assert float((quantized - reference).norm() / reference.norm()) <= 0.1
+    reference = outputs[Quantization.NONE]
+    for quantized in (outputs[Quantization.FP8], outputs[Quantization.PTPC_FP8]):
+        assert not quantized.isnan().any()
+        assert float((quantized - reference).norm() / reference.norm()) <= 0.1
 
 
 def test_serve_on_cpu_refuses_fp8_weights_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:

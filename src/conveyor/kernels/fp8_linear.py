@@ -35,6 +35,14 @@ def quantize_weight_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return quantize_fp8(weight, scale), scale
 
 
+def quantize_weight_fp8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] (16/32-bit) -> (fp8 weight [N, K], per-output-channel scales [1, N] float32): the
+    row `fp8_linear_per_token` takes (--quantization ptpc_fp8). Row n is quantized as its own tensor."""
+    assert weight.dim() == 2, f"weight [N, K], got {tuple(weight.shape)}"
+    weight_q, scales = quantize_fp8_per_token_ref(weight)  # [N, K] fp8, [N, 1]: a channel is a weight row
+    return weight_q, scales.reshape(1, -1).contiguous()
+
+
 def _check_inputs(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> None:
     assert x.dim() == 2 and weight.dim() == 2, f"x [T, K], weight [N, K]: {tuple(x.shape)} {tuple(weight.shape)}"
     assert x.shape[1] == weight.shape[1], f"K: x has {x.shape[1]}, weight {weight.shape[1]}"

@@ -20,7 +20,7 @@ from torch import nn
 from conveyor.kernels.cpu_build import cpu_kernels_available
 from conveyor.kernels.cpu_gemm import prefill_linear
 from conveyor.kernels.elementwise_cpu import rms_norm_cpu, rotary_cpu_, silu_and_mul_cpu
-from conveyor.kernels.fp8_linear import fp8_linear
+from conveyor.kernels.fp8_linear import fp8_linear, fp8_linear_per_token
 from conveyor.kernels.rms_norm import rms_norm
 from conveyor.kernels.rotary import rotary_
 from conveyor.kernels.silu_and_mul import silu_and_mul
@@ -161,7 +161,7 @@ class Linear(nn.Linear):
     """
 
     weight_scale: torch.Tensor | None = None
-    """[] float32 scale of an FP8 weight (None: the weight has the model's dtype)."""
+    """Float32 scale of an FP8 weight: [] per tensor (fp8), [1, N] per channel (ptpc_fp8); None: 16-bit."""
     input_scale: torch.Tensor | None = None
     """[] float32 static activation scale of an FP8 checkpoint's "static" scheme (None: dynamic)."""
 
@@ -175,6 +175,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     more rows oneDNN's GEMM (kernels/cpu_gemm.py); an FP8 weight (`weight_scale` given): `fp8_linear`."""
     if weight_scale is not None:
         rows = x.reshape(-1, x.shape[-1])
+        if weight_scale.dim() == 2:  # per channel: per-token input scales, one launch and a row-wise GEMM
+            return fp8_linear_per_token(rows, weight, weight_scale, bias).view(*x.shape[:-1], -1)
         return fp8_linear(rows, weight, weight_scale, bias, input_scale).view(*x.shape[:-1], -1)
     if x.device.type != "cpu" or x.dim() != 2:
         return F.linear(x, weight, bias)

@@ -119,11 +119,11 @@ def resolve_quantization(requested: Quantization, fmt: LoadFormat, device: str, 
         return _fp8_checkpoint_quantization(requested, dtype)
     if requested == Quantization.NONE:
         return Quantization.NONE
-    if requested == Quantization.FP8:
+    if requested.is_fp8:
         if fmt == LoadFormat.GGUF or dtype not in (torch.bfloat16, torch.float16):
-            raise ValueError(f"--quantization fp8 quantizes a 16-bit checkpoint at load: it needs safetensors or dummy "
+            raise ValueError(f"--quantization {requested.value} quantizes a 16-bit checkpoint at load: it needs safetensors or dummy "
                              f"weights and --dtype bfloat16 or float16 (got {fmt.value}, {dtype})")
-        return Quantization.FP8
+        return requested
     native_possible = fmt == LoadFormat.GGUF and device == "cpu" and dtype == torch.float32
     if requested == Quantization.GGUF:
         if not native_possible:
@@ -191,8 +191,8 @@ def load_model(
         module.load_weights(iter_full_dummy_weights(reference, device, model_config.seed, DUMMY_WEIGHT_STD))
     else:
         module.load_weights(source.weights(config, module.block_weight_names(formats)))
-    if quantization == Quantization.FP8 and source.fp8 is None:
-        quantize_linears_fp8(module)
+    if quantization.is_fp8 and source.fp8 is None:
+        quantize_linears_fp8(module, per_channel=quantization == Quantization.PTPC_FP8)
     module.eval()
     return LoadedModel(
         module=module,

@@ -86,7 +86,7 @@ def tensor_parallel_quantization(requested: Quantization) -> Quantization:
     if requested == Quantization.GGUF:
         raise TensorParallelError(f"--quantization gguf does not run with {FLAG} > 1 (the block-quantized CPU "
                                   "path is single-process); use --quantization none")
-    return Quantization.FP8 if requested == Quantization.FP8 else Quantization.NONE
+    return requested if requested.is_fp8 else Quantization.NONE
 
 
 def shard_model(model: LlamaForCausalLM, group: TensorParallelGroup) -> None:

@@ -30,6 +30,7 @@ from conveyor.bench.measure.summary import Simulated
 from conveyor.bench.plan.gpu_catalog import CATALOG, GPU, find_gpu
 from conveyor.bench.plan.memory import (
     DTYPE_BYTES,
+    FP8_METHODS,
     PlanInputs,
     count_parameters,
     fit_on,
@@ -155,8 +156,8 @@ def _plan_inputs(calibration: Calibration, setup: EngineSetup | None = None,
 
 def model_work(config: pathlib.Path, calibration: Calibration) -> ModelWork:
     """The roofline work of one GPU of the calibrated server's model (`ModelWork`)."""
-    fp8 = dict(calibration.key.configuration).get("quantization") == "fp8"  # one byte per projection weight
-    inputs = replace(_plan_inputs(calibration), quantization="fp8" if fp8 else None)
+    quantization = dict(calibration.key.configuration).get("quantization")  # fp8: one byte a projection weight
+    inputs = replace(_plan_inputs(calibration), quantization=quantization if quantization in FP8_METHODS else None)
     shape = load_shape(config)
     params = count_parameters(shape_per_rank(shape, inputs.tensor_parallel_size))
     read = replace(params, embedding=0) if params.lm_head else params  # tied: the table is the LM head, read whole

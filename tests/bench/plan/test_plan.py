@@ -161,6 +161,7 @@ def test_fp8_weights_take_one_byte_per_projection_weight() -> None:
     assert bf16 == 2 * params.total
     assert fp8 == 2 * (params.embedding + params.lm_head + params.norms) + params.attention + params.mlp
     assert 0.55 < fp8 / bf16 < 0.6  # Llama-3.1-8B: 6.98 of 8.03 B parameters are projections
+    assert model_memory(shape, PlanInputs(dtype="bfloat16", quantization="ptpc_fp8")).weights_bytes == fp8
     with pytest.raises(PlanError, match="--quantization"):
         PlanInputs(quantization="int4")
 

@@ -57,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensor-parallel-size", type=int, default=defaults.tensor_parallel_size,
                         help="GPUs (ranks) the model is split over; memory figures are per rank")
     parser.add_argument("--enforce-eager", action="store_true")
-    parser.add_argument("--quantization", choices=["none", "fp8"], help="as serve's: fp8 weights take one byte")
+    parser.add_argument("--quantization", choices=["none", "fp8", "ptpc_fp8"],
+                        help="as serve's: fp8 / ptpc_fp8 weights take one byte")
     parser.add_argument("--gpu", action="append", default=[], help="catalog GPU to check (repeatable; default all)")
     parser.add_argument("--price", action="append", default=[],
                         help="GPU=USD_PER_HOUR[,GPU=USD_PER_HOUR] (repeatable) or a JSON/TOML file of them")
@@ -93,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _quantization(flag: str | None, shape: ModelShape) -> str | None:
     """--quantization, else fp8 for a checkpoint stored in FP8 (as serve loads it); none contradicts it."""
-    if shape.stored_fp8 and flag == "none":
-        raise PlanError("--quantization none contradicts the checkpoint, which is stored in FP8 "
+    if shape.stored_fp8 and flag not in (None, "fp8"):
+        raise PlanError(f"--quantization {flag} contradicts the checkpoint, which is stored in FP8 "
                         "(config.json quantization_config.quant_method 'fp8'); drop the flag")
     return "fp8" if shape.stored_fp8 else flag
 

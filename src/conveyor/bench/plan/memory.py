@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from conveyor.bench.plan.gpu_catalog import GPU
 from conveyor.bench.plan.sampler_memory import sampler_bytes
 
+FP8_METHODS = ("fp8", "ptpc_fp8")
+"""serve's --quantization values that store the projections in FP8."""
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
 """Bytes per element; the fp8 spellings are `--kv-cache-dtype`'s (`auto`: the weights' dtype)."""
 _RUNTIME_BYTES = 1 << 30
@@ -243,7 +245,7 @@ class PlanInputs:
     enforce_eager: bool = False
     """No CUDA graphs: smaller runtime allowance."""
     quantization: str | None = None
-    """serve's --quantization: fp8 stores the decoder projections in one byte per weight (None: dtype)."""
+    """serve's --quantization: fp8 / ptpc_fp8 store the decoder projections in one byte a weight (None: dtype)."""
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "context_len", "max_num_batched_tokens", "block_size", "tensor_parallel_size"):
@@ -253,8 +255,8 @@ class PlanInputs:
             raise PlanError(f"--gpu-memory-utilization must be in (0, 1] (got {self.gpu_memory_utilization})")
         dtype_bytes(self.dtype)
         dtype_bytes(self.kv_dtype)
-        if self.quantization not in (None, "none", "fp8"):
-            raise PlanError(f"--quantization must be none or fp8 (got {self.quantization!r})")
+        if self.quantization not in (None, "none", *FP8_METHODS):
+            raise PlanError(f"--quantization must be none, fp8 or ptpc_fp8 (got {self.quantization!r})")
 
     @property
     def kv_dtype(self) -> str:
@@ -285,7 +287,7 @@ class ModelMemory:
 def weights_bytes(params: ParameterCount, inputs: PlanInputs) -> int:
     """All parameters at the weights' dtype, except under --quantization fp8 the projections (attention
     and MLP, their few bias and q/k-norm values included) at one byte each."""
-    if inputs.quantization != "fp8":
+    if inputs.quantization not in FP8_METHODS:  # ptpc_fp8's per-channel scales: 4 bytes a row, not counted
         return params.total * dtype_bytes(inputs.dtype)
     kept = params.embedding + params.lm_head + params.norms
     return kept * dtype_bytes(inputs.dtype) + params.attention + params.mlp
