@@ -33,14 +33,15 @@ case $step in
     done
     PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL 200 python3 benchmarks/gpu/fp8_gemm.py > "$OUT/fp8_gemm.log" 2>&1
     echo "fp8_gemm rc=$?"; grep -v '^FP8GEMM' "$OUT/fp8_gemm.log" | tail -8 ;;
-  conveyor)  # PROFILE=N: after the timed run, N decode steps at batch 256 under torch.profiler (the table)
-    q=$1; kv=$2; prof=(); [ "${PROFILE:-0}" -gt 0 ] && prof=(--profile-steps "$PROFILE" --profile-out "$OUT/prof_${M}_${q}_$kv.txt")
-    PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL "${GUARD:-240}" python3 benchmarks/gpu/offline.py --model $MODEL \
+  conveyor)  # PROFILE=N: after the timed run, N decode steps at batch 256 under torch.profiler (the table);
+    # SRC=DIR: another tree's src/ (a lever's before: `git archive C src | tar -x -C D`, SRC=D/src) in the same call, TAG=_x its logs' suffix
+    q=$1; kv=$2; prof=(); [ "${PROFILE:-0}" -gt 0 ] && prof=(--profile-steps "$PROFILE" --profile-out "$OUT/prof_${M}_${q}_${kv}${TAG:-}.txt")
+    PYTHONPATH=${SRC:-$PWD/src}:/tmp/site0 timeout -s KILL "${GUARD:-240}" python3 benchmarks/gpu/offline.py --model $MODEL \
       --async-scheduling --max-num-seqs 1024 --max-num-batched-tokens 16384 --quantization "$q" --kv-cache-dtype "$kv" \
-      "${prof[@]}" --out "$OUT/results.jsonl" > "$OUT/conveyor_${M}_${q}_$kv.log" 2>&1
-    echo "conveyor $q $kv rc=$?"; grep -h RESULT "$OUT/conveyor_${M}_${q}_$kv.log" | cut -c1-700
-    rm -f "$OUT/prof_${M}_${q}_$kv.json"  # the Chrome trace: too large to bring back; the table is kept
-    grep -h RESULT "$OUT/conveyor_${M}_${q}_$kv.log" > /dev/null || tail -20 "$OUT/conveyor_${M}_${q}_$kv.log" | cut -c1-300 ;;
+      "${prof[@]}" --out "$OUT/results.jsonl" > "$OUT/conveyor_${M}_${q}_${kv}${TAG:-}.log" 2>&1
+    echo "conveyor $q $kv ${SRC:-} rc=$?"; grep -h RESULT "$OUT/conveyor_${M}_${q}_${kv}${TAG:-}.log" | cut -c1-700
+    rm -f "$OUT/prof_${M}_${q}_${kv}${TAG:-}.json"  # the Chrome trace: too large to bring back; the table is kept
+    grep -h RESULT "$OUT/conveyor_${M}_${q}_${kv}${TAG:-}.log" > /dev/null || tail -20 "$OUT/conveyor_${M}_${q}_${kv}${TAG:-}.log" | cut -c1-300 ;;
   vllm)
     q=$1; kv=$2; flags=(--kv-cache-dtype "$kv"); [ "$q" = fp8 ] && flags+=(--quantization fp8)
     PYTHONPATH=$PWD/src:/tmp/site timeout -s KILL "${GUARD:-300}" python3 benchmarks/gpu/vllm_offline.py --model $MODEL \
