@@ -9,6 +9,8 @@
 #                             bash benchmarks/gpu/fp8.sh vllm none auto && bash benchmarks/gpu/fp8.sh vllm fp8 fp8
 # Before a lever is switched on: `bash benchmarks/gpu/fp8.sh sweep` (call 1, after stage 1) times the FP8 decode
 # tiles and the per-token projections in isolation (benchmarks/gpu/kernels.py, fp8_gemm.py).
+# Lever 5 (issue 38, fewer launches per layer): `bash benchmarks/gpu/fp8.sh fused-tests` (call 1, after stage 1)
+# checks the fused kernels bit for bit against the unfused ones and tiny Llama / Qwen3 logits fused == unfused.
 # QUANT is none | fp8 | ptpc_fp8 (--quantization; ptpc_fp8, per-token activation and per-channel weight
 # scales, is conveyor's only: vLLM runs it on ROCm alone), KV is auto | fp8 (--kv-cache-dtype). Each run is its own process
 # with nothing cached from the one before but Triton's / torch.compile's kernel caches (no prefix cache:
@@ -26,6 +28,10 @@ case $step in
     PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL 240 python3 -m pytest -q -p no:cacheprovider -m gpu \
       tests/kernels/test_fp8_kv_gpu.py tests/worker/test_kv_cache_fp8.py tests/kernels/test_fp8_linear.py tests/kernels/test_fp8_quant.py tests/kernels/test_fp8_per_token.py \
       tests/worker/test_fp8_weights.py 2>&1 | tail -25 ;;
+  fused-tests)
+    PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL 240 python3 -m pytest -q -p no:cacheprovider -m gpu \
+      tests/kernels/test_add_rms_norm.py tests/kernels/test_qk_norm_rope.py tests/kernels/test_fused_layers.py \
+      tests/worker/test_fused_launches.py tests/worker/test_cuda_graphs.py tests/worker/test_warmup.py 2>&1 | tail -25 ;;
   sweep)  # the decode attention tiles at bf16 and FP8 (lever 3), then the projections per-tensor vs per-token (lever 4)
     for kv in bf16 fp8; do
       PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL 200 python3 benchmarks/gpu/kernels.py --quick --decode-only --kv-dtype $kv \

@@ -12,6 +12,21 @@ from conveyor.kernels.triton_compat import tl, triton
 
 
 @triton.jit
+def inv_rms(x32, num_cols, eps):
+    """[BLOCK] float32 row (zeros past num_cols) -> rsqrt(mean(x^2) + eps); add_rms_norm.py and
+    qk_norm_rope.py call this same code so that their reduction tree, hence their bits, match this kernel's."""
+    mean_square = tl.sum(x32 * x32, 0) / num_cols
+    return tl.math.rsqrt(mean_square + eps)
+
+
+@triton.jit
+def scale_row(x32, inv, weight, dtype):
+    """cast(x * inv) to the input dtype, then times the weight in float32 (rounded by the caller's store)."""
+    normed = (x32 * inv).to(dtype)
+    return normed.to(tl.float32) * weight.to(tl.float32)
+
+
+@triton.jit
 def _rms_norm_kernel(x_ptr, weight_ptr, out_ptr, stride_x_t, stride_x_h, stride_out, num_cols, eps,
                      BLOCK: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
@@ -21,11 +36,15 @@ def _rms_norm_kernel(x_ptr, weight_ptr, out_ptr, stride_x_t, stride_x_h, stride_
     mask = cols < num_cols
     x = tl.load(x_ptr + token * stride_x_t + head * stride_x_h + cols, mask=mask, other=0.0)
     x32 = x.to(tl.float32)
-    mean_square = tl.sum(x32 * x32, 0) / num_cols
-    normed = (x32 * tl.math.rsqrt(mean_square + eps)).to(x.dtype)
     weight = tl.load(weight_ptr + cols, mask=mask, other=0.0)
-    out = (normed.to(tl.float32) * weight.to(tl.float32)).to(out_ptr.dtype.element_ty)
+    out = scale_row(x32, inv_rms(x32, num_cols, eps), weight, x.dtype).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * stride_out + cols, out, mask=mask)
+
+
+def row_launch(num_cols: int) -> tuple[int, int]:
+    """(BLOCK, num_warps) of a one-row-per-program launch over `num_cols` columns; the fused kernels
+    reuse it because the float32 reduction tree (so the result's bits) depends on both."""
+    return triton.next_power_of_2(num_cols), 4 if num_cols <= 2048 else 8
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -35,9 +54,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
     num_heads, stride_h = (x.shape[1], x.stride(1)) if x.dim() == 3 else (1, 0)
     if x.shape[0] > 0:
+        block, num_warps = row_launch(x.shape[-1])
         _rms_norm_kernel[(x.shape[0], num_heads)](
-            x, weight, out, x.stride(0), stride_h, x.shape[-1], x.shape[-1], eps,
-            BLOCK=triton.next_power_of_2(x.shape[-1]), num_warps=4 if x.shape[-1] <= 2048 else 8,
+            x, weight, out, x.stride(0), stride_h, x.shape[-1], x.shape[-1], eps, BLOCK=block, num_warps=num_warps,
         )
     return out
 

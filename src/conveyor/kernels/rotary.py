@@ -21,13 +21,19 @@ def _rotate_rows(ptr, stride_t, stride_h, token, cos, sin, cos_rot, sin_rot,
     base = ptr + token * stride_t + heads * stride_h
     x1 = tl.load(base + dims, mask=mask, other=0.0)
     x2 = tl.load(base + HALF + dims, mask=mask, other=0.0)
-    dtype = x1.dtype
-    # out1 = x1*cos1 + (-x2)*sin1 ; out2 = x2*cos2 + x1*sin2, each product rounded like eager torch
-    x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
-    out1 = ((x1 * cos).to(dtype).to(tl.float32) + (-x2 * sin).to(dtype).to(tl.float32)).to(dtype)
-    out2 = ((x2 * cos_rot).to(dtype).to(tl.float32) + (x1 * sin_rot).to(dtype).to(tl.float32)).to(dtype)
+    out1, out2 = rotate_halves(x1.to(tl.float32), x2.to(tl.float32), cos, sin, cos_rot, sin_rot, x1.dtype)
     tl.store(base + dims, out1, mask=mask)
     tl.store(base + HALF + dims, out2, mask=mask)
+
+
+@triton.jit
+def rotate_halves(x1, x2, cos, sin, cos_rot, sin_rot, dtype):
+    """Float32 halves (x1, x2) of head rows -> the rotated halves in `dtype`; qk_norm_rope.py calls this
+    same code so that its bits match this kernel's."""
+    # out1 = x1*cos1 + (-x2)*sin1 ; out2 = x2*cos2 + x1*sin2, each product rounded like eager torch
+    out1 = ((x1 * cos).to(dtype).to(tl.float32) + (-x2 * sin).to(dtype).to(tl.float32)).to(dtype)
+    out2 = ((x2 * cos_rot).to(dtype).to(tl.float32) + (x1 * sin_rot).to(dtype).to(tl.float32)).to(dtype)
+    return out1, out2
 
 
 @triton.jit

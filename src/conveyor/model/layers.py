@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conveyor.kernels.add_rms_norm import add_rms_norm
 from conveyor.kernels.cpu_build import cpu_kernels_available
 from conveyor.kernels.cpu_gemm import prefill_linear
 from conveyor.kernels.elementwise_cpu import rms_norm_cpu, rotary_cpu_, silu_and_mul_cpu
@@ -58,6 +59,15 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, residual [T, hidden] -> (self(x + residual), x + residual): one launch where the fused
+        kernels run (kernels/add_rms_norm.py, the same bits as the add then `forward`), both steps elsewhere."""
+        if (use_fused_kernels(x) and x.dim() == 2 and x.dtype == residual.dtype == self.weight.dtype
+                and x.stride(-1) == 1 and residual.stride(-1) == 1):
+            return add_rms_norm(x, residual, self.weight, self.eps)
+        total = x + residual
+        return self(total), total
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:

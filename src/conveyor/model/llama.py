@@ -19,10 +19,23 @@ from torch import nn
 
 from conveyor.model.attention import Attention, AttentionBackend
 from conveyor.model.attention_metadata import AttentionMetadata
-from conveyor.model.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary_qk, linear
+from conveyor.model.layers import (
+    GatedMLP,
+    Linear,
+    RMSNorm,
+    RotaryEmbedding,
+    apply_rotary_qk,
+    linear,
+    use_fused_kernels,
+)
 from conveyor.model.llama_cpu_stack import LlamaCPUStack
 from conveyor.model.parallel_layers import ShardedModule, VocabParallelEmbedding
-from conveyor.model.quantized import BlockFormat, QuantizedEmbedding, QuantizedLinear, QuantizedWeight
+from conveyor.model.quantized import (
+    BlockFormat,
+    QuantizedEmbedding,
+    QuantizedLinear,
+    QuantizedWeight,
+)
 from conveyor.model.registry import ModelArchConfig
 
 # HF projection name -> (fused parameter name, shard index within it).
@@ -59,6 +72,13 @@ class LlamaAttention(nn.Module):
         """Hook before rope (Qwen3 adds per-head RMSNorm); q [T, H, d], k [T, kvh, d]."""
         return q, k
 
+    def position_qk(self, q: torch.Tensor, k: torch.Tensor,
+                    rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`normalize_qk`, then rope; q [T, H, d], k [T, kvh, d], rope = (cos, sin) [T, d] (Qwen3 fuses the two)."""
+        q, k = self.normalize_qk(q, k)
+        cos, sin = rope
+        return apply_rotary_qk(q, k, cos, sin)
+
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
@@ -68,9 +88,7 @@ class LlamaAttention(nn.Module):
         q, k, v = self.qkv_proj(x).split(self.shard_sizes(), dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = self.normalize_qk(q, k)
-        cos, sin = rope
-        q, k = apply_rotary_qk(q, k, cos, sin)
+        q, k = self.position_qk(q, k, rope)
         out = self.attn(q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v, kv_cache, metadata)
         return self.o_proj(out)
 
@@ -97,6 +115,22 @@ class LlamaDecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, metadata)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def forward_residual(
+        self, delta: torch.Tensor, residual: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: torch.Tensor, metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` in the residual-stream form of the fused path: the stream is `residual + delta`
+        (delta [T, hidden] the previous layer's MLP output, or the embeddings with residual None) and
+        each add rides in the following norm's launch. Returns (this layer's MLP output, the stream
+        before it), which sum to what `forward` returns."""
+        if residual is None:  # the first layer: the stream is the embeddings, nothing to add yet
+            hidden, residual = self.input_layernorm(delta), delta
+        else:
+            hidden, residual = self.input_layernorm.add_and_norm(delta, residual)
+        attn_out = self.self_attn(hidden, rope, kv_cache, metadata)
+        hidden, residual = self.post_attention_layernorm.add_and_norm(attn_out, residual)
+        return self.mlp(hidden), residual
+
 
 class LlamaModel(nn.Module):
     """Embedding, decoder stack and final norm (HF's `model.*` namespace)."""
@@ -113,6 +147,8 @@ class LlamaForCausalLM(nn.Module):
     """Decoder-only LM over a paged KV cache; see the module docstring for the calling convention."""
 
     layer_cls: type[nn.Module] = LlamaDecoderLayer
+    fused_launches = True
+    """Where `use_fused_kernels` holds, run the residual-stream stack (`set_fused_launches`)."""
 
     def __init__(self, config: ModelArchConfig, backend: AttentionBackend) -> None:
         super().__init__()
@@ -162,9 +198,33 @@ class LlamaForCausalLM(nn.Module):
         rope = self.model.rotary_emb(positions, x.dtype)
         if self.cpu_stack is not None and self.cpu_stack.takes(x):  # decode steps: one C call, same bits
             return self.model.norm(self.cpu_stack.run(x, rope, kv_caches, metadata))
+        if self.uses_residual_stream(x):
+            return self._forward_residual_stream(x, rope, kv_caches, metadata)
         for layer, kv_cache in zip(self.model.layers, kv_caches):
             x = layer(x, rope, kv_cache, metadata)
         return self.model.norm(x)
+
+    def _forward_residual_stream(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                                 kv_caches: list[torch.Tensor], metadata: AttentionMetadata) -> torch.Tensor:
+        """The decoder stack with each residual add fused into the next norm (`forward_residual`); the
+        final norm takes the last add. x [T, hidden] embeddings -> [T, hidden], the same bits as the loop."""
+        delta, residual = x, None
+        for layer, kv_cache in zip(self.model.layers, kv_caches):
+            delta, residual = layer.forward_residual(delta, residual, rope, kv_cache, metadata)
+        assert residual is not None, "a model without layers"
+        return self.model.norm.add_and_norm(delta, residual)[0]
+
+    def uses_residual_stream(self, x: torch.Tensor) -> bool:
+        """Whether `forward` runs the residual-stream stack for embeddings x: on the fused kernels' devices
+        and dtypes, unless `set_fused_launches(False)`; the CPU paths keep the plain loop."""
+        return self.fused_launches and use_fused_kernels(x)
+
+    def set_fused_launches(self, enabled: bool) -> None:
+        """Turn the fusions across layer boundaries (residual add + norm, Qwen3's q/k norm + rope) on or
+        off, e.g. to compare with the separate kernels; the per-op fused kernels are not affected."""
+        for module in self.modules():
+            if hasattr(module, "fused_launches"):
+                module.fused_launches = enabled
 
     @functools.cached_property
     def cpu_stack(self) -> LlamaCPUStack | None:

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import torch
 
+from conveyor.kernels.qk_norm_rope import qk_norm_rope_
 from conveyor.model.attention import AttentionBackend
-from conveyor.model.layers import RMSNorm
+from conveyor.model.layers import RMSNorm, use_fused_kernels
 from conveyor.model.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
 from conveyor.model.registry import ModelArchConfig
 
 
 class Qwen3Attention(LlamaAttention):
     """LlamaAttention with per-head q_norm / k_norm (weights [head_dim], shared by all heads)."""
+
+    fused_launches = True
+    """Norm and rope of q/k in one launch where the fused kernels run (`LlamaForCausalLM.set_fused_launches`)."""
 
     def __init__(self, config: ModelArchConfig, backend: AttentionBackend) -> None:
         super().__init__(config, backend)
@@ -25,6 +29,22 @@ class Qwen3Attention(LlamaAttention):
     def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q [T, H, d], k [T, kvh, d]: normalized over d."""
         return self.q_norm(q), self.k_norm(k)
+
+    def position_qk(self, q: torch.Tensor, k: torch.Tensor,
+                    rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [T, H, d], k [T, kvh, d] normalized, then rotated: one in-place kernel (kernels/qk_norm_rope.py,
+        the same bits as the norm and rope kernels in sequence) where it applies, the two steps elsewhere."""
+        cos, sin = rope
+        if self.fused_launches and self._fusable(q, k, cos):
+            qk_norm_rope_(q, k, self.q_norm.weight, self.k_norm.weight, cos, sin, self.q_norm.eps)
+            return q, k
+        return super().position_qk(q, k, rope)
+
+    def _fusable(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor) -> bool:
+        head_dim = q.shape[-1]
+        same_dtype = q.dtype == k.dtype == cos.dtype == self.q_norm.weight.dtype == self.k_norm.weight.dtype
+        return (use_fused_kernels(q) and same_dtype and self.q_norm.eps == self.k_norm.eps
+                and head_dim & (head_dim - 1) == 0 and q.stride(-1) == 1 and k.stride(-1) == 1)
 
 
 class Qwen3DecoderLayer(LlamaDecoderLayer):

@@ -236,8 +236,8 @@ def warm_up(runner: WarmupRunner) -> None:
     torch.cuda.synchronize()
 
 
-KERNEL_MODULES = ("gumbel_sample", "rms_norm", "rotary", "silu_and_mul", "split_kv_attention", "store_kv",
-                  "unified_attention")
+KERNEL_MODULES = ("add_rms_norm", "gumbel_sample", "qk_norm_rope", "rms_norm", "rotary", "silu_and_mul",
+                  "split_kv_attention", "store_kv", "unified_attention")
 """The modules of conveyor.kernels that define Triton kernels."""
 
 
