@@ -9,10 +9,20 @@ import pathlib
 
 import pytest
 
-from conveyor.bench.measure.calibration import Calibration, CalibrationKey, calibrate, write_calibration
+from conveyor.bench.measure.calibration import (
+    Calibration,
+    CalibrationKey,
+    calibrate,
+    write_calibration,
+)
 from conveyor.bench.measure.step_model import FitError, StepSample, StepTimeCoefficients
 from conveyor.core import simulate_cli
-from conveyor.core.simulate import SimulationConfig, StepTimeModel, WorkloadConfig, simulate
+from conveyor.core.simulate import (
+    SimulationConfig,
+    StepTimeModel,
+    WorkloadConfig,
+    simulate,
+)
 from conveyor.core.step_log import StepRecord
 from conveyor.core.step_time import CalibratedStepTime, read_calibration
 
@@ -115,3 +125,35 @@ def test_cli_uses_the_calibration_and_refuses_it_with_the_linear_flags(
     assert simulate_cli.run(_args("--calibration", str(path), "--step-time-base-s", "0.01")) == 2
     assert "--calibration" in capsys.readouterr().err
     assert simulate_cli.run(_args("--calibration", str(tmp_path / "missing.json"))) == 2
+
+
+def test_the_spread_bench_measures_reaches_the_simulation_only_when_asked(tmp_path: pathlib.Path) -> None:
+    # Steps alternate 0.9x and 1.3x a 20 ms price: the fit lands between, the spread keeps both sides.
+    rows, start_s = [], 10.0
+    for i in range(40):
+        time_s = 0.02 * (0.9 if i % 2 else 1.3) * (1 + i % 3 * 1e-3)
+        rows.append({"num_decode_tokens": 1, "num_decode_reqs": 1, "step_time_s": time_s, "start_s": start_s})
+        start_s += time_s + 1e-4
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"fixed": {"gpu_name": "cpu", "server_flags": {}}}))
+    (run / "step_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = tmp_path / "calib.json"
+    write_calibration(path, calibrate([run]))
+    spread = read_calibration(str(path)).spread
+    assert len(spread) == 21 and list(spread) == sorted(spread)
+    assert spread[0] == pytest.approx(0.9 / 1.1, rel=0.01) and spread[-1] == pytest.approx(1.3 / 1.1, rel=0.01)
+    assert simulate_cli.build_config(_args("--calibration", str(path))).step_time.spread == ()  # type: ignore[union-attr]
+    chosen = simulate_cli.build_config(_args("--calibration", str(path), "--step-spread")).step_time
+    assert chosen.spread == spread  # type: ignore[union-attr]
+
+
+def test_a_spread_must_be_ascending_positive_quantiles(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(ValueError, match="step_spread"):
+        CalibratedStepTime(0.01, 0.0, 0.0, 0.0, 0.0, spread=(1.2, 0.8))
+    path = tmp_path / "calib.json"
+    write_calibration(path, entry("cpu", StepTimeCoefficients(0.01, 0.0, 5e-5, 5e-5, 0.0)))
+    text = path.read_text().replace('"runs":', '"step_spread": [1.1, 0.9], "runs":')
+    path.write_text(text)
+    with pytest.raises(ValueError, match="step_spread"):
+        read_calibration(str(path))

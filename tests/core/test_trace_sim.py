@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -126,3 +127,21 @@ def test_a_calibrated_replay_keeps_the_engines_cadence_between_steps() -> None:
     config = replace(CONFIG, step_time=CalibratedStepTime(0.01, 0.0, 0.0, 0.0, 0.0, between_steps_s=0.001))
     (outcome,) = simulate_trace([request("a", 0.5, list(range(100, 132)), output_len=4)], config).outcomes
     assert outcome.chunk_times_s == pytest.approx((0.511, 0.522, 0.533, 0.544))
+
+
+def test_a_calibrated_spread_draws_like_steps_apart_around_the_fitted_price() -> None:
+    # issue 36: every one-decode step priced alike puts ITL p50 at that price; the engine's vary (0.9-1.2x).
+    spread = tuple(0.8 + 0.02 * i for i in range(21))  # 0.8 .. 1.2, mean 1
+    model = CalibratedStepTime(0.01, 0.0, 0.0, 0.0, 0.0, between_steps_s=0.001, spread=spread)
+    workload = [request("a", 0.0, list(range(100, 132)), output_len=200)]
+    times = simulate_trace(workload, replace(CONFIG, step_time=model, seed=3)).outcomes[0].chunk_times_s
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    assert min(gaps) >= 0.001 + 0.008 - 1e-12 and max(gaps) <= 0.001 + 0.012 + 1e-12
+    assert max(gaps) - min(gaps) > 0.003  # drawn apart, not one price
+    assert sum(gaps) / len(gaps) == pytest.approx(0.011, rel=0.02)  # the fitted mean kept
+    again = simulate_trace(workload, replace(CONFIG, step_time=model, seed=3)).outcomes[0].chunk_times_s
+    other = simulate_trace(workload, replace(CONFIG, step_time=model, seed=4)).outcomes[0].chunk_times_s
+    assert again == times and other != times  # one seed, one replay
+    exact = replace(model, spread=())
+    flat = simulate_trace(workload, replace(CONFIG, step_time=exact)).outcomes[0].chunk_times_s
+    assert [b - a for a, b in itertools.pairwise(flat)] == pytest.approx([0.011] * 199)

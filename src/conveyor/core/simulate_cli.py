@@ -46,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "instead of base + per_token")
     step.add_argument("--calibration-hardware", metavar="TEXT",
                       help="the calibration whose hardware contains TEXT, when the file holds several")
+    step.add_argument("--step-spread", action="store_true",
+                      help="with --calibration and --trace/--validate: draw each step's time from the spread the "
+                           "calibration measured (seeded by --seed) instead of pricing like steps alike; shapes the "
+                           "inter-token gaps' distribution, but moves every percentile from seed to seed")
     engine = parser.add_argument_group("scheduler and KV cache")
     for name, kind in _SCHEDULER_FLAGS.items():
         engine.add_argument(_flag(name), type=kind)
@@ -68,6 +72,8 @@ def build_config(args: argparse.Namespace) -> SimulationConfig:
         if _given(args, _STEP_FLAGS):
             raise ConfigError("--calibration replaces --step-time-base-s and --step-time-per-token-s: give one")
         step_time = read_calibration(args.calibration, getattr(args, "calibration_hardware", None))
+        if not getattr(args, "step_spread", False):  # the default prices like steps alike (docs/decision.md)
+            step_time = replace(step_time, spread=())
     scheduler_fields = _given(args, _SCHEDULER_FLAGS)
     if args.enable_chunked_prefill is not None:
         scheduler_fields["enable_chunked_prefill"] = args.enable_chunked_prefill

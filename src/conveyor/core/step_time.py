@@ -38,6 +38,8 @@ class CalibratedStepTime:
     """Added to a step computing more than one token (bench/measure/step_model.py says why)."""
     between_steps_s: float = 0.0
     """Added to every step: the engine loop's time after a step before the next begins (step_model.py)."""
+    spread: tuple[float, ...] = ()
+    """Quantiles (evenly spaced, ascending, mean 1) of measured / fitted step time; () prices steps exactly."""
     label: str = ""
     """Which calibration: its hardware, model, dtype (printed with the results)."""
 
@@ -48,6 +50,9 @@ class CalibratedStepTime:
                 raise ValueError(f"calibration {name} must be a finite number >= 0 (got {value})")
         if self.per_step_s <= 0 and self.per_seq_s <= 0:
             raise ValueError("calibration: a step must cost time (per_step_s or per_seq_s > 0)")
+        if len(self.spread) == 1 or any(not (math.isfinite(q) and q > 0) for q in self.spread) \
+                or list(self.spread) != sorted(self.spread):
+            raise ValueError("calibration step_spread must be two or more ascending numbers > 0")
 
     def batch_time_s(self, record: StepRecord) -> float:
         return (self.per_step_s + self.per_seq_s * record.num_reqs
@@ -56,6 +61,17 @@ class CalibratedStepTime:
                 + self.per_context_token_s * record.num_context_tokens
                 + (self.per_multi_row_step_s if record.num_prefill_tokens + record.num_decode_tokens > 1 else 0.0)
                 + self.between_steps_s)
+
+    def drawn_time_s(self, record: StepRecord, u: float) -> float:
+        """The step's time at quantile `u` (0..1) of the spread: the fitted price scaled by the interpolated
+        quantile, plus the time between steps (measured, not part of what the spread describes)."""
+        fitted = self.batch_time_s(record) - self.between_steps_s
+        if not self.spread:
+            return self.batch_time_s(record)
+        position = min(max(u, 0.0), 1.0) * (len(self.spread) - 1)
+        low = min(int(position), len(self.spread) - 2)
+        ratio = self.spread[low] + (position - low) * (self.spread[low + 1] - self.spread[low])
+        return fitted * ratio + self.between_steps_s
 
     def describe(self) -> str:
         return (f"calibrated ({self.label}): {self.per_step_s * 1e3:.3g} ms + {self.per_seq_s * 1e6:.3g} us/seq + "
@@ -88,4 +104,7 @@ def read_calibration(path: str, hardware: str | None = None) -> CalibratedStepTi
     if len(numbers) != len(TERMS):
         raise ValueError(f"--calibration {path}: coefficients {', '.join(TERMS)} must be numbers")
     label = f"{key.get('hardware')} | {key.get('model')} | {key.get('dtype')}"
-    return CalibratedStepTime(**numbers, label=label)
+    spread = entry.get("step_spread", [])
+    if not isinstance(spread, list) or not all(isinstance(q, (int, float)) and not isinstance(q, bool) for q in spread):
+        raise ValueError(f"--calibration {path}: step_spread must be a list of numbers")
+    return CalibratedStepTime(**numbers, spread=tuple(float(q) for q in spread), label=label)

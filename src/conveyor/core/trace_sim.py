@@ -6,7 +6,8 @@ bench's, and core may not import bench). Each request enters the real `Scheduler
 KV blocks come from the real block pool, its prompt is looked up in the real prefix cache (requests that
 share leading tokens share full blocks), and the pool running dry preempts as it would on the server.
 The fake runner (core/fake_runner.py) samples tokens; each step advances the clock by the step-time
-model's price of that step's batch. A request streams one chunk per step that gave it tokens, as the
+model's price of that step's batch (drawn around it from a calibration's measured spread, with a seeded
+generator, so like steps differ as on the engine and percentiles of the gaps keep its shape). A request streams one chunk per step that gave it tokens, as the
 server sends one SSE chunk per engine step, so TTFT, ITL and E2E are measured as the client would.
 
 What the client does is played here too: a request cancelled after S seconds or N chunks is aborted at the
@@ -20,6 +21,7 @@ from __future__ import annotations
 import collections
 import heapq
 import itertools
+import random
 from dataclasses import dataclass, field
 
 from conveyor.config import CacheConfig, SchedulerConfig
@@ -29,7 +31,7 @@ from conveyor.core.outputs import EngineCoreOutput, EngineCoreOutputs
 from conveyor.core.policies import make_scheduler
 from conveyor.core.scheduler import Scheduler
 from conveyor.core.simulate import StepTimeModel, VirtualClock
-from conveyor.core.step_log import step_record
+from conveyor.core.step_log import StepRecord, step_record
 from conveyor.core.step_time import CalibratedStepTime
 from conveyor.request import FinishReason, Request
 from conveyor.sampling_params import SamplingParams
@@ -127,6 +129,8 @@ class TraceSimConfig:
     """Gauges are sampled at most this often (bench run's --scrape-interval-s)."""
     max_steps: int = 10_000_000
     """Safety bound on engine steps."""
+    seed: int = 0
+    """Seeds the draws of step times from a calibration's spread (one seed, one replay)."""
 
 
 @dataclass
@@ -165,6 +169,8 @@ class _Run:
     """Tie-break of equal due times: the order they became due in (requests do not compare)."""
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("steps", "preemptions", "queries", "hits", "prompt", "generation"), 0))
+    rng: random.Random = field(default_factory=random.Random)
+    """Draws each step's quantile of the calibration's spread (seeded from the config)."""
 
 
 def simulate_trace(requests: list[SimRequest], config: TraceSimConfig) -> TraceSimResult:
@@ -173,7 +179,8 @@ def simulate_trace(requests: list[SimRequest], config: TraceSimConfig) -> TraceS
     scheduler = make_scheduler(config.scheduler, config.cache, config.num_blocks, clock)
     runner = FakeModelRunner(config.cache.block_size)
     run = _Run(config, scheduler, clock, [], {
-        (r.session_id, r.turn): r for r in requests if r.due_s is None and r.session_id and r.turn})
+        (r.session_id, r.turn): r for r in requests if r.due_s is None and r.session_id and r.turn},
+        rng=random.Random(config.seed))
     for request in requests:
         if request.due_s is not None:
             heapq.heappush(run.due, (request.due_s, next(run.order), request, []))
@@ -245,7 +252,7 @@ def _step(run: _Run, runner: FakeModelRunner) -> None:
     output = scheduler.schedule()
     runner_output = runner.execute(output)
     if not output.is_empty:
-        clock.now_s += run.config.step_time.batch_time_s(step_record(output))
+        clock.now_s += _step_time_s(run, step_record(output))
     else:  # nothing could run (a static batch filling up): time passes to the next arrival or cancellation
         clock.now_s = max(clock.now_s, _next_event_s(run))
     outputs, stats = scheduler.update_from_output(output, runner_output)
@@ -260,6 +267,14 @@ def _step(run: _Run, runner: FakeModelRunner) -> None:
     if not run.samples or clock.now_s - run.samples[-1].t_s >= run.config.sample_interval_s:
         run.samples.append(EngineSample(clock.now_s, scheduler.num_running, scheduler.num_waiting,
                                         scheduler.kv_cache_usage))
+
+
+def _step_time_s(run: _Run, record: StepRecord) -> float:
+    """The step's time: drawn from the calibration's spread when it has one, else the model's price."""
+    model = run.config.step_time
+    if isinstance(model, CalibratedStepTime) and model.spread:
+        return model.drawn_time_s(record, run.rng.random())
+    return model.batch_time_s(record)
 
 
 def _next_event_s(run: _Run) -> float:

@@ -31,7 +31,7 @@ _POISSON_ONLY = ("request_rate", "long_fraction", "short_prompt_tokens", "short_
 def replay(spec: SimRunSpec, step_time: StepPrice) -> TraceSimResult:
     setup = spec.setup
     config = TraceSimConfig(setup.scheduler, setup.cache, setup.num_blocks, step_time,
-                            max_concurrency=spec.load.shape().max_concurrency)
+                            max_concurrency=spec.load.shape().max_concurrency, seed=spec.load.seed)
     return simulate_trace(sim_requests(spec.trace, spec.load), config)
 
 

@@ -18,11 +18,13 @@ from conveyor.bench.measure.calibration import (
     write_calibration,
 )
 from conveyor.bench.measure.step_model import (
+    SPREAD_POINTS,
     StepSample,
     StepTimeCoefficients,
     between_steps_s,
     fit_step_model,
     pace,
+    step_spread,
 )
 from conveyor.cli import main
 
@@ -298,3 +300,14 @@ def test_a_runs_pace_is_its_summed_predicted_over_measured_step_time(tmp_path: p
     assert [run for run, _ in paces] == [str(run) for run in runs] and [v for _, v in paces] == pytest.approx([1.0, 1.0])
     with pytest.raises(CalibrationError, match="--collect-step-log"):
         run_paces(TRUE, [tmp_path / "missing"])
+
+
+def test_the_spread_is_the_ratio_quantiles_scaled_to_mean_one() -> None:
+    model = StepTimeCoefficients(0.01, 0.0, 0.0, 0.0, 0.0)
+    samples = [StepSample(1, 0, 1, 0, 0.01 * r) for r in (0.9, 1.0, 1.1, 1.5) * 5]
+    spread = step_spread(model, samples)
+    assert len(spread) == SPREAD_POINTS and list(spread) == sorted(spread)
+    mean = (sum(spread) - (spread[0] + spread[-1]) / 2) / (len(spread) - 1)  # what a uniform draw averages
+    assert mean == pytest.approx(1.0)
+    assert spread[-1] / spread[0] == pytest.approx(1.5 / 0.9)
+    assert step_spread(model, samples[:1]) == ()

@@ -29,6 +29,7 @@ from conveyor.bench.measure.step_model import (
     fit_error,
     fit_step_model,
     pace,
+    step_spread,
 )
 
 CALIBRATION_SCHEMA_VERSION = 1
@@ -100,6 +101,8 @@ class Calibration:
     held_out_runs: tuple[str, ...] = ()
     fit_window: int = 1
     """Consecutive steps per fitted sum (`bench calibrate --fit-window`; 1: each step, as files without it)."""
+    spread: tuple[float, ...] = ()
+    """step_model.step_spread of the fitted steps (`step_spread` in the file; () in files from before it)."""
 
     def to_json(self) -> dict[str, JSON]:
         value: dict[str, JSON] = {"key": self.key.to_json(), "coefficients": dict(self.coefficients.to_json()),
@@ -108,6 +111,8 @@ class Calibration:
             value.update(held_out=dict(self.held_out.to_json()), held_out_runs=list(self.held_out_runs))
         if self.fit_window != 1:
             value["fit_window"] = self.fit_window
+        if self.spread:
+            value["step_spread"] = list(self.spread)
         return value
 
     @classmethod
@@ -123,12 +128,14 @@ class Calibration:
         window = value.get("fit_window", 1)
         if not isinstance(window, int) or isinstance(window, bool) or window < 1:
             raise CalibrationError(f"{where}: fit_window must be an integer >= 1")
+        spread = _spread(value.get("step_spread", []), where)
         try:
             return cls(CalibrationKey.from_json(key, where + ".key"),
                        StepTimeCoefficients.from_json(coefficients, where + ".coefficients"),
                        FitError.from_json(fit, where + ".fit"), tuple(str(r) for r in runs),
                        FitError.from_json(held_out, where + ".held_out") if isinstance(held_out, dict) else None,
-                       tuple(str(r) for r in held_out_runs) if isinstance(held_out_runs, list) else (), window)
+                       tuple(str(r) for r in held_out_runs) if isinstance(held_out_runs, list) else (), window,
+                       spread)
         except ValueError as error:
             raise CalibrationError(str(error)) from None
 
@@ -149,7 +156,18 @@ def calibrate(run_dirs: Sequence[pathlib.Path], held_out: Sequence[pathlib.Path]
         raise CalibrationError(str(problem)) from None
     coefficients = replace(coefficients, between_steps_s=between_steps_s(logs))
     return Calibration(key, coefficients, fit, tuple(str(d) for d in run_dirs), error, tuple(str(d) for d in held_out),
-                       window)
+                       window, step_spread(coefficients, fitted))
+
+
+def _spread(value: JSON, where: str) -> tuple[float, ...]:
+    """A file's step_spread: positive numbers, ascending."""
+    if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                                              for v in value):
+        raise CalibrationError(f"{where}: step_spread must be a list of numbers > 0")
+    spread = tuple(float(v) for v in value)  # type: ignore[arg-type]
+    if list(spread) != sorted(spread):
+        raise CalibrationError(f"{where}: step_spread must be ascending (quantiles)")
+    return spread
 
 
 def run_paces(coefficients: StepTimeCoefficients, run_dirs: Sequence[pathlib.Path]) -> list[tuple[str, float]]:

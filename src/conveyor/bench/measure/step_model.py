@@ -27,6 +27,12 @@ not the next one's start (step N+1 launches before N settles; core/step_log.py),
 from the end of the step settled by the previous engine call, the latest end before the start. A log
 written before end_s takes start + step_time as the end and the next step's start, as it always did.
 
+What the fit cannot price is kept as a distribution (`step_spread`): the quantiles of measured / predicted
+time over the fitted steps. The mean decides throughput and E2E, but a percentile of the inter-token gaps
+depends on the spread too: on the CPU a single-decode step takes ~12 ms and a multi-row one >= 20, about half
+the gaps fall in each mode, so ITL p50 lands in the upper tail of the one-decode steps (13-15 ms measured),
+where a simulation pricing every one-decode step alike puts it at their price (docs/decision.md, issue 36).
+
 The fit's error is reported on the log it was fitted on: R² and the median and p95 of the per-step
 relative error |predicted - measured| / measured; `bench calibrate --held-out` measures the same on other
 runs' steps, and `conveyor simulate --validate` the simulation's error per metric on held-out runs.
@@ -212,6 +218,23 @@ def pace(coefficients: StepTimeCoefficients, samples: Sequence[StepSample]) -> f
     if not samples or measured <= 0:
         raise ValueError("no logged steps to measure the pace of")
     return sum(coefficients.predict_s(s) for s in samples) / measured
+
+
+SPREAD_POINTS = 21
+"""Quantiles kept of the steps' spread: 0, 5, ..., 100%."""
+
+
+def step_spread(coefficients: StepTimeCoefficients, samples: Sequence[StepSample]) -> tuple[float, ...]:
+    """Quantiles (SPREAD_POINTS, evenly spaced) of measured / predicted step time over `samples`, scaled so
+    the distribution they interpolate has mean 1: a simulation drawing from it keeps the fitted mean (module
+    docstring); () when fewer than two steps are priced above 0."""
+    ratios = np.array([s.step_time_s / p for s in samples if (p := coefficients.predict_s(s)) > 0])
+    if ratios.size < 2:
+        return ()
+    quantiles = np.quantile(ratios, np.linspace(0.0, 1.0, SPREAD_POINTS))
+    # the mean of a uniform draw mapped through the piecewise-linear quantile function: the trapezoid rule
+    mean = (quantiles.sum() - (quantiles[0] + quantiles[-1]) / 2) / (SPREAD_POINTS - 1)
+    return tuple(float(q / mean) for q in quantiles)
 
 
 def between_steps_s(logs: Sequence[Sequence[Mapping[str, JSON]]]) -> float:
