@@ -24,6 +24,18 @@ MODEL=${MODEL:-benchmarks/models/llama-3.1-8b}; M=$(basename "$MODEL")  # MODEL=
 
 step=$1; shift
 case $step in
+  befores)  # here, not on the device: the levers' "before" trees for SRC= (src/ without bench/ and sim/, which
+    # offline.py does not import: c1 and both trees must fit run's 64 MiB carry). 06e3217: before lever 5 and
+    # ptpc_fp8; 9316e3f~1: before lever 3. Then carry .peers/c1 .peers/src_old .peers/src_pre3 and run
+    #   bash benchmarks/gpu/study.sh stage 1 && bash benchmarks/gpu/fp8.sh fused-tests
+    #   MODEL=benchmarks/models/qwen3-0.6b bash benchmarks/gpu/fp8.sh conveyor none auto      # lever 5, after
+    #   MODEL=benchmarks/models/qwen3-0.6b SRC=.peers/src_old/src TAG=_old bash benchmarks/gpu/fp8.sh conveyor none auto
+    #   bash benchmarks/gpu/fp8.sh conveyor none fp8; SRC=.peers/src_pre3/src TAG=_pre3 bash benchmarks/gpu/fp8.sh conveyor none fp8
+    #   bash benchmarks/gpu/fp8.sh conveyor ptpc_fp8 auto; bash benchmarks/gpu/fp8.sh conveyor fp8 auto   # lever 4
+    for pair in old:06e3217 pre3:9316e3f~1; do
+      d=.peers/src_${pair%%:*}; rm -rf "$d" && mkdir -p "$d" && git archive "${pair#*:}" src | tar -x -C "$d"
+      rm -rf "$d"/src/conveyor/bench "$d"/src/conveyor/sim; du -sh "$d"
+    done ;;
   tests)
     PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL 240 python3 -m pytest -q -p no:cacheprovider -m gpu \
       tests/kernels/test_fp8_kv_gpu.py tests/worker/test_kv_cache_fp8.py tests/kernels/test_fp8_linear.py tests/kernels/test_fp8_quant.py tests/kernels/test_fp8_per_token.py \

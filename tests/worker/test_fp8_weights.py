@@ -117,14 +117,15 @@ def test_cuda_runner_serves_fp8_weights_with_graphs(tmp_path: pathlib.Path) -> N
         assert float((quantized - reference).norm() / reference.norm()) <= 0.1
 
 
-def test_serve_on_cpu_refuses_fp8_weights_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("method", ["fp8", "ptpc_fp8"])
+def test_serve_on_cpu_refuses_fp8_weights_in_one_line(capsys: pytest.CaptureFixture[str], method: str) -> None:
     from conveyor.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
-        main(["serve", "--quantization", "fp8"])
+        main(["serve", "--quantization", method])
     assert exit_info.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
-    assert len(errors) == 1 and "quantization fp8 needs --device cuda" in errors[0]
+    assert len(errors) == 1 and f"quantization {method} needs --device cuda" in errors[0]
 
 
 def test_each_tensor_parallel_rank_quantizes_its_own_shard(tmp_path: pathlib.Path) -> None:
