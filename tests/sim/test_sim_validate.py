@@ -24,10 +24,10 @@ KEY = CalibrationKey("cpu", "tiny (abc)", "float32", ())
 
 
 def summary(throughput: float, ttft50: float, ttft95: float, itl50: float, e2e95: float, preempt: float,
-            e2e50: float = 1000.0) -> RunSummary:
+            e2e50: float = 1000.0, itl_mean: float = 22.0) -> RunSummary:
     return RunSummary(RunIdentity("r"), totals=RunTotals(request_throughput=throughput),
                       latency={"p50_ttft_ms": ttft50, "p95_ttft_ms": ttft95, "p50_itl_ms": itl50, "p50_e2el_ms": e2e50,
-                               "p95_e2el_ms": e2e95},
+                               "p95_e2el_ms": e2e95, "mean_itl_ms": itl_mean},
                       server=ServerSummary(True, {"num_preemptions": preempt}))
 
 
@@ -40,12 +40,12 @@ def test_relative_error_is_signed_and_undefined_only_against_zero() -> None:
 
 def test_compare_takes_every_metric_from_the_summaries() -> None:
     measured = summary(2.0, 100.0, 400.0, 20.0, 3000.0, 4.0)
-    simulated = summary(2.2, 90.0, 500.0, 20.0, 2400.0, 0.0, e2e50=1050.0)
+    simulated = summary(2.2, 90.0, 500.0, 20.0, 2400.0, 0.0, e2e50=1050.0, itl_mean=24.2)
     errors = {e.key: e.relative_error for e in compare(measured, simulated)}
     assert list(errors) == [key for key, _ in METRICS]
     assert errors == pytest.approx({"request_throughput": 0.1, "p50_ttft_ms": -0.1, "p95_ttft_ms": 0.25,
-                                    "p50_itl_ms": 0.0, "p50_e2el_ms": 0.05, "p95_e2el_ms": -0.2,
-                                    "num_preemptions": -1.0})
+                                    "p50_itl_ms": 0.0, "mean_itl_ms": 0.1, "p50_e2el_ms": 0.05,
+                                    "p95_e2el_ms": -0.2, "num_preemptions": -1.0})
 
 
 def test_runs_with_identical_replays_are_compared_as_one_against_their_mean() -> None:
