@@ -61,10 +61,6 @@ class LoadFormat(enum.Enum):
     DUMMY = "dummy"
 
 
-def _is_power_of_two(value: int) -> bool:
-    return value > 0 and value & (value - 1) == 0
-
-
 @dataclass(frozen=True)
 class SchedulerConfig:
     """How each engine step fills its batch (vLLM V1 semantics)."""
@@ -148,7 +144,7 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if self.cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(f"cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)} (got {self.cache_dtype!r})")
-        if not _is_power_of_two(self.block_size):
+        if self.block_size <= 0 or self.block_size & (self.block_size - 1):  # not a power of two
             raise ConfigError(f"block_size must be a positive power of two, e.g. 16 (got {self.block_size})")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1] (got {self.gpu_memory_utilization})")
