@@ -8,6 +8,9 @@ CUDA-graph capturable; on a GPU by kernels/fp8_quant.py's two Triton passes, the
 `torch._scaled_mm` computes (x_q @ W_q^T) * s_x * s_w (+ bias) in the input's dtype, accumulating in
 float32. The torch reference does the same in float32 from the
 dequantized operands.
+
+--quantization ptpc_fp8: one scale per output channel ([1, N], `quantize_weight_fp8_per_channel`) and one
+per input row, computed in one Triton launch (`fp8_linear_per_token`); a row-wise `_scaled_mm` applies both.
 """
 
 from __future__ import annotations
