@@ -110,13 +110,10 @@ class SchedulerConfig:
                 f"be >= max_model_len ({self.max_model_len}) or a long prompt could never be scheduled; "
                 "enable chunked prefill, raise --max-num-batched-tokens or lower --max-model-len"
             )
-        threshold = self.long_prefill_token_threshold
-        if threshold is not None and threshold < 1:
-            raise ConfigError(f"long_prefill_token_threshold must be >= 1 or unset (got {threshold})")
-        if self.max_num_queued_reqs is not None and self.max_num_queued_reqs < 1:
-            raise ConfigError(f"max_num_queued_reqs must be >= 1 or unset (got {self.max_num_queued_reqs})")
-        if self.max_num_queued_tokens is not None and self.max_num_queued_tokens < 1:
-            raise ConfigError(f"max_num_queued_tokens must be >= 1 or unset (got {self.max_num_queued_tokens})")
+        for name in ("long_prefill_token_threshold", "max_num_queued_reqs", "max_num_queued_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be >= 1 or unset (got {value})")
         if self.queue_timeout_s is not None and self.queue_timeout_s <= 0:
             raise ConfigError(f"queue_timeout_s must be > 0 or unset (got {self.queue_timeout_s})")
 
@@ -387,7 +384,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.model.quantization.is_fp8 and self.device.device != "cuda":  # before the load
-            raise ConfigError(f"--quantization {self.model.quantization.value} needs --device cuda: FP8 matmuls are a GPU path")
+            raise ConfigError(f"--quantization {self.model.quantization.value} needs --device cuda: FP8 matmuls "
+                              "are a GPU path")
         if self.cache.cache_dtype != "auto" and self.device.device != "cuda":
             raise ConfigError(f"cache_dtype {self.cache.cache_dtype} needs --device cuda: the Triton kernels read it")
         if self.step_log_size < 0:
