@@ -65,3 +65,29 @@ def test_a_variant_the_simulation_cannot_price_is_refused(tmp_path: pathlib.Path
                      "--out-dir", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "dtype" in err
+
+
+def test_a_duration_study_sends_what_bench_would_send_and_keeps_its_window(tmp_path: pathlib.Path) -> None:
+    # bench run sends ceil(rate x duration_s) requests and summarizes only its window: so must the simulation,
+    # or a past-capacity rate replays the whole trace and queues longer than the server was ever asked to.
+    study_file, calibration = _files(tmp_path, [])
+    study = json.loads(study_file.read_text())
+    study["run"] = {"duration_s": 5, "warmup_requests": 1, "cooldown_requests": 2}
+    study["sweep"]["rates"] = [2.0]
+    study_file.write_text(json.dumps(study))
+    out = tmp_path / "sim-study"
+    assert cli.main(["simulate", "--study", str(study_file), "--calibration", str(calibration),
+                     "--out-dir", str(out)]) == 0
+    (run,) = discover_runs([out])
+    assert run.summary.num_sent == 10  # ceil(2 req/s x 5 s) of the trace's 24
+    assert run.summary.window["warmup_requests"] == 1 and run.summary.window["cooldown_requests"] == 2
+    assert run.summary.completed == 7  # the 10 sent, less the window's 1 + 2
+
+
+def test_a_duration_without_a_finite_rate_is_refused_in_one_line() -> None:
+    from conveyor.bench.jsonvalue import Fields
+    from conveyor.sim.study import requests_to_send
+    with pytest.raises(ValueError, match="duration_s must be > 0 s with a finite rate"):
+        requests_to_send(Fields.of({"duration_s": 10}, "[run]"), float("inf"), None)
+    assert requests_to_send(Fields.of({"duration_s": 10, "num_requests": 7}, "[run]"), 2.0, None) == 7
+    assert requests_to_send(Fields.of({"duration_s": 10}, "[run]"), 2.0, 40) == 40  # a lengthened repeat wins

@@ -30,6 +30,7 @@ from conveyor.bench.decide.sweep_axis import SweepAxis
 from conveyor.bench.jsonvalue import Fields
 from conveyor.bench.load.launch import ServerSpec
 from conveyor.bench.measure.summary import RunSummary, Simulated
+from conveyor.bench.measure.window import WindowConfig
 from conveyor.bench.report.dashboard import ReportInputs, analyze
 from conveyor.bench.table_file import read_table_file
 from conveyor.bench.trace.traces import read_trace
@@ -75,17 +76,39 @@ class SimulatedServers:
 
         def run(rate: float, repeat: int, run_dir: pathlib.Path, num_requests: int | None) -> RunSummary:
             closed = template.axis is SweepAxis.CONCURRENCY  # the swept value is the cap, as bench's run function
-            load = LoadSettings(request_rate=options.number("request_rate", math.inf) if closed else rate,
+            request_rate = options.number("request_rate", math.inf) if closed else rate
+            load = LoadSettings(request_rate=request_rate,
                                 arrival=options.opt_text("arrival"), profile=options.opt_text("profile"),
                                 max_concurrency=int(rate) if closed else options.opt_integer("max_concurrency"),
                                 burstiness=options.number("burstiness", 1.0), time_scale=options.number("time_scale", 1.0),
                                 seed=options.integer("seed") + repeat,  # as bench's run function: repeat k, seed + k
-                                num_requests=num_requests or options.opt_integer("num_requests"))
+                                num_requests=requests_to_send(options, request_rate, num_requests))
             label = f"{template.label}@c{rate:g}#{repeat}" if closed else f"{template.label}@{rate:.4g}#{repeat}"
-            spec = SimRunSpec(label, template.trace_path, trace, load, setup, self.simulated)
+            spec = SimRunSpec(label, template.trace_path, trace, load, setup, self.simulated,
+                              window=run_window(options))
             return write_run_dir(run_dir, spec, replay(spec, self.step_time), "conveyor simulate --study")
 
         return run
+
+
+def requests_to_send(options: Fields, request_rate: float, lengthened: int | None) -> int | None:
+    """How many of the trace's first requests a run sends, by bench's rule (BenchRunConfig.num_to_send): a
+    lengthened repeat's count, else [run] num_requests, else ceil(rate × duration_s), else the whole trace.
+    Without it a study of `duration_s` runs would replay the whole trace at every rate: more requests than
+    the servers were sent, so a longer queue past capacity and a different verdict."""
+    given, duration_s = lengthened or options.opt_integer("num_requests"), options.opt_number("duration_s")
+    if given is not None or duration_s is None:
+        return given
+    if not (duration_s > 0 and math.isfinite(request_rate)):
+        raise ValueError(f"--study [run]: duration_s must be > 0 s with a finite rate, got {duration_s}")
+    return max(1, math.ceil(request_rate * duration_s))
+
+
+def run_window(options: Fields) -> WindowConfig:
+    """[run]'s warm-up and cool-down, as bench's runner leaves them out of each summary."""
+    return WindowConfig(warmup_requests=options.integer("warmup_requests"), warmup_s=options.number("warmup_s"),
+                        cooldown_requests=options.integer("cooldown_requests"),
+                        cooldown_s=options.number("cooldown_s"))
 
 
 def simulate_study(spec: StudySpec, servers: SimulatedServers, out_dir: pathlib.Path) -> None:
