@@ -24,7 +24,8 @@ from conveyor.core.simulate import (
     simulate,
 )
 from conveyor.core.step_log import StepRecord
-from conveyor.core.step_time import CalibratedStepTime, read_calibration
+from conveyor.core.step_time import GEMM_STEP_ROWS, CalibratedStepTime, read_calibration
+from conveyor.model.quantized import MAX_KERNEL_ROWS
 
 SMALL = SimulationConfig(workload=WorkloadConfig(num_requests=40, request_rate=6.0, long_fraction=0.15,
                                                  long_prompt_tokens=512, long_output_tokens=128))
@@ -38,12 +39,12 @@ def entry(hardware: str, coefficients: StepTimeCoefficients) -> Calibration:
 
 def test_what_bench_writes_the_simulation_reads(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "calib.json"
-    h100 = StepTimeCoefficients(0.01, 2e-5, 3e-5, 4e-5, 5e-9, 6e-3, 7e-4)
+    h100 = StepTimeCoefficients(0.01, 2e-5, 3e-5, 4e-5, 5e-9, 6e-3, 7e-4, per_gemm_step_s=0.04)
     write_calibration(path, entry("NVIDIA H100 80GB HBM3 x1", h100))
     write_calibration(path, entry("NVIDIA H200 x1", StepTimeCoefficients(0.008, 1e-5, 2e-5, 3e-5, 4e-9)))
     model = read_calibration(str(path), hardware="h100")
     assert (model.per_step_s, model.per_seq_s, model.per_prefill_token_s, model.per_decode_token_s,
-            model.per_context_token_s, model.per_multi_row_step_s) == h100.values
+            model.per_context_token_s, model.per_multi_row_step_s, model.per_gemm_step_s) == h100.values
     assert model.between_steps_s == h100.between_steps_s
     assert "H100" in model.label
     with pytest.raises(ValueError, match="2 calibrations match"):
@@ -57,6 +58,7 @@ def test_a_file_from_before_the_multi_row_term_reads_it_as_zero(tmp_path: pathli
     path.write_text(text)
     assert read_calibration(str(path)).per_multi_row_step_s == 0.0
     assert read_calibration(str(path)).between_steps_s == 0.0
+    assert read_calibration(str(path)).per_gemm_step_s == 0.0  # written before the term: no key at all
 
 
 def test_a_simulated_step_lasts_the_busy_engines_period_not_only_its_step_time(tmp_path: pathlib.Path) -> None:
@@ -94,6 +96,18 @@ def test_the_multi_row_term_prices_only_steps_of_more_than_one_token() -> None:
     assert model.batch_time_s(two_decodes) == pytest.approx(0.004 + 0.006 + 0.005)
     assert model.batch_time_s(one_token_prefill) == pytest.approx(0.004 + 0.003 + 1e-3)
     assert model.batch_time_s(prefill) == pytest.approx(0.004 + 0.003 + 0.04 + 0.005)
+
+
+def test_the_gemm_term_prices_only_steps_past_the_cpu_kernels_rows() -> None:
+    # the CPU's block kernel takes up to MAX_KERNEL_ROWS rows; past it the weights are dequantized for a GEMM
+    assert GEMM_STEP_ROWS == MAX_KERNEL_ROWS
+    model = CalibratedStepTime(0.01, 0.0, 2e-3, 3e-3, 0.0, per_multi_row_step_s=0.007, per_gemm_step_s=0.045)
+    def prompt(tokens: int) -> StepRecord:
+        return StepRecord(num_prefill_tokens=tokens, num_decode_tokens=0, num_prefill_reqs=1, num_decode_reqs=0,
+                          num_context_tokens=tokens)
+    assert model.batch_time_s(prompt(GEMM_STEP_ROWS)) == pytest.approx(0.017 + GEMM_STEP_ROWS * 2e-3)
+    assert model.batch_time_s(prompt(GEMM_STEP_ROWS + 1)) == pytest.approx(0.062 + (GEMM_STEP_ROWS + 1) * 2e-3)
+    assert "45 ms/GEMM step" in model.describe()
 
 
 def test_a_calibration_with_only_token_costs_is_the_two_parameter_model() -> None:

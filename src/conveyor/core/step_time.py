@@ -4,7 +4,8 @@ The fit lives in bench/measure/step_model.py (it needs numpy and scipy); this is
 `conveyor simulate` prices each step it schedules by the engine's own measured costs:
 step_time = per_step + per_seq * sequences + per_prefill_token * prefill tokens
 + per_decode_token * decode tokens + per_context_token * context tokens + per_multi_row_step when the step
-computes more than one token (a one-token step takes the CPU's one-row matmul kernels), on the `StepRecord` of the
+computes more than one token (a one-token step takes the CPU's one-row matmul kernels) + per_gemm_step when it
+computes more than GEMM_STEP_ROWS tokens (the CPU's dequantize-and-GEMM path), on the `StepRecord` of the
 step (core/step_log.py), the same terms the engine logged; plus between_steps, the engine loop's measured time
 between two steps, so that back-to-back simulated steps keep the busy engine's cadence, not just its step times. The file format is bench/measure/calibration.py's;
 tests/core/test_simulate_calibrated.py checks that what bench writes, this reads.
@@ -20,9 +21,13 @@ from dataclasses import dataclass
 from conveyor.core.step_log import StepRecord
 
 TERMS = ("per_step_s", "per_seq_s", "per_prefill_token_s", "per_decode_token_s", "per_context_token_s",
-         "per_multi_row_step_s", "between_steps_s")
-OPTIONAL = {"per_multi_row_step_s": 0.0, "between_steps_s": 0.0}
+         "per_multi_row_step_s", "per_gemm_step_s", "between_steps_s")
+OPTIONAL = {"per_multi_row_step_s": 0.0, "per_gemm_step_s": 0.0, "between_steps_s": 0.0}
 """Terms added after the first calibrations: a file without one reads it as this (the model it was fitted with)."""
+GEMM_STEP_ROWS = 32
+"""A step of more token rows than this pays per_gemm_step: on the CPU its projections dequantize each weight
+and run oneDNN's GEMM (model/quantized.py MAX_KERNEL_ROWS, which a test holds this to), and its layers run as
+torch modules instead of one C call (bench/measure/step_model.py says what that costs)."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,9 @@ class CalibratedStepTime:
     """Quantiles (evenly spaced, ascending, mean 1) of measured / fitted step time; () prices steps exactly."""
     label: str = ""
     """Which calibration: its hardware, model, dtype (printed with the results)."""
+    per_gemm_step_s: float = 0.0
+    """Added to a step computing more than GEMM_STEP_ROWS tokens (step_model.py); 0 off the CPU. Last, so that
+    positional callers of the fields above keep their meaning."""
 
     def __post_init__(self) -> None:
         for name in TERMS:
@@ -55,11 +63,13 @@ class CalibratedStepTime:
             raise ValueError("calibration step_spread must be two or more ascending numbers > 0")
 
     def batch_time_s(self, record: StepRecord) -> float:
+        rows = record.num_prefill_tokens + record.num_decode_tokens
         return (self.per_step_s + self.per_seq_s * record.num_reqs
                 + self.per_prefill_token_s * record.num_prefill_tokens
                 + self.per_decode_token_s * record.num_decode_tokens
                 + self.per_context_token_s * record.num_context_tokens
-                + (self.per_multi_row_step_s if record.num_prefill_tokens + record.num_decode_tokens > 1 else 0.0)
+                + (self.per_multi_row_step_s if rows > 1 else 0.0)
+                + (self.per_gemm_step_s if rows > GEMM_STEP_ROWS else 0.0)
                 + self.between_steps_s)
 
     def drawn_time_s(self, record: StepRecord, u: float) -> float:
@@ -77,8 +87,9 @@ class CalibratedStepTime:
         return (f"calibrated ({self.label}): {self.per_step_s * 1e3:.3g} ms + {self.per_seq_s * 1e6:.3g} us/seq + "
                 f"{self.per_prefill_token_s * 1e6:.3g} us/prefill token + {self.per_decode_token_s * 1e6:.3g} "
                 f"us/decode token + {self.per_context_token_s * 1e9:.3g} ns/context token + "
-                f"{self.per_multi_row_step_s * 1e3:.3g} ms/multi-row step + {self.between_steps_s * 1e3:.3g} ms "
-                "between steps")
+                f"{self.per_multi_row_step_s * 1e3:.3g} ms/multi-row step + "
+                + (f"{self.per_gemm_step_s * 1e3:.3g} ms/GEMM step + " if self.per_gemm_step_s else "")
+                + f"{self.between_steps_s * 1e3:.3g} ms between steps")
 
 
 def read_calibration(path: str, hardware: str | None = None) -> CalibratedStepTime:

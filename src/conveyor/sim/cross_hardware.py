@@ -105,7 +105,8 @@ def scale_step_time(model: CalibratedStepTime, scale: HardwareScale, work: Model
         per_prefill_token_s=_split(model.per_prefill_token_s, token_s, compute),
         per_decode_token_s=_split(model.per_decode_token_s, token_s, compute),
         per_context_token_s=_split(model.per_context_token_s, kv_s, bandwidth),
-        per_multi_row_step_s=model.per_multi_row_step_s * bandwidth, between_steps_s=model.between_steps_s,
+        per_multi_row_step_s=model.per_multi_row_step_s * bandwidth, per_gemm_step_s=model.per_gemm_step_s * bandwidth,
+        between_steps_s=model.between_steps_s,
         label=f"{model.label}, scaled {scale.source.name} -> {scale.target.name}"
               + (" above the roofline floors" if work else ""))
 

@@ -50,7 +50,8 @@ def describe(calibration: Calibration) -> str:
     """The key, the coefficients in readable units, and the fit's error."""
     key, fit, held_out = calibration.key, calibration.fit, calibration.held_out
     units = {"per_step_s": ("ms", 1e3), "per_seq_s": ("us", 1e6), "per_prefill_token_s": ("us", 1e6),
-             "per_decode_token_s": ("us", 1e6), "per_context_token_s": ("ns", 1e9), "per_multi_row_step_s": ("ms", 1e3)}
+             "per_decode_token_s": ("us", 1e6), "per_context_token_s": ("ns", 1e9), "per_multi_row_step_s": ("ms", 1e3),
+             "per_gemm_step_s": ("ms", 1e3)}
     terms = [f"{name.removesuffix('_s')} = {value * units[name][1]:.4g} {units[name][0]}"
              for name, value in zip(TERMS, calibration.coefficients.values)]
     window = f" (sums of {calibration.fit_window})" if calibration.fit_window > 1 else ""

@@ -150,7 +150,7 @@ def calibrate(run_dirs: Sequence[pathlib.Path], held_out: Sequence[pathlib.Path]
     _, fitted, logs = _steps(run_dirs)
     sizes = [sum(StepSample.from_record(row) is not None for row in rows) for rows in logs]
     try:
-        coefficients, fit = fit_step_model(fitted, window, sizes)
+        coefficients, fit = fit_step_model(fitted, window, sizes, cpu=key.hardware == "cpu")
         error = fit_error(coefficients, _steps(held_out)[1]) if held_out else None
     except ValueError as problem:
         raise CalibrationError(str(problem)) from None

@@ -11,10 +11,20 @@ takes gguf_matmul.c's factored one-row kernels while two or more take the tiled 
 and rebuilds each weight per tile, so the step time jumps between one and two decodes (measured on the
 embedded model: 7.5 ms at one decode, 12.9 at two, then ~1.6 ms more each); without c5 the fit splits the
 jump between c0 and c1 and misprices both sides of it. Where the log has only one kind of step (all of one
-row or none, as on a GPU serving batches), c5 cannot be told from c0 and is fixed at 0. Every coefficient
-is a cost, so the fit is non-negative least squares (scipy.optimize.nnls): an unconstrained fit on
-collinear logs (decode tokens = decode sequences without speculation) trades a negative term for a
-larger one and extrapolates badly.
+row or none, as on a GPU serving batches), c5 cannot be told from c0 and is fixed at 0.
+
+c6 (`per_gemm_step_s`, CPU logs only) is what a step of more than GEMM_STEP_ROWS (32) token rows pays besides
+its rows: there the CPU's projections dequantize every weight and run oneDNN's GEMM instead of the block
+kernel (model/quantized.py MAX_KERNEL_ROWS), and the layers run as torch modules instead of one C call.
+On the embedded model, one thread, a prompt step costs ~57 ms + 2.5 ms a token (24..260 tokens) where a
+decode step of 2..8 rows costs ~16 ms + 2.9 ms a row: ~40 ms that only the large steps pay. Without c6,
+least squares (which weighs those 250 ms steps most) lent that cost to the terms the decodes share (c5,
+c1), pricing two- and three-decode steps 5-12% high (docs/decision.md, issue 36, "What misprices the CPU's
+decode steps"). A GPU has no such switch (and its decode batches cross 32 rows), so c6 stays 0 there.
+
+Every coefficient is a cost, so the fit is non-negative least squares (scipy.optimize.nnls): an
+unconstrained fit on collinear logs (decode tokens = decode sequences without speculation) trades a
+negative term for a larger one and extrapolates badly.
 
 One more cost is measured, not fitted: the engine loop's time between two steps (`between_steps_s`: the step's
 outputs handed to the I/O thread, new requests taken in), which no step record's step_time_s contains. A
@@ -50,11 +60,12 @@ import numpy as np
 from scipy.optimize import nnls
 
 from conveyor.bench.jsonvalue import JSON
+from conveyor.core.step_time import GEMM_STEP_ROWS
 
 TERMS = ("per_step_s", "per_seq_s", "per_prefill_token_s", "per_decode_token_s", "per_context_token_s",
-         "per_multi_row_step_s")
+         "per_multi_row_step_s", "per_gemm_step_s")
 """The coefficients' names, in the order of `StepSample.features`."""
-OPTIONAL = {"per_multi_row_step_s": 0.0, "between_steps_s": 0.0}
+OPTIONAL = {"per_multi_row_step_s": 0.0, "per_gemm_step_s": 0.0, "between_steps_s": 0.0}
 """Terms added after the first calibrations: a file without one reads it as this (the model it was made with)."""
 
 
@@ -72,8 +83,9 @@ class StepSample:
     @property
     def features(self) -> tuple[float, ...]:
         """The regressors, one per coefficient of TERMS (1 for the per-step constant)."""
+        rows = self.num_prefill_tokens + self.num_decode_tokens
         return (1.0, float(self.num_seqs), float(self.num_prefill_tokens), float(self.num_decode_tokens),
-                float(self.num_context_tokens), 1.0 if self.num_prefill_tokens + self.num_decode_tokens > 1 else 0.0)
+                float(self.num_context_tokens), 1.0 if rows > 1 else 0.0, 1.0 if rows > GEMM_STEP_ROWS else 0.0)
 
     @classmethod
     def from_record(cls, row: Mapping[str, JSON]) -> StepSample | None:
@@ -105,6 +117,9 @@ class StepTimeCoefficients:
     between_steps_s: float = 0.0
     """The engine loop's time between steps (module docstring): measured, not fitted, so not in TERMS and not
     in `predict_s` (a step record's time); a simulated step costs predict_s + this. 0 in older files."""
+    per_gemm_step_s: float = 0.0
+    """Added to a step computing more than GEMM_STEP_ROWS tokens (module docstring): fitted on CPU logs only;
+    0 in files from before the term. Last, so that positional callers of the fields above keep their meaning."""
 
     def __post_init__(self) -> None:
         for name in (*TERMS, "between_steps_s"):
@@ -157,9 +172,12 @@ class FitError:
         return cls(num_steps=steps, **{k: float(v) for k, v in fields.items()})  # type: ignore[arg-type]
 
 
-def fit_step_model(samples: Sequence[StepSample], window: int = 1,
-                   run_sizes: Sequence[int] | None = None) -> tuple[StepTimeCoefficients, FitError]:
+def fit_step_model(samples: Sequence[StepSample], window: int = 1, run_sizes: Sequence[int] | None = None,
+                   cpu: bool = False) -> tuple[StepTimeCoefficients, FitError]:
     """Non-negative least squares of step time on the terms, and the fit's error on `samples` (per step).
+
+    `cpu`: the logs are the CPU engine's, whose steps of more than GEMM_STEP_ROWS rows take another path
+    (c6, module docstring); otherwise c6 stays 0 and the fit is the one before the term.
 
     `window` > 1 fits sums of that many consecutive steps of each run (`run_sizes`: how many of `samples`,
     in order, each run gave; default one run): the model is linear, so a window's time is the sum of its
@@ -169,16 +187,18 @@ def fit_step_model(samples: Sequence[StepSample], window: int = 1,
         raise ValueError(f"a step-time fit needs at least {len(TERMS) * window} logged steps (got {len(samples)})")
     design = np.array([s.features for s in samples], dtype=np.float64)
     times = np.array([s.step_time_s for s in samples], dtype=np.float64)
-    multi_row = TERMS.index("per_multi_row_step_s")
-    if np.all(design[:, multi_row] == design[0, multi_row]):  # one kind of step: c5 is c0's twin, fixed at 0
-        design[:, multi_row] = 0.0
+    for term in ("per_multi_row_step_s", "per_gemm_step_s"):
+        column = TERMS.index(term)
+        # a step-kind term where the log has one kind of step is c0's twin, fixed at 0; c6 is also 0 off the CPU
+        if np.all(design[:, column] == design[0, column]) or (term == "per_gemm_step_s" and not cpu):
+            design[:, column] = 0.0
     if window > 1:
         design, times = _window_sums(design, times, run_sizes or [len(samples)], window)
     # Columns span 1 to 1e6 (context tokens): scaled to a max of 1 each, NNLS converges on all of them.
     scale = np.abs(design).max(axis=0)
     scale[scale == 0] = 1.0
     solution, _ = nnls(design / scale, times)
-    coefficients = StepTimeCoefficients(*(float(c) for c in solution / scale))
+    coefficients = StepTimeCoefficients(**{name: float(c) for name, c in zip(TERMS, solution / scale)})
     return coefficients, fit_error(coefficients, samples)
 
 
