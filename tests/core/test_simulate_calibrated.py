@@ -9,6 +9,7 @@ import pathlib
 
 import pytest
 
+from conveyor.bench.measure import step_model
 from conveyor.bench.measure.calibration import (
     Calibration,
     CalibrationKey,
@@ -100,7 +101,7 @@ def test_the_multi_row_term_prices_only_steps_of_more_than_one_token() -> None:
 
 def test_the_gemm_term_prices_only_steps_past_the_cpu_kernels_rows() -> None:
     # the CPU's block kernel takes up to MAX_KERNEL_ROWS rows; past it the weights are dequantized for a GEMM
-    assert GEMM_STEP_ROWS == MAX_KERNEL_ROWS
+    assert GEMM_STEP_ROWS == MAX_KERNEL_ROWS == step_model.GEMM_STEP_ROWS  # the fit's and the price's threshold
     model = CalibratedStepTime(0.01, 0.0, 2e-3, 3e-3, 0.0, per_multi_row_step_s=0.007, per_gemm_step_s=0.045)
     def prompt(tokens: int) -> StepRecord:
         return StepRecord(num_prefill_tokens=tokens, num_decode_tokens=0, num_prefill_reqs=1, num_decode_reqs=0,

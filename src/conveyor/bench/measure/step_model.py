@@ -60,12 +60,14 @@ import numpy as np
 from scipy.optimize import nnls
 
 from conveyor.bench.jsonvalue import JSON
-from conveyor.core.step_time import GEMM_STEP_ROWS
 
 TERMS = ("per_step_s", "per_seq_s", "per_prefill_token_s", "per_decode_token_s", "per_context_token_s",
          "per_multi_row_step_s", "per_gemm_step_s")
 """The coefficients' names, in the order of `StepSample.features`."""
 OPTIONAL = {"per_multi_row_step_s": 0.0, "per_gemm_step_s": 0.0, "between_steps_s": 0.0}
+GEMM_STEP_ROWS = 32
+"""Token rows above which a CPU step pays per_gemm_step_s: core/step_time.py prices with the same number
+(bench may not import core; tests/core/test_simulate_calibrated.py holds both to MAX_KERNEL_ROWS)."""
 """Terms added after the first calibrations: a file without one reads it as this (the model it was made with)."""
 
 
