@@ -91,3 +91,29 @@ def test_a_duration_without_a_finite_rate_is_refused_in_one_line() -> None:
         requests_to_send(Fields.of({"duration_s": 10}, "[run]"), float("inf"), None)
     assert requests_to_send(Fields.of({"duration_s": 10, "num_requests": 7}, "[run]"), 2.0, None) == 7
     assert requests_to_send(Fields.of({"duration_s": 10}, "[run]"), 2.0, 40) == 40  # a lengthened repeat wins
+
+
+def test_a_study_runs_on_a_gpu_it_was_not_measured_on(tmp_path: pathlib.Path) -> None:
+    # --target-gpu: the H100 calibration's terms scaled to the H200, and each configuration's pool from the
+    # memory plan at its own limits (a configuration that fixes its pool keeps it), as in --trace's what-if
+    from conveyor.bench.plan.gpu_catalog import find_gpu
+    from conveyor.sim.cross_hardware import plan_num_blocks
+    from conveyor.sim.engine_setup import apply_flags, default_setup
+    study_file, _ = _files(tmp_path, [{"name": "seqs64", "max_num_seqs": 64},
+                                      {"name": "pool", "num_gpu_blocks_override": 500}])
+    key = CalibrationKey("NVIDIA H100 80GB HBM3 x1", "llama-3.1-8b (abc)", "bfloat16", (("device", "cuda"),))
+    calibration = Calibration(key, StepTimeCoefficients(0.01, 0.0, 2e-5, 2e-5, 1e-9), FIT, ("runs/a",))
+    write_calibration(tmp_path / "h100.json", calibration)
+    config = pathlib.Path(__file__).resolve().parents[1] / "bench" / "fixtures" / "models" / "llama-3.1-8b"
+    out = tmp_path / "sim-h200"
+    assert cli.main(["simulate", "--study", str(study_file), "--calibration", str(tmp_path / "h100.json"),
+                     "--target-gpu", "H200", "--model-config", str(config), "--out-dir", str(out)]) == 0
+    runs = discover_runs([out])
+    assert runs and all(r.summary.simulated is not None and r.summary.simulated.target_gpu == "H200 (from H100)"
+                        for r in runs)
+    blocks = {r.config_name: r.summary.fixed["server_flags"]["num_kv_blocks"] for r in runs}  # type: ignore[index]
+    for name, flags in (("baseline", {"max_num_seqs": "2", "max_num_batched_tokens": "2048"}),
+                        ("seqs64", {"max_num_seqs": "64", "max_num_batched_tokens": "2048"})):
+        setup = apply_flags(default_setup(), flags, name)
+        assert blocks[name] == str(plan_num_blocks(config, setup, find_gpu("H200"), calibration, 0.9))
+    assert blocks["pool"] == "500"

@@ -20,7 +20,7 @@ from conveyor.bench.measure.rundirs import RunDirError, prepare_out_dir
 from conveyor.bench.measure.runner import dashboard_table
 from conveyor.bench.trace.traces import TraceError
 from conveyor.core import simulate_cli
-from conveyor.sim.cross_hardware import scaled_for_validation
+from conveyor.sim.cross_hardware import retarget_study, scaled_for_validation
 from conveyor.sim.engine_setup import (
     add_engine_flags,
     apply_engine_flags,
@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     trace.add_argument("--time-scale", type=float, default=1.0, help="replay: trace seconds per simulated second")
     trace.add_argument("--max-concurrency", type=int, help="at most this many requests in flight (a closed loop)")
     trace.add_argument("--profile", choices=[p.value for p in LoadProfile], help="GuideLLM's load profiles, as bench run")
-    hardware = parser.add_argument_group("cross-hardware what-if (with --trace, or --validate for its error, and --calibration)")
+    hardware = parser.add_argument_group("cross-hardware what-if (with --trace or --study, or --validate for its error, and --calibration)")
     hardware.add_argument("--target-gpu", metavar="GPU", help="scale the calibration to this catalog GPU (H100, H200, "
                           "...): weight and KV reads by bandwidth, token compute by bf16 FLOP/s (with --model-config, only each "
                           "term's work at the source's peak; the rest as measured)")
@@ -118,8 +118,8 @@ def _validate(args: argparse.Namespace, command: str) -> int:
 
 
 def _study(args: argparse.Namespace) -> int:
-    if args.trace is not None or args.target_gpu is not None:
-        raise ValueError("--study replays the study's own traces on this hardware: drop --trace and --target-gpu")
+    if args.trace is not None:
+        raise ValueError("--study replays the study's own traces: drop --trace")
     if args.calibration is None or not args.out_dir:
         raise ValueError("--study needs --calibration FILE (what a step costs) and --out-dir DIR")
     if args.shortlist < 1:
@@ -131,7 +131,12 @@ def _study(args: argparse.Namespace) -> int:
         raise ValueError(f"--out-dir {out_dir} already holds a run or study; choose another directory") from None
     spec = load_study_file(study_file)
     step_time, simulated = step_price(args)
-    simulate_study(spec, SimulatedServers(apply_engine_flags(default_setup(), args), step_time, simulated), out_dir)
+    pool = None
+    if args.target_gpu is not None:  # the study on a GPU the calibration was not measured on
+        found = calibration_entries(pathlib.Path(args.calibration), args.calibration_hardware)
+        step_time, simulated, pool = retarget_study(args, step_time, simulated, found)
+    servers = SimulatedServers(apply_engine_flags(default_setup(), args), step_time, simulated, pool)
+    simulate_study(spec, servers, out_dir)
     chosen = shortlist(spec, out_dir, args.shortlist)
     path = write_shortlist(study_file, spec, chosen, out_dir)
     print(f"simulated study of {len(spec.variants)} configurations in {out_dir} (conveyor report {out_dir}); "

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from conveyor.bench.measure.calibration import Calibration
@@ -179,19 +180,32 @@ def plan_num_blocks(config: pathlib.Path, setup: EngineSetup, target: GPU, calib
     return blocks
 
 
-def retarget(args: argparse.Namespace, model: object, setup: EngineSetup, simulated: Simulated,
-             calibrations: list[Calibration]) -> tuple[CalibratedStepTime, EngineSetup, Simulated]:
-    """The step model, pool and marker of a `--target-gpu` run (ValueError naming the flag)."""
+PoolSize = Callable[[EngineSetup], int]
+"""A configuration's KV pool on the target GPU, from its limits (the memory plan)."""
+
+
+def retarget_study(args: argparse.Namespace, model: object, simulated: Simulated,
+                   calibrations: list[Calibration]) -> tuple[CalibratedStepTime, Simulated, PoolSize | None]:
+    """The scaled step model and marker of a `--target-gpu` simulation, and how each configuration's pool is
+    sized: by the memory plan at its own limits, or None where --num-gpu-blocks-override fixes it (ValueError
+    naming the flag)."""
     if not isinstance(model, CalibratedStepTime) or len(calibrations) != 1:
         raise ValueError("--target-gpu scales a calibration's terms: give --calibration (one entry)")
     scale = HardwareScale(catalog_gpu(calibrations[0].key.hardware), find_gpu(args.target_gpu))
     config = pathlib.Path(args.model_config) if args.model_config is not None else None
     scaled = scale_step_time(model, scale, model_work(config, calibrations[0]) if config else None)
-    blocks = args.num_gpu_blocks_override
-    if blocks is None:
-        if config is None:
-            raise ValueError("--target-gpu needs --model-config CONFIG.json (the memory plan sizes the target's KV "
-                             "pool) or --num-gpu-blocks-override N")
-        blocks = plan_num_blocks(config, setup, scale.target, calibrations[0], args.gpu_memory_utilization)
-    return scaled, replace(setup, num_blocks=blocks), replace(
-        simulated, step_time=scaled.describe(), target_gpu=f"{scale.target.name} (from {scale.source.name})")
+    marked = replace(simulated, step_time=scaled.describe(), target_gpu=f"{scale.target.name} (from {scale.source.name})")
+    if args.num_gpu_blocks_override is not None:
+        return scaled, marked, None
+    if config is None:
+        raise ValueError("--target-gpu needs --model-config CONFIG.json (the memory plan sizes the target's KV "
+                         "pool) or --num-gpu-blocks-override N")
+    return scaled, marked, lambda setup: plan_num_blocks(config, setup, scale.target, calibrations[0],
+                                                         args.gpu_memory_utilization)
+
+
+def retarget(args: argparse.Namespace, model: object, setup: EngineSetup, simulated: Simulated,
+             calibrations: list[Calibration]) -> tuple[CalibratedStepTime, EngineSetup, Simulated]:
+    """The step model, pool and marker of a `--target-gpu` run (ValueError naming the flag)."""
+    scaled, marked, pool = retarget_study(args, model, simulated, calibrations)
+    return scaled, setup if pool is None else replace(setup, num_blocks=pool(setup)), marked

@@ -12,7 +12,8 @@ study file with only those variants, for `conveyor bench study` to verify on rea
 Only what the simulation models can be varied: scheduler limits and policy, block size, prefix caching,
 the pool size, and the trace; rate and concurrency sweeps alike. A variant that changes anything else
 (the model, dtype, tensor parallelism, CUDA graphs) changes what a step costs, which one calibration
-cannot say: it is refused.
+cannot say: it is refused. With `--target-gpu` the study runs on a GPU of the catalog the calibration was
+not measured on: its terms scaled (sim/cross_hardware.py), each configuration's KV pool from the memory plan.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import json
 import math
 import pathlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from conveyor.bench.decide.run_fn import RunFn, RunTemplate
 from conveyor.bench.decide.study import StudySpec, run_study
@@ -34,6 +35,7 @@ from conveyor.bench.measure.window import WindowConfig
 from conveyor.bench.report.dashboard import ReportInputs, analyze
 from conveyor.bench.table_file import read_table_file
 from conveyor.bench.trace.traces import read_trace
+from conveyor.sim.cross_hardware import PoolSize
 from conveyor.sim.engine_setup import SIMULATED_FLAGS, EngineSetup, apply_flags
 from conveyor.sim.replay import StepPrice, replay
 from conveyor.sim.run_dir import SimRunSpec, write_run_dir
@@ -59,6 +61,9 @@ class SimulatedServers:
     """The engine before a configuration's flags (simulate's own flags on the engine defaults)."""
     step_time: StepPrice
     simulated: Simulated
+    pool: PoolSize | None = None
+    """`--target-gpu`: each configuration's pool from the memory plan at its own limits, as a server on that
+    GPU would size it (a configuration that sets num_gpu_blocks_override keeps its own); None: the base's."""
     setups: dict[str, EngineSetup] = field(default_factory=dict)
     """base URL handed to the study -> the configuration's engine."""
 
@@ -67,7 +72,10 @@ class SimulatedServers:
         config_dir.mkdir(parents=True, exist_ok=True)
         url = f"simulated://{server.name}"
         flags = {key: str(value) for key, value in server.args.items() if key in _VARIABLE}
-        self.setups[url] = apply_flags(self.base, flags, f"--study configuration {server.name}")
+        setup = apply_flags(self.base, flags, f"--study configuration {server.name}")
+        if self.pool is not None and "num_gpu_blocks_override" not in flags:
+            setup = replace(setup, num_blocks=self.pool(setup))
+        self.setups[url] = setup
         yield url
 
     def run_fn(self, template: RunTemplate) -> RunFn:
