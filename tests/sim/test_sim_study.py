@@ -117,3 +117,25 @@ def test_a_study_runs_on_a_gpu_it_was_not_measured_on(tmp_path: pathlib.Path) ->
         setup = apply_flags(default_setup(), flags, name)
         assert blocks[name] == str(plan_num_blocks(config, setup, find_gpu("H200"), calibration, 0.9))
     assert blocks["pool"] == "500"
+    assert {r.summary.fixed.get("gpu_name") for r in runs} == {"H200"}  # reports group and price by it
+
+
+def test_simulated_studies_on_two_gpus_are_priced_per_gpu(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    # the GPU question as a what-if: the H100's calibration on its own GPU and scaled to the H200, one report
+    study_file, _ = _files(tmp_path, [])
+    key = CalibrationKey("NVIDIA H100 80GB HBM3 x1", "llama-3.1-8b (abc)", "bfloat16", (("device", "cuda"),))
+    write_calibration(tmp_path / "h100.json", Calibration(key, StepTimeCoefficients(0.01, 0.0, 2e-5, 2e-5, 1e-9),
+                                                          FIT, ("runs/a",)))
+    base = ["simulate", "--study", str(study_file), "--calibration", str(tmp_path / "h100.json"),
+            "--num-gpu-blocks-override", "4096"]
+    assert cli.main([*base, "--out-dir", str(tmp_path / "h100")]) == 0
+    assert cli.main([*base, "--target-gpu", "H200", "--out-dir", str(tmp_path / "h200")]) == 0
+    names = {r.summary.fixed.get("gpu_name") for r in discover_runs([tmp_path / "h100", tmp_path / "h200"])}
+    assert names == {"NVIDIA H100 80GB HBM3", "H200"}
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert cli.main(["report", str(tmp_path / "h100"), str(tmp_path / "h200"), "--price", "H100=3",
+                     "--price", "H200=4", "--out", str(tmp_path / "report")]) == 0
+    printed = capsys.readouterr().out
+    assert "GPU H100 (NVIDIA H100 80GB HBM3): $3/GPU-hour" in printed and "GPU H200 (H200): $4/GPU-hour" in printed

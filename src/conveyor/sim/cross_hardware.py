@@ -124,7 +124,7 @@ def scaled_for_validation(model: object, calibrations: list[Calibration], target
     scale = HardwareScale(catalog_gpu(calibrations[0].key.hardware), find_gpu(target_gpu))
     work = model_work(config, calibrations[0]) if config is not None else None
     scaled = scale_step_time(model, scale, work)
-    return scaled, replace(simulated, step_time=scaled.describe(),
+    return scaled, replace(simulated, step_time=scaled.describe(), gpu_name=scale.target.name,
                            target_gpu=f"{scale.target.name} (from {scale.source.name})")
 
 
@@ -194,7 +194,8 @@ def retarget_study(args: argparse.Namespace, model: object, simulated: Simulated
     scale = HardwareScale(catalog_gpu(calibrations[0].key.hardware), find_gpu(args.target_gpu))
     config = pathlib.Path(args.model_config) if args.model_config is not None else None
     scaled = scale_step_time(model, scale, model_work(config, calibrations[0]) if config else None)
-    marked = replace(simulated, step_time=scaled.describe(), target_gpu=f"{scale.target.name} (from {scale.source.name})")
+    marked = replace(simulated, step_time=scaled.describe(), gpu_name=scale.target.name,
+                     target_gpu=f"{scale.target.name} (from {scale.source.name})")
     if args.num_gpu_blocks_override is not None:
         return scaled, marked, None
     if config is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import pathlib
+import re
 
 from conveyor.bench.measure.calibration import Calibration, read_calibrations
 from conveyor.bench.measure.summary import RunSummary, Simulated
@@ -39,7 +40,12 @@ def step_price(args: argparse.Namespace) -> tuple[StepPrice, Simulated]:
     """The step-time model the flags name (a calibration, or base + per token), and how the run records it."""
     model = simulate_cli.build_config(args).step_time
     calibration = getattr(args, "calibration", None)
-    return model, Simulated(model.describe(), None if calibration is None else str(calibration))
+    if calibration is None:
+        return model, Simulated(model.describe())
+    found = calibration_entries(pathlib.Path(calibration), getattr(args, "calibration_hardware", None))
+    hardware = found[0].key.hardware if len(found) == 1 else "cpu"
+    gpu = None if hardware == "cpu" else re.sub(r" x\d+$", "", hardware)  # "NVIDIA H100 80GB HBM3 x1": one GPU's name
+    return model, Simulated(model.describe(), str(calibration), gpu_name=gpu)
 
 
 def calibration_entries(path: pathlib.Path, hardware: str | None) -> list[Calibration]:

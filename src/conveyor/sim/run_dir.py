@@ -126,6 +126,8 @@ def build_summary(spec: SimRunSpec, result: TraceSimResult) -> tuple[RunSummary,
     flags: dict[str, JSON] = dict(server_flags(spec.setup))
     fixed: dict[str, JSON] = {"server_name": SERVER_NAME,
                               "trace_sha256": file_sha256(trace) if trace.is_file() else None, "server_flags": flags}
+    if spec.simulated.gpu_name is not None:  # reports group and price runs by it (bench/measure/gpu_groups.py)
+        fixed["gpu_name"] = spec.simulated.gpu_name
     sent_ids = {rec.request_id for rec in records}
     sent = [r for r in spec.trace.requests if r.request_id in sent_ids]
     expected = expected_hit_rate(sent, spec.setup.cache.block_size)

@@ -57,3 +57,11 @@ def test_short_names_and_no_price_says_for_which_gpu() -> None:
     assert short_gpu_names(["NVIDIA H100 PCIe", H100]) == {"NVIDIA H100 PCIe": "NVIDIA H100 PCIe", H100: H100}
     assert CostModel(gpu="H100").describe_price() == "no price given for H100"
     assert CostModel().describe_price() == "no price given"
+
+
+def test_a_key_naming_one_gpu_exactly_prices_it_alone() -> None:
+    # a simulated study scaled to the H200 records "H200" beside a measured "NVIDIA H200": each gets its own key
+    matched = match_prices({"H200": 4.0, "NVIDIA H200": 3.5}, ["H200", "NVIDIA H200"])
+    assert matched["H200"].price_per_gpu_hour == 4.0 and matched["NVIDIA H200"].price_per_gpu_hour == 3.5
+    with pytest.raises(PriceMatchError, match="--price H200: ambiguous"):  # two GPUs hold the word, none is it
+        match_prices({"H200": 4.0}, ["NVIDIA H200", "NVIDIA H200 NVL"])

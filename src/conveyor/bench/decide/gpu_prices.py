@@ -57,6 +57,8 @@ def match_prices(prices: Mapping[str, float], gpu_names: Sequence[str]) -> dict[
     matched: dict[str, GpuPrice] = {}
     for key, price in prices.items():
         hits = [name for name in gpu_names if key_matches(key, name)]
+        exact = [name for name in hits if _words(name) == _words(key)]
+        hits = exact if len(exact) == 1 else hits  # "H200" is the GPU named "H200", not also "NVIDIA H200"
         if not hits:
             raise PriceMatchError(f"{PRICE_FLAG} {key}: matches no GPU the runs recorded (GPUs: {shown})")
         if len(hits) > 1:

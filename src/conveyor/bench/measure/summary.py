@@ -122,13 +122,20 @@ class Simulated:
     """The calibration file that model came from (None: the two-parameter model)."""
     target_gpu: str | None = None
     """Cross-hardware: the GPU the calibration was scaled to (None: the hardware it was fitted on)."""
+    gpu_name: str | None = None
+    """The GPU the priced steps stand for, recorded as the run's fixed.gpu_name so that reports group and
+    price simulated runs by GPU as they do measured ones: the calibration's GPU, or the target's catalog
+    name (None: a CPU calibration or the two-parameter model)."""
 
     @classmethod
     def from_json(cls, f: Fields) -> Simulated | None:
-        return cls(f.text("step_time"), f.opt_text("calibration"), f.opt_text("target_gpu")) if f.data else None
+        if not f.data:
+            return None
+        return cls(f.text("step_time"), f.opt_text("calibration"), f.opt_text("target_gpu"), f.opt_text("gpu_name"))
 
     def to_json(self) -> dict[str, JSON]:
-        return {"step_time": self.step_time, "calibration": self.calibration, "target_gpu": self.target_gpu}
+        return {"step_time": self.step_time, "calibration": self.calibration, "target_gpu": self.target_gpu,
+                "gpu_name": self.gpu_name}
 
 
 _IDENTITY_TEXT = ("label", "base_url", "model", "endpoint", "trace_path", "trace_version", "arrival", "profile",
