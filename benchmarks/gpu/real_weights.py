@@ -11,7 +11,12 @@ bfloat16 -- per prompt, the first position where conveyor-bf16 leaves transforme
 first position where transformers-bf16 itself leaves transformers-fp32 (goal: ours no earlier, on
 the median and prompt by prompt).
 
-    PYTHONPATH=src python benchmarks/gpu/real_weights.py --gguf PATH/SmolLM2-135M-Instruct.Q4_1.gguf
+`--fp8` adds issue 37's runs: conveyor bfloat16 with FP8 weights (`--quantization fp8`: the GGUF is
+dequantized to bf16, then its projections quantized as vLLM's online fp8 does), with an FP8 KV cache
+(`--kv-cache-dtype fp8`), and with both. Each reports its first divergence from transformers float32,
+beside bf16's (the same statistics), and from conveyor bf16 itself, with the tokens that agree.
+
+    PYTHONPATH=src python benchmarks/gpu/real_weights.py --gguf PATH/SmolLM2-135M-Instruct.Q4_1.gguf [--fp8]
 
 Prints one JSON line ("RESULT {...}") and appends it to --out if given.
 """
@@ -82,8 +87,10 @@ def hf_greedy(gguf: pathlib.Path, prompts: list[list[int]], dtype: torch.dtype, 
     return outputs
 
 
-def conveyor_greedy(gguf: pathlib.Path, prompts: list[list[int]], dtype: str, args: argparse.Namespace) -> list[list[int]]:
-    llm = LLM(model=str(gguf), device=args.device, dtype=dtype, max_model_len=1024, kv_cache_memory_bytes=1 << 30)
+def conveyor_greedy(gguf: pathlib.Path, prompts: list[list[int]], dtype: str, args: argparse.Namespace,
+                    quantization: str = "none", kv_cache_dtype: str = "auto") -> list[list[int]]:
+    llm = LLM(model=str(gguf), device=args.device, dtype=dtype, max_model_len=1024, kv_cache_memory_bytes=1 << 30,
+              quantization=quantization, kv_cache_dtype=kv_cache_dtype)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     tokens = [result.output_token_ids for result in llm.generate(prompts, params)]
     del llm
@@ -118,9 +125,35 @@ def compare(args: argparse.Namespace) -> dict[str, object]:
         "bf16_ours_vs_hf32_first_divergence": ours16_div, "bf16_hf_vs_hf32_first_divergence": hf16_div,
         "bf16_median_ours": statistics.median(ours16_div), "bf16_median_hf": statistics.median(hf16_div),
         "bf16_prompts_ours_not_earlier": sum(o >= h for o, h in zip(ours16_div, hf16_div)),
+        **(fp8_runs(gguf, prompts, hf32, ours16, args) if args.fp8 else {}),
         "device": torch.cuda.get_device_name(0) if args.device == "cuda" else args.device,
         "torch": torch.__version__,
     }
+
+
+FP8_RUNS = {"fp8_weights": ("fp8", "auto"), "fp8_kv": ("none", "fp8"), "fp8_both": ("fp8", "fp8")}
+"""name -> (--quantization, --kv-cache-dtype), each on top of conveyor bfloat16."""
+
+
+def fp8_runs(gguf: pathlib.Path, prompts: list[list[int]], hf32: list[list[int]], ours16: list[list[int]],
+             args: argparse.Namespace) -> dict[str, object]:
+    """Per FP8 run: first divergence from transformers fp32 (per prompt, median, prompts no earlier than
+    bf16's) and from conveyor bf16, and the fraction of all tokens equal to bf16's."""
+    ours16_div = [first_divergence(o, h) for o, h in zip(ours16, hf32)]
+    result: dict[str, object] = {}
+    for name, (quantization, kv_cache_dtype) in FP8_RUNS.items():
+        tokens = conveyor_greedy(gguf, prompts, "bfloat16", args, quantization, kv_cache_dtype)
+        vs_hf32 = [first_divergence(o, h) for o, h in zip(tokens, hf32)]
+        vs_bf16 = [first_divergence(o, b) for o, b in zip(tokens, ours16)]
+        equal = sum(x == y for o, b in zip(tokens, ours16) for x, y in zip(o, b))
+        result |= {
+            f"{name}_vs_hf32_first_divergence": vs_hf32, f"{name}_median_vs_hf32": statistics.median(vs_hf32),
+            f"{name}_prompts_not_earlier_than_bf16": sum(f >= b for f, b in zip(vs_hf32, ours16_div)),
+            f"{name}_vs_bf16_first_divergence": vs_bf16, f"{name}_median_vs_bf16": statistics.median(vs_bf16),
+            f"{name}_identical_to_bf16": sum(o == b for o, b in zip(tokens, ours16)),
+            f"{name}_tokens_equal_to_bf16": equal / sum(len(b) for b in ours16),
+        }
+    return result
 
 
 def main() -> int:
@@ -128,6 +161,7 @@ def main() -> int:
     parser.add_argument("--gguf", required=True)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--device", default="cuda", help="cpu for a dry run of the script")
+    parser.add_argument("--fp8", action="store_true", help="add FP8 weights / KV cache / both against bf16 (CUDA)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     result = compare(args)

@@ -8,7 +8,7 @@ import time
 import pytest
 from engine_fakes import ByteTokenizer, FakeScheduler, make_fake_core
 
-from conveyor.config import Batching, ConfigError, EngineConfig, SchedulerConfig, SpeculativeConfig
+from conveyor.config import Batching, ConfigError, EngineConfig, Quantization, SchedulerConfig, SpeculativeConfig
 from conveyor.engine.llm import LLM, engine_config_from_kwargs
 from conveyor.engine.types import RequestRejectedError
 from conveyor.request import FinishReason
@@ -91,6 +91,8 @@ def test_kwargs_map_onto_config_fields() -> None:
     assert config.scheduler.batching is Batching.STATIC and config.scheduler.max_num_seqs == 4
     assert not config.cache.enable_prefix_caching and config.model.model == "m.gguf" and config.check_invariants
     assert engine_config_from_kwargs(EngineConfig()) == EngineConfig()
+    vllm_named = engine_config_from_kwargs(None, kv_cache_dtype="fp8", quantization="fp8", device="cuda")
+    assert vllm_named.cache.cache_dtype == "fp8" and vllm_named.model.quantization is Quantization.FP8
     with pytest.raises(TypeError, match="bogus"):
         engine_config_from_kwargs(None, bogus=1)
 

@@ -37,6 +37,8 @@ _PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids", "cache_salt"})
 
 _SECTIONS: dict[str, type] = {"model": ModelConfig, "scheduler": SchedulerConfig, "cache": CacheConfig,
                               "device": DeviceConfig}
+_VLLM_NAMES = {"kv_cache_dtype": "cache_dtype"}
+"""vLLM's LLM() keyword -> the config field it sets, where the two differ (the CLI flag is vLLM's too)."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,7 @@ def engine_config_from_kwargs(base: EngineConfig | None = None, **kwargs: object
     changes: dict[str, dict[str, object]] = {section: {} for section in _SECTIONS}
     top: dict[str, object] = {}
     for name, value in kwargs.items():
+        name = _VLLM_NAMES.get(name, name)
         if name == "check_invariants":
             top[name] = bool(value)
             continue

@@ -8,7 +8,8 @@ device and materialized once in the target dtype and device, so a large model is
 twice. A GGUF is served in its Q4_0 / Q4_1 / Q8_0 blocks (`Quantization.GGUF`, model/quantized.py:
 its projections and embedding are swapped for block-quantized twins before materialization) or
 dequantized to float on load (`Quantization.NONE`); `resolve_quantization` picks. `--quantization fp8`
-loads 16-bit weights, then quantizes the decoder projections (model/fp8_weights.py); a safetensors
+loads 16-bit weights (a GGUF's dequantized too), then quantizes the decoder projections
+(model/fp8_weights.py); a safetensors
 checkpoint already in FP8 (config.json's quantization_config) loads as stored (model/fp8_checkpoint.py),
 with or without the flag. Nothing is downloaded.
 Under tensor parallelism (`ModelLayout.tensor_parallel`, model/tensor_parallel.py) the meta model is
@@ -119,10 +120,10 @@ def resolve_quantization(requested: Quantization, fmt: LoadFormat, device: str, 
         return _fp8_checkpoint_quantization(requested, dtype)
     if requested == Quantization.NONE:
         return Quantization.NONE
-    if requested.is_fp8:
-        if fmt == LoadFormat.GGUF or dtype not in (torch.bfloat16, torch.float16):
-            raise ValueError(f"--quantization {requested.value} quantizes a 16-bit checkpoint at load: it needs safetensors or dummy "
-                             f"weights and --dtype bfloat16 or float16 (got {fmt.value}, {dtype})")
+    if requested.is_fp8:  # a GGUF is dequantized to 16 bits first: the only real weights CI ships
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"--quantization {requested.value} quantizes 16-bit weights at load: it needs "
+                             f"--dtype bfloat16 or float16 (got {fmt.value}, {dtype})")
         return requested
     native_possible = fmt == LoadFormat.GGUF and device == "cpu" and dtype == torch.float32
     if requested == Quantization.GGUF:
