@@ -169,7 +169,7 @@ def _add_model_flags(group: argparse._ArgumentGroup) -> None:
                        help="auto, float32 (float), bfloat16, float16 (half)")
     group.add_argument("--quantization", "-q", choices=[q.value for q in Quantization],
                        help="gguf: compute on the GGUF's quantized blocks (CPU); none: dequantize at load; "
-                            "fp8: decoder projections quantized to FP8 at load (CUDA, 16-bit checkpoints); "
+                            "fp8: decoder projections quantized to FP8 at load (CUDA, 16-bit weights: a GGUF is dequantized first); "
                             "auto (default): gguf for a GGUF on CPU in float32")
     group.add_argument("--seed", type=int, help="seed for dummy weights and unseeded sampling")
     group.add_argument("--served-model-name", nargs="+", metavar="NAME",
