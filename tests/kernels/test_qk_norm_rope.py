@@ -1,6 +1,7 @@
-"""Qwen3's q/k norm + rope in one launch (kernels/qk_norm_rope.py): equal to the unfused sequence -- rms_norm.py's
-kernel on q and on k, then rotary.py's -- bit for bit, and to its torch reference where the float32
-statistics are exact; v, beside q and k in the qkv rows, is left alone.
+"""Qwen3's q/k norm + rope in one launch (kernels/qk_norm_rope.py): under Triton's interpreter equal to the
+unfused sequence -- rms_norm.py's kernel on q and on k, then rotary.py's -- bit for bit, and to its torch
+reference where the float32 statistics are exact; compiled for a GPU, as accurate as the unfused kernels
+against float32 (not bit for bit: the H100 said so); v, beside q and k in the qkv rows, is left alone.
 
 On the CPU the kernel runs under Triton's interpreter (TRITON_INTERPRET=1 with triton importable). Its
 float32 -> bf16 cast truncates where the GPU rounds to nearest even, so interpreted bf16 rows are compared
@@ -86,14 +87,47 @@ def test_interpreted_bf16_equals_the_unfused_kernels(shape: tuple[int, int, int]
     _check(case, case.unfused())
 
 
+def _exact(case: QKV) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 norm then rope of the same inputs, nothing rounded between: what both kernel paths approximate."""
+    half = case.q.shape[-1] // 2
+    cos, sin = case.cos.float()[:, None, :half], case.sin.float()[:, None, :half]
+
+    def one(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * weight.float()
+        n1, n2 = n[..., :half], n[..., half:]
+        return torch.cat([n1 * cos - n2 * sin, n2 * cos + n1 * sin], -1)
+
+    return one(case.q, case.q_weight), one(case.k, case.k_weight)
+
+
+def _relative_error(out: torch.Tensor, exact: torch.Tensor) -> float:
+    return float((out.float() - exact).norm() / exact.norm())
+
+
+def test_the_float32_target_is_the_eager_sequence_unrounded() -> None:
+    """_exact (the GPU test's target) and the eager bf16 reference compute the same thing, up to bf16 rounding."""
+    case = QKV(64, (4, 2, 64), torch.bfloat16, seed=3)
+    for rounded, exact in zip(case.reference(), _exact(case), strict=True):
+        assert 0 < _relative_error(rounded, exact) < 2**-7
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA and Triton")
 @pytest.mark.parametrize("shape", [*SHAPES, (16, 8, 128), (32, 8, 128)])
-def test_gpu_bf16_equals_the_unfused_kernels(shape: tuple[int, int, int]) -> None:
+def test_gpu_bf16_is_as_accurate_as_the_unfused_kernels(shape: tuple[int, int, int]) -> None:
+    """On an H100 the fused rows are not the unfused ones bit for bit (Triton compiles the fused kernel's
+    float32 row sum with another reduction tree): 2026-12-07, every shape differed. So the GPU claim is
+    accuracy: against float32 with nothing rounded between the steps the fused rows are no further off
+    than the unfused ones, and the two differ by a bf16 rounding step where they differ."""
     case = QKV(300, shape, torch.bfloat16, device="cuda", seed=2)
     case.qkv.copy_(torch.randn(case.qkv.shape, device="cuda").to(torch.bfloat16))  # off the grid: real rounding
-    unfused = case.unfused()
-    reference = case.reference()
-    _check(case, unfused)
-    for out, ref in zip((case.q, case.k), reference, strict=True):  # eager: summation order, FMA: an ulp
-        assert torch.allclose(out.float(), ref.float(), rtol=1.6e-2, atol=1e-2)
+    exact, unfused = _exact(case), case.unfused()
+    q, k, v_before = case.fused()
+    assert torch.equal(case.v, v_before)
+    for out, separate, ref in zip((q, k), unfused, exact, strict=True):
+        fused_error, separate_error = _relative_error(out, ref), _relative_error(separate, ref)
+        print(f"{shape}: fused {fused_error:.3e} unfused {separate_error:.3e} "
+              f"differ {(out != separate).float().mean().item():.4f}")
+        assert fused_error <= 1.05 * separate_error
+        assert torch.allclose(out.float(), separate.float(), rtol=2**-6, atol=2**-6)

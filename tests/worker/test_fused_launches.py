@@ -1,6 +1,8 @@
-"""The fused launches across layer boundaries (residual add + norm, Qwen3's q/k norm + rope) change no logit:
-a tiny Llama and a tiny Qwen3 give identical logits with them and with the separate kernels, on CUDA
-(bf16, CUDA graphs and eager); on the CPU the residual-stream stack equals the plain loop bit for bit."""
+"""The fused launches across layer boundaries (residual add + norm, Qwen3's q/k norm + rope): a tiny Llama gives
+identical logits with them and with the separate kernels on CUDA (bf16, CUDA graphs and eager); a tiny Qwen3's
+stay within bf16 rounding of them (the fused q/k norm's row sum is compiled with another reduction tree: the
+H100 said so on 2026-12-07), compared on the same inputs; on the CPU the residual-stream stack equals the
+plain loop bit for bit."""
 
 from __future__ import annotations
 
@@ -9,7 +11,13 @@ import pathlib
 
 import pytest
 import torch
-from runner_harness import TINY_LLAMA, ToyScheduler, record_logits, sharpen
+from runner_harness import (
+    TINY_LLAMA,
+    ToyScheduler,
+    force_tokens,
+    record_logits,
+    sharpen,
+)
 
 from conveyor.config import (
     CacheConfig,
@@ -44,14 +52,22 @@ def _runner(directory: pathlib.Path, hf_config: dict, device: str, fused: bool, 
     return runner
 
 
-def _logits(runner: ModelRunner) -> list[torch.Tensor]:
-    """Every step's sampled logits [S, V] over the prompts, chunked so prefills mix with decodes."""
+def _run(runner: ModelRunner, forced: dict[str, list[int]] | None = None
+         ) -> tuple[list[torch.Tensor], dict[str, list[int]]]:
+    """Every step's sampled logits [S, V] over the prompts, chunked so prefills mix with decodes, and each
+    request's tokens; `forced`: tokens taken whatever the model says (teacher forcing: another run's inputs)."""
     calls = record_logits(runner)
+    if forced is not None:
+        force_tokens(runner, forced)
     scheduler = ToyScheduler(chunk_size=7)
     for request_id, prompt in PROMPTS.items():
         scheduler.add(request_id, prompt, GREEDY)
-    scheduler.run(runner)
-    return calls
+    outputs = scheduler.run(runner)
+    return calls, outputs
+
+
+def _logits(runner: ModelRunner) -> list[torch.Tensor]:
+    return _run(runner)[0]
 
 
 def _assert_same(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
@@ -78,4 +94,12 @@ def test_cuda_fused_logits_equal_the_separate_kernels(tmp_path: pathlib.Path, na
     assert fused.model.dtype == torch.bfloat16
     assert fused.model.uses_residual_stream(torch.zeros(1, 64, dtype=torch.bfloat16, device="cuda"))
     separate = _runner(tmp_path / name, MODELS[name], "cuda", fused=False, eager=eager)
-    _assert_same(_logits(fused), _logits(separate))
+    want, tokens = _run(separate)
+    if name == "llama":
+        _assert_same(_logits(fused), want)
+        return
+    got, _ = _run(fused, forced=tokens)
+    assert len(got) == len(want) > 0
+    errors = [float((a.float() - b.float()).norm() / b.float().norm()) for a, b in zip(got, want, strict=True)]
+    print(f"{name} {eager=}: logits relative error max {max(errors):.2e}")
+    assert max(errors) <= 2e-2
