@@ -122,6 +122,23 @@ def test_async_scheduling_admits_a_request_due_mid_step_one_step_later() -> None
     assert by_id(simulate_trace(alone, async_config))["c"].chunk_times_s == pytest.approx((0.51, 0.52))  # type: ignore[attr-defined]
 
 
+def test_async_scheduling_frees_a_finished_requests_slot_for_the_step_after_next() -> None:
+    # Two seats (max_num_seqs 2): "a" decodes for long, "c" ends with the step [0.02, 0.03], "b" waits for
+    # c's seat. Synchronous: c is applied at 0.03, then the step from 0.03 is scheduled and takes b (first
+    # token 0.04). Async (engine_core.AsyncEngineCore): the step from 0.03 was scheduled at 0.02, while c's
+    # last token was in flight and c still held its seat, so b waits for the step from 0.04 (first token
+    # 0.05). A replay that applied each step before scheduling the next gave b its seat a step early; past
+    # capacity every admission waits on a finish, and that step is one per admission (docs/decision.md).
+    seats = replace(CONFIG.scheduler, max_num_seqs=2)
+    trace = [request("a", 0.0, [5] * 20, output_len=20), request("c", 0.0, [6] * 20, output_len=3),
+             request("b", 0.0, [7] * 20, output_len=2)]
+    sync = by_id(simulate_trace(trace, replace(CONFIG, scheduler=seats)))
+    ahead = by_id(simulate_trace(trace, replace(CONFIG, scheduler=replace(seats, async_scheduling=True))))
+    assert sync["c"].end_s == pytest.approx(0.03) and ahead["c"].end_s == pytest.approx(0.03)  # type: ignore[attr-defined]
+    assert sync["b"].chunk_times_s[0] == pytest.approx(0.04)  # type: ignore[attr-defined]
+    assert ahead["b"].chunk_times_s[0] == pytest.approx(0.05)  # type: ignore[attr-defined]
+
+
 def test_a_calibrated_replay_keeps_the_engines_cadence_between_steps() -> None:
     # 10 ms steps and 1 ms of the engine loop between them: each chunk 11 ms after the last, as measured.
     config = replace(CONFIG, step_time=CalibratedStepTime(0.01, 0.0, 0.0, 0.0, 0.0, between_steps_s=0.001))

@@ -7,8 +7,13 @@ KV blocks come from the real block pool, its prompt is looked up in the real pre
 share leading tokens share full blocks), and the pool running dry preempts as it would on the server.
 The fake runner (core/fake_runner.py) samples tokens; each step advances the clock by the step-time
 model's price of that step's batch (drawn around it from a calibration's measured spread, with a seeded
-generator, so like steps differ as on the engine and percentiles of the gaps keep its shape). A request streams one chunk per step that gave it tokens, as the
-server sends one SSE chunk per engine step, so TTFT, ITL and E2E are measured as the client would.
+generator, so like steps differ as on the engine and percentiles of the gaps keep its shape). With async
+scheduling the replay runs the engine's pipeline (engine/engine_core.py AsyncEngineCore): the next step is
+scheduled as the one in flight starts, before that one's output is applied, so a request due during a step
+waits for the step after next, and the blocks and seat of a request that ends with a step go to the step
+after next (past capacity, where every admission waits for an end, that step is part of each wait). A
+request streams one chunk per step that gave it tokens, as the server sends one SSE chunk per engine step,
+so TTFT, ITL and E2E are measured as the client would.
 
 What the client does is played here too: a request cancelled after S seconds or N chunks is aborted at the
 first step boundary past that point (the server notices a closed stream between steps too); a session turn
@@ -27,7 +32,12 @@ from dataclasses import dataclass, field
 from conveyor.config import CacheConfig, SchedulerConfig
 from conveyor.core.errors import AdmissionError, QueueFullError
 from conveyor.core.fake_runner import FakeModelRunner
-from conveyor.core.outputs import EngineCoreOutput, EngineCoreOutputs
+from conveyor.core.outputs import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    ModelRunnerOutput,
+    SchedulerOutput,
+)
 from conveyor.core.policies import make_scheduler
 from conveyor.core.scheduler import Scheduler
 from conveyor.core.simulate import StepTimeModel, VirtualClock
@@ -143,6 +153,16 @@ class _InFlight:
     output_token_ids: list[int] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class _Launched:
+    """A step scheduled and computed, its output not yet applied (with async scheduling, the step in flight)."""
+
+    output: SchedulerOutput
+    runner_output: ModelRunnerOutput
+    time_s: float
+    """Its price; 0 for a step that computes nothing (it only hands the worker finished or preempted ids)."""
+
+
 @dataclass
 class _Run:
     """The mutable state of one replay."""
@@ -162,9 +182,8 @@ class _Run:
     """Slots the cap left free after the last sends (set by _send_due)."""
     last_free_s: float = 0.0
     """When the latest request ended: a slot it frees is taken then (the client sends at once)."""
-    admit_until_s: float = 0.0
-    """Requests due by then reach the next step: now, or with async scheduling the start of the step just
-    done, since the step after it was scheduled then (one step of look-ahead; an idle engine has none)."""
+    launched: _Launched | None = None
+    """With async scheduling, the step in flight: launched, its output applied one engine step later."""
     order: itertools.count[int] = field(default_factory=itertools.count)
     """Tie-break of equal due times: the order they became due in (requests do not compare)."""
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
@@ -185,16 +204,15 @@ def simulate_trace(requests: list[SimRequest], config: TraceSimConfig) -> TraceS
         if request.due_s is not None:
             heapq.heappush(run.due, (request.due_s, next(run.order), request, []))
     run.free_slots = config.max_concurrency or 0
-    while run.due or run.blocked or scheduler.has_unfinished_requests():
-        if not scheduler.has_unfinished_requests() and not run.blocked:
+    while run.due or run.blocked or run.launched or scheduler.has_unfinished_requests():
+        if not scheduler.has_unfinished_requests() and not run.blocked and run.launched is None:
             clock.now_s = max(clock.now_s, run.due[0][0])
-            run.admit_until_s = clock.now_s
         _send_due(run)
         _cancel_late(run)
-        if scheduler.has_unfinished_requests():
-            start_s = clock.now_s
+        if config.scheduler.async_scheduling and (run.launched or scheduler.has_unfinished_requests()):
+            _pipelined_step(run, runner)
+        elif scheduler.has_unfinished_requests():
             _step(run, runner)
-            run.admit_until_s = start_s if config.scheduler.async_scheduling else clock.now_s
         if run.counts["steps"] > config.max_steps:
             raise RuntimeError(f"the replay did not finish within max_steps={config.max_steps}")
     c = run.counts
@@ -205,8 +223,8 @@ def simulate_trace(requests: list[SimRequest], config: TraceSimConfig) -> TraceS
 def _send_due(run: _Run) -> None:
     """What is due joins the slot queue; the queue is sent while the cap allows (all of it, open loop).
     A request due during a step is sent at its due time: the server receives it then, and it waits for
-    the next step boundary as it would there (with async scheduling, for the one after: `admit_until_s`)."""
-    while run.due and run.due[0][0] <= run.admit_until_s:
+    the next schedule at a step boundary as it would there (with async scheduling, for the step after next)."""
+    while run.due and run.due[0][0] <= run.clock.now_s:
         due_s, _, request, history = heapq.heappop(run.due)
         run.blocked.append(_InFlight(request, due_s, history + list(request.input_token_ids)))
     cap = run.config.max_concurrency
@@ -248,14 +266,49 @@ def _abort(run: _Run, flight: _InFlight, end_s: float) -> None:
 
 
 def _step(run: _Run, runner: FakeModelRunner) -> None:
+    """One synchronous engine step: schedule, compute, apply."""
+    step = _launch(run, runner, run.scheduler.schedule())
+    if step.output.is_empty:  # nothing could run (a static batch filling up): time passes to the next event
+        run.clock.now_s = max(run.clock.now_s, _next_event_s(run))
+    run.clock.now_s += step.time_s
+    _apply(run, step)
+
+
+def _pipelined_step(run: _Run, runner: FakeModelRunner) -> None:
+    """One `AsyncEngineCore.step` on the virtual clock: the step after the launched one is scheduled as the
+    launched one starts on the device, before the launched one's output is applied, so what that output
+    frees (a finished request's blocks) reaches the step after next, as on the engine (an idle engine
+    launches the first step of a burst, then at once schedules the next)."""
     scheduler, clock = run.scheduler, run.clock
+    if run.launched is None:
+        output = scheduler.schedule()
+        if _nothing_to_launch(output):  # nothing can run yet: time passes to the next event
+            clock.now_s = max(clock.now_s, _next_event_s(run))
+            _apply(run, _Launched(output, ModelRunnerOutput(sampled_token_ids={}), 0.0))
+            return
+        run.launched = _launch(run, runner, output)
     output = scheduler.schedule()
+    following = None if _nothing_to_launch(output) else _launch(run, runner, output)
+    clock.now_s += run.launched.time_s
+    previous, run.launched = run.launched, following
+    _apply(run, previous)
+
+
+def _nothing_to_launch(output: SchedulerOutput) -> bool:
+    """engine_core._nothing_for_runner: no tokens and no worker state to drop (an empty step is not launched)."""
+    return output.is_empty and not output.finished_req_ids and not output.preempted_req_ids
+
+
+def _launch(run: _Run, runner: FakeModelRunner, output: SchedulerOutput) -> _Launched:
+    """The step computed (the fake runner's tokens need no earlier output) and priced; the clock is not moved."""
     runner_output = runner.execute(output)
-    if not output.is_empty:
-        clock.now_s += _step_time_s(run, step_record(output))
-    else:  # nothing could run (a static batch filling up): time passes to the next arrival or cancellation
-        clock.now_s = max(clock.now_s, _next_event_s(run))
-    outputs, stats = scheduler.update_from_output(output, runner_output)
+    return _Launched(output, runner_output, 0.0 if output.is_empty else _step_time_s(run, step_record(output)))
+
+
+def _apply(run: _Run, step: _Launched) -> None:
+    """The step's output applied at the clock's time (its end): tokens streamed, finished requests freed."""
+    scheduler, clock = run.scheduler, run.clock
+    outputs, stats = scheduler.update_from_output(step.output, step.runner_output)
     c = run.counts
     c["steps"] += 1
     c["preemptions"] += stats.num_preemptions
