@@ -9,6 +9,7 @@ import random
 import pytest
 
 from conveyor.bench.measure.calibration import (
+    ASYNC_FIT_WINDOW,
     Calibration,
     CalibrationError,
     CalibrationKey,
@@ -333,6 +334,18 @@ def test_a_window_fit_prices_time_logged_on_the_wrong_neighbour(tmp_path: pathli
     write_calibration(tmp_path / "w.json", calibration)
     assert read_calibrations(tmp_path / "w.json") == [calibration] and calibration.fit_window == 2
     assert main(["bench", "calibrate", str(runs[0]), "--fit-window", "0", "--out", str(tmp_path / "c.json")]) == 2
+
+
+def test_an_async_engines_runs_are_fitted_in_windows_of_8_unless_told(tmp_path: pathlib.Path) -> None:
+    served_async = {**FIXED, "server_flags": {**FIXED["server_flags"], "async_scheduling": "true"}}  # as runs write it
+    runs = [write_run(tmp_path / f"a{i}", shifted_async_log(101, seed=i)[:201], served_async) for i in range(2)]
+    assert dict(calibrate(runs).key.configuration)["async_scheduling"] == "true"
+    assert calibrate(runs).fit_window == ASYNC_FIT_WINDOW == 8
+    assert calibrate(runs, window=1).fit_window == 1  # --fit-window 1: single steps, as asked
+    synchronous = [write_run(tmp_path / "s", synthetic_steps(60, TRUE))]
+    assert calibrate(synchronous).fit_window == 1
+    assert main(["bench", "calibrate", str(runs[0]), "--out", str(tmp_path / "c.json")]) == 0
+    assert read_calibrations(tmp_path / "c.json")[0].fit_window == 8
 
 
 def test_a_runs_pace_is_its_summed_predicted_over_measured_step_time(tmp_path: pathlib.Path) -> None:

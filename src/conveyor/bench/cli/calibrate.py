@@ -21,17 +21,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run directories with step_log.jsonl (bench run --collect-step-log), one server setup")
     parser.add_argument("--held-out", nargs="+", default=[], metavar="RUN_DIR",
                         help="runs of the same setup not fitted on: the model's error on their steps is reported too")
-    parser.add_argument("--fit-window", type=int, default=1, metavar="K",
-                        help="fit sums of K consecutive steps of each log (default 1: each step); K > 1 stops "
-                             "an async engine's log, whose records can carry part of the next step's time, "
-                             "from mispricing both neighbours")
+    parser.add_argument("--fit-window", type=int, default=None, metavar="K",
+                        help="fit sums of K consecutive steps of each log; K > 1 stops an async engine's log, "
+                             "whose records can carry part of the next step's time, from mispricing both "
+                             "neighbours (default: 8 for runs served with async scheduling, else 1: each step)")
     parser.add_argument("--out", required=True,
                         help="calibration file to write; an entry with the same key is replaced, others kept")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        if args.fit_window < 1:
+        if args.fit_window is not None and args.fit_window < 1:
             raise CalibrationError(f"--fit-window must be >= 1 (got {args.fit_window})")
         calibration = calibrate([pathlib.Path(d) for d in args.run_dirs], [pathlib.Path(d) for d in args.held_out],
                                 args.fit_window)

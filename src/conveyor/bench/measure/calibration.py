@@ -140,13 +140,27 @@ class Calibration:
             raise CalibrationError(str(error)) from None
 
 
+ASYNC_FIT_WINDOW = 8
+"""The default window for a log of an engine with async scheduling. Its records can carry part of a
+neighbour's time: logs written before the engine's fixed step timing moved it outright, and the device
+still runs step N while N+1 is launched. A sum of consecutive steps cancels that. Measured
+(docs/decision.md, "Fitting windows of steps"): K = 8 met the same-GPU goals on every held-out H100 and
+H200 run; K = 1 missed the H200's TTFT p95 by 16-34%. A synchronous log keeps single steps."""
+
+
+def default_fit_window(key: CalibrationKey) -> int:
+    """ASYNC_FIT_WINDOW for runs served with async scheduling, else 1 (`bench calibrate` without --fit-window)."""
+    return ASYNC_FIT_WINDOW if dict(key.configuration).get("async_scheduling", "").lower() == "true" else 1
+
+
 def calibrate(run_dirs: Sequence[pathlib.Path], held_out: Sequence[pathlib.Path] = (),
-              window: int = 1) -> Calibration:
+              window: int | None = None) -> Calibration:
     """Fit one step-time model to the step logs of `run_dirs`, which must share one key, and measure the
     engine's time between steps on the same logs (step_model.py says why); its error is also measured on
     the steps of `held_out` (same key, not fitted on): the honest number. `window` > 1 fits sums of that
-    many consecutive steps of each log (`fit_step_model`)."""
+    many consecutive steps of each log (`fit_step_model`); None: `default_fit_window` of the runs' key."""
     key, _, _ = _steps([*run_dirs, *held_out])  # one key for all: a held-out run of another setup proves nothing
+    window = default_fit_window(key) if window is None else window
     _, fitted, logs = _steps(run_dirs)
     sizes = [sum(StepSample.from_record(row) is not None for row in rows) for rows in logs]
     try:
