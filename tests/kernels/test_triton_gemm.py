@@ -6,7 +6,10 @@ by the marked tests (bf16 against cuBLAS, FP8 against `torch._scaled_mm`, and a 
 The interpreter's bf16 `tl.dot` is wrong (for every kernel), so its 16-bit cases run at fp16 and
 float32 -- the same kernel, another element type; its FP8 cases take random e4m3 bytes directly (the
 interpreter's float-to-fp8 cast does not round to nearest even, so nothing is quantized under it).
-Without Triton everything but the reference checks skips.
+Without Triton everything but the reference checks skips. With Triton and without the interpreter
+(`PYTHONPATH=src:/tmp/triton python -m pytest tests/kernels/test_triton_gemm.py -k sm90`), every M bucket's
+config is compiled for an H100 (sm_90, through ptxas, no GPU needed): the GPU's own code, checked for
+tensor-core dots (wgmma from 64 rows), a software pipeline of `num_stages` and shared memory that fits.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 from conveyor.kernels.fp8_linear import fp8_linear, quantize_weight_fp8
 from conveyor.kernels.fp8_quant import FP8_DTYPE
 from conveyor.kernels.triton_compat import HAS_TRITON
+from conveyor.kernels import triton_gemm as triton_gemm_module
 from conveyor.kernels.triton_gemm import (
     GemmConfig,
     pick_config,
@@ -111,6 +115,37 @@ def test_interpreted_bucket_configs_and_an_empty_batch() -> None:
         x = torch.randn(rows, 256, generator=gen).half()
         assert relative_error(triton_gemm(x, weight), triton_gemm_ref(x, weight)) < 2e-3
     assert triton_gemm(torch.empty(0, 256).half(), weight).shape == (0, 128)
+
+
+def compile_for_sm90(config: GemmConfig, fp8: bool, even_k: bool) -> tuple[str, int]:
+    """(TTGIR, shared bytes) of the kernel compiled for sm_90 as a launch on 16-byte aligned operands sees it."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    kernel = triton_gemm_module._gemm_kernel
+    element = "fp8e4nv" if fp8 else "bf16"
+    types = [f"*{element}", f"*{element}", "*bf16", "*bf16", "*fp32", "*fp32"] + ["i32"] * 6
+    constants = {"HAS_BIAS": True, "HAS_SCALES": fp8, "EVEN_K": even_k,
+                 "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k}
+    signature = {**dict(zip(kernel.arg_names, types)), **{name: "constexpr" for name in constants}}
+    aligned = {(i,): [["tt.divisibility", 16]] for i in range(len(types)) if kernel.arg_names[i] != "M"}
+    compiled = compile(ASTSource(kernel, signature, constants, aligned), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": config.num_warps, "num_stages": config.num_stages})
+    return compiled.asm["ttgir"], compiled.metadata.shared
+
+
+@pytest.mark.skipif(not HAS_TRITON or INTERPRET, reason="needs Triton without its interpreter (compiles, no GPU needed)")
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("rows", [1, 64, 256, 16384])
+def test_bucket_configs_compile_for_sm90_pipelined(fp8: bool, rows: int) -> None:
+    config = pick_config(rows, fp8)
+    ttgir, shared = compile_for_sm90(config, fp8, even_k=rows != 64)  # one bucket with the masked K tail
+    wgmma = config.block_m >= 64
+    assert f"nvidia_mma<{{versionMajor = {3 if wgmma else 2}" in ttgir  # wgmma, else mma.sync
+    assert ttgir.count("ttg.async_copy_global_to_local") == 2 * config.num_stages  # x and W: prologue + loop
+    tile_bytes = (config.block_m + config.block_n) * config.block_k * (1 if fp8 else 2)
+    buffers = config.num_stages if wgmma else config.num_stages - 1  # wgmma keeps one more tile in flight
+    assert shared == buffers * tile_bytes <= 227 * 1024  # the H100's shared memory per block
 
 
 def test_shapes_that_are_not_multiples_of_16_are_refused() -> None:
