@@ -55,11 +55,11 @@ def describe(config: GemmConfig) -> str:
 
 
 def candidate_configs(rows: int, fp8: bool) -> list[GemmConfig]:
-    """The tiles `--configs` sweeps at `rows`: M tiles up to the rows' power of two (16-128), N tiles 64-256,
+    """The tiles `--configs` sweeps at `rows`: M tiles up to the rows' power of two (16-128), N tiles 32-128,
     a K step of 128 or 256 bytes, 4 or 8 warps, 3-5 stages, and the M bucket's own config."""
     width = 1 if fp8 else 2
     block_ms = [m for m in (16, 32, 64, 128) if m <= max(16, triton.next_power_of_2(rows))]
-    shapes = [(64, 128, 4, 5), (64, 256, 4, 4), (128, 128, 4, 4), (128, 256, 4, 3), (128, 128, 8, 3), (256, 128, 8, 3)]
+    shapes = [(32, 256, 4, 4), (32, 128, 4, 5), (64, 128, 4, 5), (64, 256, 4, 4), (128, 128, 4, 4), (128, 128, 8, 3)]
     swept = [GemmConfig(m, n, k_bytes // width, num_warps=warps, num_stages=stages)
              for m in block_ms for n, k_bytes, warps, stages in shapes]
     bucket = pick_config(rows, fp8)  # the engine's own choice is always among them

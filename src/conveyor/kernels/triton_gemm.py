@@ -6,15 +6,16 @@ the K-major operand the tensor cores take for bf16 and e4m3 alike), and accumula
 The epilogue multiplies by s_x * s_w (FP8: two float32 0-dim tensors read on the device, so there is no
 host sync and a CUDA graph captures the launch), adds the bias in float32 and rounds once to bf16.
 
-Why: at decode M (1-256 rows) a projection is a weight read. Llama-3.1-8B's gate_up at M = 256 moves
-235 MB of bf16 weights and 2 MB of activations; cuBLAS picks split-K kernels there that reach ~64-75%
-of HBM bandwidth (docs/performance.md, "split-K"). Here there is no split-K: the N tiles alone give
-enough programs (N / BLOCK_N >= 32 on every Llama projection), each program reads its weight columns
-exactly once from HBM, and the M tiles of one N tile are adjacent program ids, so they run together and
-the second and later ones find the weight tile in L2. The configs are a short explicit list by M bucket
-and element type (no runtime autotune: autotuning would benchmark inside a CUDA-graph capture);
-benchmarks/gpu/fp8_gemm.py times them against cuBLAS / `_scaled_mm`. Nothing in the engine calls this
-module yet: it stays opt-in until a GPU has measured it.
+Why: at decode M (1-256 rows) a projection is mostly a weight read. Llama-3.1-8B's gate_up at M = 256
+moves 235 MB of bf16 weights and ~17 MB of activations in and out; cuBLAS picks split-K kernels there
+that reach ~64-75% of HBM bandwidth (docs/performance.md, "split-K"). Here there is no split-K: the N
+tiles alone give the programs (N / BLOCK_N >= 128 on every Llama-3.1-8B projection up to 64 rows), each
+weight tile leaves HBM once, and the M tiles of one N tile are adjacent program ids, so they run together
+and the later ones find the weight tile in L2. (At M = 256, bf16 does 256 FLOP a weight byte, about the
+H100's ridge: there the tensor cores bound it as much as the bytes; at FP8 both bounds halve.) The
+configs are a short explicit list by M bucket and element type (no runtime autotune: autotuning would
+benchmark inside a CUDA-graph capture); benchmarks/gpu/fp8_gemm.py times them against cuBLAS /
+`_scaled_mm`. Nothing in the engine calls this module yet: it stays opt-in until a GPU has measured it.
 
 M is ragged (masked rows); N and K must be multiples of 16 (K tails are masked, N tails clamp the load
 and mask the store). Triton's interpreter (3.9) computes a bf16 `tl.dot` wrong, so the CPU tests run the
@@ -42,18 +43,19 @@ class GemmConfig:
     num_stages: int = 4
 
 
-# (largest M, config): the first bucket holding M wins. The K step is 128 bytes of a row at 16 bits and
-# 128 or 256 at FP8, so a stage holds the same bytes either way. Small M: narrow N tiles (more programs
-# to spread the weight read over 132 SMs); larger M: wider tiles, fewer re-reads of x.
+# (largest M, config): the first bucket holding M wins. A K step is 128 or 256 bytes of a row at either
+# element size, so a stage holds the same bytes at FP8 as at 16 bits. Up to 64 rows: 32-column N tiles,
+# so that the narrowest projections still give ~128 programs for the H100's 132 SMs (o_proj: N = 4096)
+# and every SM streams weights; one M tile of 64 reads each weight tile once. Larger M: wider tiles.
 _CONFIGS_16BIT: tuple[tuple[int, GemmConfig], ...] = (
-    (16, GemmConfig(16, 64, 128, num_warps=4, num_stages=5)),
-    (64, GemmConfig(32, 64, 128, num_warps=4, num_stages=4)),
+    (16, GemmConfig(16, 32, 128, num_warps=4, num_stages=5)),
+    (64, GemmConfig(64, 32, 128, num_warps=4, num_stages=4)),
     (256, GemmConfig(64, 128, 64, num_warps=4, num_stages=4)),
     (1 << 62, GemmConfig(128, 128, 64, num_warps=8, num_stages=3)),
 )
 _CONFIGS_FP8: tuple[tuple[int, GemmConfig], ...] = (
-    (16, GemmConfig(16, 64, 256, num_warps=4, num_stages=5)),
-    (64, GemmConfig(32, 64, 256, num_warps=4, num_stages=4)),
+    (16, GemmConfig(16, 32, 256, num_warps=4, num_stages=5)),
+    (64, GemmConfig(64, 32, 256, num_warps=4, num_stages=4)),
     (256, GemmConfig(64, 128, 128, num_warps=4, num_stages=4)),
     (1 << 62, GemmConfig(128, 128, 128, num_warps=8, num_stages=3)),
 )
