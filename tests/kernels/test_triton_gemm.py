@@ -9,7 +9,8 @@ interpreter's float-to-fp8 cast does not round to nearest even, so nothing is qu
 Without Triton everything but the reference checks skips. With Triton and without the interpreter
 (`PYTHONPATH=src:/tmp/triton python -m pytest tests/kernels/test_triton_gemm.py -k sm90`), every M bucket's
 config is compiled for an H100 (sm_90, through ptxas, no GPU needed): the GPU's own code, checked for
-tensor-core dots (wgmma from 64 rows), a software pipeline of `num_stages` and shared memory that fits.
+tensor-core dots (wgmma from 64 rows), 16-byte loads, a software pipeline of `num_stages` and shared memory
+that fits.
 """
 
 from __future__ import annotations
@@ -143,6 +144,8 @@ def test_bucket_configs_compile_for_sm90_pipelined(fp8: bool, rows: int) -> None
     wgmma = config.block_m >= 64
     assert f"nvidia_mma<{{versionMajor = {3 if wgmma else 2}" in ttgir  # wgmma, else mma.sync
     assert ttgir.count("ttg.async_copy_global_to_local") == 2 * config.num_stages  # x and W: prologue + loop
+    vector = 8 if not fp8 else 16  # elements in 16 bytes: both operands load 16-byte vectors along K
+    assert f"sizePerThread = [1, {vector}]" in ttgir and f"sizePerThread = [{vector}, 1]" in ttgir
     tile_bytes = (config.block_m + config.block_n) * config.block_k * (1 if fp8 else 2)
     buffers = config.num_stages if wgmma else config.num_stages - 1  # wgmma keeps one more tile in flight
     assert shared == buffers * tile_bytes <= 227 * 1024  # the H100's shared memory per block
