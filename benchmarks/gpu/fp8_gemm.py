@@ -35,6 +35,8 @@ from conveyor.kernels.triton_gemm import GemmConfig, pick_config, triton_fp8_gem
 LLAMA_8B = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
 """Projection (K, N) of Llama-3.1-8B: hidden 4096, 32 query / 8 KV heads of 128, intermediate 14336."""
 REPEATS = 10
+DEVICE = "cuda"
+"""Where the operands live (a CPU dry run under Triton's interpreter sets "cpu" and replaces `graph_ms`)."""
 COLUMNS = ("bf16_us", "per_tensor_us", "per_token_us", "triton_bf16_us", "triton_fp8_us", "scaled_mm_us",
            "triton_fp8_gemm_us")
 
@@ -66,12 +68,16 @@ def candidate_configs(rows: int, fp8: bool) -> list[GemmConfig]:
     return swept if bucket in swept else [bucket, *swept]
 
 
+def operands(rows: int, k: int, n: int) -> tuple[torch.Tensor, ...]:
+    """x [rows, K] bf16, W [N, K] bf16, W_q [N, K] e4m3 and its scale, x_q [rows, K] e4m3 and its scale."""
+    x = torch.randn(rows, k, device=DEVICE, dtype=torch.bfloat16)
+    weight = torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16) * 0.02
+    return (x, weight, *quantize_weight_fp8(weight), *quantize_fp8_dynamic(x))
+
+
 def time_shape(rows: int, name: str, k: int, n: int) -> dict:
-    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-    weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-    weight_q, weight_scale = quantize_weight_fp8(weight)
+    x, weight, weight_q, weight_scale, x_q, x_scale = operands(rows, k, n)
     weight_row = per_token_weight_scales(weight_scale, n)  # once per weight, as a module would hold it
-    x_q, x_scale = quantize_fp8_dynamic(x)  # the GEMM-only columns' operand
     row = {"rows": rows, "proj": name, "K": k, "N": n,
            "bf16_us": graph_ms(lambda: x @ weight.t()) * 1e3,
            "per_tensor_us": graph_ms(lambda: fp8_linear(x, weight_q, weight_scale)) * 1e3,
@@ -91,10 +97,7 @@ def time_shape(rows: int, name: str, k: int, n: int) -> dict:
 
 def sweep_shape(rows: int, name: str, k: int, n: int) -> None:
     """Times every candidate config of both element types at one shape: one GEMMCFG line each, fastest first."""
-    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-    weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-    weight_q, weight_scale = quantize_weight_fp8(weight)
-    x_q, x_scale = quantize_fp8_dynamic(x)
+    x, weight, weight_q, weight_scale, x_q, x_scale = operands(rows, k, n)
     for fp8 in (False, True):
         timed = []
         for config in candidate_configs(rows, fp8):
