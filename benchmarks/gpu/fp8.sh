@@ -8,7 +8,9 @@
 #   call 3, carry .peers/c3:  bash benchmarks/gpu/study.sh stage 3 && bash benchmarks/gpu/study.sh unpack && \
 #                             bash benchmarks/gpu/fp8.sh vllm none auto && bash benchmarks/gpu/fp8.sh vllm fp8 fp8
 # Before a lever is switched on: `bash benchmarks/gpu/fp8.sh sweep` (call 1, after stage 1) times the FP8 decode
-# tiles and the per-token projections in isolation (benchmarks/gpu/kernels.py, fp8_gemm.py).
+# tiles and the projections in isolation (benchmarks/gpu/kernels.py; fp8_gemm.py: cuBLAS bf16, `_scaled_mm` per
+# tensor and per token, and kernels/triton_gemm.py's bf16 and FP8 GEMMs, issues 37/38's lever 6).
+# `bash benchmarks/gpu/fp8.sh gemm-configs` (same call) sweeps triton_gemm's candidate tiles at decode M.
 # Lever 5 (issue 38, fewer launches per layer): `bash benchmarks/gpu/fp8.sh fused-tests` (call 1, after stage 1)
 # checks the fused kernels bit for bit against the unfused ones and tiny Llama / Qwen3 logits fused == unfused.
 # QUANT is none | fp8 | ptpc_fp8 (--quantization; ptpc_fp8, per-token activation and per-channel weight
@@ -63,7 +65,7 @@ case $step in
   tests)
     PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL 240 python3 -m pytest -q -p no:cacheprovider -m gpu \
       tests/kernels/test_fp8_kv_gpu.py tests/worker/test_kv_cache_fp8.py tests/kernels/test_fp8_linear.py tests/kernels/test_fp8_quant.py tests/kernels/test_fp8_per_token.py \
-      tests/worker/test_fp8_weights.py 2>&1 | tail -25 ;;
+      tests/kernels/test_triton_gemm.py tests/worker/test_fp8_weights.py 2>&1 | tail -25 ;;
   fused-tests)
     PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL 240 python3 -m pytest -q -p no:cacheprovider -m gpu \
       tests/kernels/test_add_rms_norm.py tests/kernels/test_qk_norm_rope.py tests/kernels/test_fused_layers.py \
@@ -73,8 +75,13 @@ case $step in
       PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL 200 python3 benchmarks/gpu/kernels.py --quick --decode-only --kv-dtype $kv \
         > "$OUT/kernels_$kv.log" 2>&1; echo "kernels $kv rc=$?"; grep -v '^KERNEL' "$OUT/kernels_$kv.log" | tail -20
     done
-    PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL 200 python3 benchmarks/gpu/fp8_gemm.py > "$OUT/fp8_gemm.log" 2>&1
+    PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL 300 python3 benchmarks/gpu/fp8_gemm.py > "$OUT/fp8_gemm.log" 2>&1
     echo "fp8_gemm rc=$?"; grep -v '^FP8GEMM' "$OUT/fp8_gemm.log" | tail -8 ;;
+  gemm-configs)  # triton_gemm's candidate tiles per Llama-3.1-8B projection at decode M (GEMMCFG lines, fastest first)
+    PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL "${GUARD:-500}" python3 benchmarks/gpu/fp8_gemm.py --configs \
+      --rows ${ROWS:-1 16 64 256} > "$OUT/gemm_configs.log" 2>&1
+    echo "gemm-configs rc=$?"; grep -v '^GEMMCFG ' "$OUT/gemm_configs.log" | tail -12
+    grep -h '"rank": 0,' "$OUT/gemm_configs.log" | cut -c1-300 ;;
   conveyor)  # PROFILE=N: after the timed run, N decode steps at batch 256 under torch.profiler (the table);
     # SRC=DIR: another tree's src/ (a lever's before: `git archive C src | tar -x -C D`, SRC=D/src) in the same call, TAG=_x its logs' suffix
     q=$1; kv=$2; prof=(); [ "${PROFILE:-0}" -gt 0 ] && prof=(--profile-steps "$PROFILE" --profile-out "$OUT/prof_${M}_${q}_${kv}${TAG:-}.txt")
