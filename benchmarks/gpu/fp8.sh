@@ -76,7 +76,10 @@ case $step in
         > "$OUT/kernels_$kv.log" 2>&1; echo "kernels $kv rc=$?"; grep -v '^KERNEL' "$OUT/kernels_$kv.log" | tail -20
     done
     PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL 300 python3 benchmarks/gpu/fp8_gemm.py > "$OUT/fp8_gemm.log" 2>&1
-    echo "fp8_gemm rc=$?"; grep -v '^FP8GEMM' "$OUT/fp8_gemm.log" | tail -8 ;;
+    echo "fp8_gemm rc=$?"; grep -v '^FP8GEMM' "$OUT/fp8_gemm.log" | tail -8
+    PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL 150 python3 benchmarks/gpu/fp8_gemm.py --model qwen3-0.6b \
+      --rows 64 256 1024 > "$OUT/fp8_gemm_qwen3.log" 2>&1  # the shape whose projections run furthest from bandwidth
+    echo "fp8_gemm qwen3 rc=$?"; grep -v '^FP8GEMM' "$OUT/fp8_gemm_qwen3.log" | tail -5 ;;
   gemm-configs)  # triton_gemm's candidate tiles per Llama-3.1-8B projection at decode M (GEMMCFG lines, fastest first)
     PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL "${GUARD:-500}" python3 benchmarks/gpu/fp8_gemm.py --configs \
       --rows ${ROWS:-1 16 64 256} > "$OUT/gemm_configs.log" 2>&1

@@ -33,6 +33,12 @@ from conveyor.kernels.fp8_quant import quantize_fp8_dynamic
 from conveyor.kernels.triton_gemm import GemmConfig, pick_config, triton_fp8_gemm, triton_fp8_linear, triton_gemm
 
 LLAMA_8B = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
+QWEN3_06B = {"qkv": (1024, 4096), "o": (2048, 1024), "gate_up": (1024, 6144), "down": (3072, 1024)}
+"""Qwen3-0.6B: hidden 1024, 16 query / 8 KV heads of 128, intermediate 3072. Its 112 projections ran at
+~8 us each in a batch-256 decode step (0.82 ms for ~0.88 GB of weights, ~36% of HBM bandwidth): the
+shape where a decode GEMM has the most to win (docs/performance.md, lever 5's profile)."""
+MODELS = {"llama-3.1-8b": (LLAMA_8B, 32), "qwen3-0.6b": (QWEN3_06B, 28)}
+"""--model -> (projection shapes, layers)."""
 """Projection (K, N) of Llama-3.1-8B: hidden 4096, 32 query / 8 KV heads of 128, intermediate 14336."""
 REPEATS = 10
 DEVICE = "cuda"
@@ -116,14 +122,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 64, 256, 1024, 16384])
     parser.add_argument("--configs", action="store_true", help="also sweep triton_gemm's candidate tiles per shape")
+    parser.add_argument("--model", choices=sorted(MODELS), default="llama-3.1-8b", help="whose projection shapes")
     args = parser.parse_args()
-    print(f"{'rows':>6} " + " ".join(f"{key[:-3]:>18}" for key in COLUMNS) + "   (ms/step: 32 layers x 4 projections)")
+    shapes_of, layers = MODELS[args.model]
+    print(f"{'rows':>6} " + " ".join(f"{key[:-3]:>18}" for key in COLUMNS)
+          + f"   (ms/step: {args.model}, {layers} layers x 4 projections)")
     for rows in args.rows:
-        shapes = [time_shape(rows, name, k, n) for name, (k, n) in LLAMA_8B.items()]
-        total = {key: sum(s[key] for s in shapes) * 32 / 1e3 for key in COLUMNS}
+        shapes = [time_shape(rows, name, k, n) for name, (k, n) in shapes_of.items()]
+        total = {key: sum(s[key] for s in shapes) * layers / 1e3 for key in COLUMNS}
         print(f"{rows:>6} " + " ".join(f"{total[key]:>18.3f}" for key in COLUMNS), flush=True)
     for rows in args.rows if args.configs else []:
-        for name, (k, n) in LLAMA_8B.items():
+        for name, (k, n) in shapes_of.items():
             sweep_shape(rows, name, k, n)
 
 
