@@ -13,7 +13,7 @@ the median and prompt by prompt).
 
 `--fp8` adds issue 37's runs: conveyor bfloat16 with FP8 weights (`--quantization fp8`: the GGUF is
 dequantized to bf16, then its projections quantized as vLLM's online fp8 does), with an FP8 KV cache
-(`--kv-cache-dtype fp8`), and with both. Each reports its first divergence from transformers float32,
+(`--kv-cache-dtype fp8`), with both, and with per-channel / per-token FP8 weights (`ptpc_fp8`). Each reports its first divergence from transformers float32,
 beside bf16's (the same statistics), and from conveyor bf16 itself, with the tokens that agree.
 
     PYTHONPATH=src python benchmarks/gpu/real_weights.py --gguf PATH/SmolLM2-135M-Instruct.Q4_1.gguf [--fp8]
@@ -131,7 +131,8 @@ def compare(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
-FP8_RUNS = {"fp8_weights": ("fp8", "auto"), "fp8_kv": ("none", "fp8"), "fp8_both": ("fp8", "fp8")}
+FP8_RUNS = {"fp8_weights": ("fp8", "auto"), "fp8_kv": ("none", "fp8"), "fp8_both": ("fp8", "fp8"),
+            "ptpc_fp8_weights": ("ptpc_fp8", "auto")}
 """name -> (--quantization, --kv-cache-dtype), each on top of conveyor bfloat16."""
 
 
