@@ -39,6 +39,10 @@ TINY_LLAMA = {
     "bos_token_id": 1,
 }
 BLOCK_SIZE = 4
+TINY_QWEN3 = {**TINY_LLAMA, "architectures": ["Qwen3ForCausalLM"], "head_dim": 16, "tie_word_embeddings": True}
+TINY_MODELS = {"llama": TINY_LLAMA, "qwen3": TINY_QWEN3}
+MIXED_PROMPTS = {f"r{i}": [(7 * i + 3 * j) % 250 + 3 for j in range(5 + 9 * i)] for i in range(6)}
+"""Six prompts of 5-50 tokens: `run_mixed_steps` chunks them so that prefills mix with decodes."""
 
 
 def write_tiny_llama(directory: pathlib.Path) -> pathlib.Path:
@@ -208,3 +212,17 @@ def five_prefill_logits(runner: ModelRunner) -> torch.Tensor:
         scheduler.add(f"r{index}", prompt, SamplingParams(temperature=0.0, max_tokens=1))
     scheduler.step(runner)
     return calls[0].float()
+
+
+def run_mixed_steps(runner: ModelRunner, forced: dict[str, list[int]] | None = None
+                    ) -> tuple[list[torch.Tensor], dict[str, list[int]]]:
+    """Every step's sampled logits [S, V] over MIXED_PROMPTS (8 greedy tokens each), chunked so prefills mix with
+    decodes, and each request's tokens; `forced`: tokens taken whatever the model says (teacher forcing: another
+    run's inputs)."""
+    calls = record_logits(runner)
+    if forced is not None:
+        force_tokens(runner, forced)
+    scheduler = ToyScheduler(chunk_size=7)
+    for request_id, prompt in MIXED_PROMPTS.items():
+        scheduler.add(request_id, prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    return calls, scheduler.run(runner)

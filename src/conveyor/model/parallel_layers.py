@@ -100,7 +100,8 @@ class RowParallelLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in_r] (this rank's slice of the input features) -> [T, out], identical on every rank."""
-        out = self.group.all_reduce(linear(x, self.weight, None, self.weight_scale, self.input_scale))
+        out = self.group.all_reduce(linear(x, self.weight, None, self.weight_scale, self.input_scale,
+                                           self.use_triton_gemm))
         return out if self.bias is None else out + self.bias
 
     def load_full(self, attr: str, part: int | None, full: torch.Tensor) -> None:
