@@ -64,9 +64,9 @@ case $step in
     echo "real_weights --fp8 rc=$?"; grep -h RESULT "$OUT/real_weights_fp8.log" | cut -c1-3000
     grep -h RESULT "$OUT/real_weights_fp8.log" > /dev/null || tail -20 "$OUT/real_weights_fp8.log" | cut -c1-300 ;;
   tests)
-    PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL 240 python3 -m pytest -q -p no:cacheprovider -m gpu \
+    PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL 300 python3 -m pytest -q -p no:cacheprovider -m gpu \
       tests/kernels/test_fp8_kv_gpu.py tests/worker/test_kv_cache_fp8.py tests/kernels/test_fp8_linear.py tests/kernels/test_fp8_quant.py tests/kernels/test_fp8_per_token.py \
-      tests/kernels/test_triton_gemm.py tests/worker/test_fp8_weights.py 2>&1 | tail -25 ;;
+      tests/kernels/test_triton_gemm.py tests/worker/test_fp8_weights.py tests/worker/test_linear_backend_gpu.py 2>&1 | tail -25 ;;
   fused-tests)
     PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL 240 python3 -m pytest -q -p no:cacheprovider -m gpu \
       tests/kernels/test_add_rms_norm.py tests/kernels/test_qk_norm_rope.py tests/kernels/test_fused_layers.py \
