@@ -29,6 +29,7 @@ from conveyor.config import (
     Quantization,
 )
 from conveyor.engine.args import build_engine_config, engine_config_to_flags
+from conveyor.engine.llm import engine_config_from_kwargs
 from conveyor.kernels.fp8_linear import quantize_weight_fp8
 from conveyor.kernels.triton_compat import HAS_TRITON
 from conveyor.model.layers import Linear, linear, triton_linear
@@ -71,6 +72,14 @@ def test_the_cli_parses_the_flag() -> None:
         parser.parse_args(["serve", "--linear-backend", "cutlass"])
     with pytest.raises(ConfigError, match="--linear-backend triton"):
         build_engine_config(parser.parse_args(["serve", "--linear-backend", "triton", "--device", "cpu"]))
+
+
+
+def test_llm_takes_the_engine_argument() -> None:
+    """LLM(linear_backend=...) as vLLM's engine arguments: the string value becomes the enum."""
+    assert engine_config_from_kwargs(linear_backend="torch").model.linear_backend is LinearBackend.TORCH
+    with pytest.raises(ConfigError, match="--linear-backend triton needs --device cuda"):
+        engine_config_from_kwargs(linear_backend="triton", device="cpu")
 
 
 @pytest.mark.parametrize("rows", [1, 5, 300])
