@@ -32,7 +32,7 @@ from conveyor.engine.args import build_engine_config, engine_config_to_flags
 from conveyor.engine.llm import engine_config_from_kwargs
 from conveyor.kernels.fp8_linear import quantize_weight_fp8
 from conveyor.kernels.triton_compat import HAS_TRITON
-from conveyor.model.layers import Linear, linear, triton_linear
+from conveyor.model.layers import TRITON_GEMM_MAX_ROWS, Linear, linear, triton_linear
 from conveyor.model.loader import load_model, use_triton_linears
 
 INTERPRET = HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
@@ -117,6 +117,8 @@ def test_operands_the_triton_gemm_does_not_take_fall_back() -> None:
     assert triton_linear(x.float(), weight, None, None, None) is None  # float32 activations
     assert triton_linear(x, weight.float(), None, None, None) is None  # dtypes differ
     assert triton_linear(x, weight.t().contiguous().t(), None, None, None) is None  # strided rows
+    many = torch.randn(TRITON_GEMM_MAX_ROWS + 1, 64, dtype=torch.float16)
+    assert triton_linear(many, weight, None, None, None) is None  # prefill-sized: cuBLAS
     fp8, scale = quantize_weight_fp8(weight.to(torch.bfloat16))
     x16 = x.to(torch.bfloat16)
     assert triton_linear(x16, fp8, None, scale.reshape(1, 1).expand(1, 96), None) is None  # per channel

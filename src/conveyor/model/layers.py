@@ -212,14 +212,21 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out.contiguous()
 
 
+TRITON_GEMM_MAX_ROWS = 512
+"""Above this many rows (prefill-sized) `triton_linear` leaves the projection to cuBLAS: the Triton GEMM's
+tiles are chosen for decode M, and lever 6 is about the decode step's weight read."""
+
+
 def triton_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   weight_scale: torch.Tensor | None, input_scale: torch.Tensor | None) -> torch.Tensor | None:
     """x [..., K] @ weight [N, K]^T by kernels/triton_gemm.py, or None where it does not take the operands
     (the caller's torch path runs instead of an assert): x and a weight of one 16-bit dtype, or an e4m3 weight
     with one per-tensor scale and dynamic input scales (ptpc_fp8's [1, N] and a checkpoint's static input
-    scale stay on `_scaled_mm`); N and K multiples of 16; contiguous rows."""
+    scale stay on `_scaled_mm`); N and K multiples of 16; contiguous rows; at most TRITON_GEMM_MAX_ROWS rows."""
     rows = x.reshape(-1, x.shape[-1])  # [M, K]
     num_out, k = weight.shape
+    if rows.shape[0] > TRITON_GEMM_MAX_ROWS:
+        return None
     if num_out % 16 or k % 16 or rows.stride(-1) != 1 or weight.stride(-1) != 1 or rows.shape[1] != k:
         return None
     if bias is not None and (bias.dim() != 1 or bias.stride(0) != 1):
