@@ -83,3 +83,28 @@ def test_split_kv_over_fp8(dtype: torch.dtype, num_splits: int) -> None:
     out = split_kv_attention(case.query, key_cache, value_cache, case.batch, params)
     ref = split_kv_attention_ref(case.query, key_cache, value_cache, case.batch, params)
     assert relative_error(out, ref) <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", FP8)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"q{len(s.query_lens)}d{s.head_dim}")
+def test_a_bf16_query_over_fp8_takes_fp16_dots(shape: Shape, dtype: torch.dtype) -> None:
+    """A bf16 query over an FP8 cache runs both dots in fp16 (FP8_DOT_NOTE): within bf16's output rounding
+    of the float32 reference. (The interpreter's bf16 dot is wrong, so a bf16 dot would fail here.)"""
+    case = make_case(shape, dtype=torch.float32, seed=5)
+    key_cache, value_cache = fp8_caches(case.key_cache, case.value_cache, dtype, SCALES)
+    query = case.query.to(torch.bfloat16)
+    out = unified_attention(query, key_cache, value_cache, case.batch, shape.head_dim**-0.5, kv_scales=SCALES)
+    ref = paged_attention_ref(query.float(), key_cache, value_cache, case.batch, shape.head_dim**-0.5,
+                              kv_scales=SCALES)
+    assert out.dtype == torch.bfloat16 and relative_error(out.float(), ref) <= 8e-3
+
+
+@pytest.mark.parametrize("dtype", FP8)
+def test_split_kv_with_a_bf16_query_takes_fp16_dots(dtype: torch.dtype) -> None:
+    case = make_case(SHAPES[2], dtype=torch.float32, seed=6)
+    key_cache, value_cache = fp8_caches(case.key_cache, case.value_cache, dtype, SCALES)
+    params = SplitKVParams(scale=0.125, num_splits=3, kv_scales=SCALES)
+    query = case.query.to(torch.bfloat16)
+    out = split_kv_attention(query, key_cache, value_cache, case.batch, params)
+    ref = split_kv_attention_ref(query.float(), key_cache, value_cache, case.batch, params)
+    assert out.dtype == torch.bfloat16 and relative_error(out.float(), ref) <= 8e-3

@@ -63,6 +63,8 @@ def _split_kv_decode_kernel(
     dim_valid = dims < HEAD_DIM
     q_offsets = seq * stride_q_t + head[:, None] * stride_q_h + dims[None, :]
     q = tl.load(q_ptr + q_offsets, mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
+    if KV_FP8 and q.dtype == tl.bfloat16:  # fp16 dots over an FP8 cache (unified_attention.py, FP8_DOT_NOTE)
+        q = q.to(tl.float16)
 
     m_i = tl.full([ROWS], -1.0e30, tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
