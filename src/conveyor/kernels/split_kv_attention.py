@@ -19,7 +19,7 @@ import torch
 from conveyor.kernels.fp8_kv import UNIT_KV_SCALES, KVScales, dequantize_kv, is_fp8
 from conveyor.kernels.paged_batch import PagedBatch, check_paged_inputs, paged_attention_ref
 from conveyor.kernels.triton_compat import tl, triton
-from conveyor.kernels.unified_attention import fp8_tile_as_fp16, score_scale
+from conveyor.kernels.unified_attention import score_scale
 
 TILE_N = 64
 """Keys per inner-loop tile; every split spans a whole number of tiles."""
@@ -46,7 +46,7 @@ def _split_kv_decode_kernel(
     stride_q_t, stride_q_h, stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
     stride_bt_s,
     GROUP: tl.constexpr, ROWS: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, KV_FP8: tl.constexpr, FP8_ASM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -79,13 +79,11 @@ def _split_kv_decode_kernel(
         kv_mask = key_valid[:, None] & dim_valid[None, :]
         k_offsets = block_ids[:, None] * stride_k_b + in_block[:, None] * stride_k_s + dims[None, :]
         k = tl.load(k_cache_ptr + kv_head * stride_k_h + k_offsets, mask=kv_mask, other=0.0)
-        v_rows = block_ids * stride_v_b + in_block * stride_v_s  # [TILE_N] element offsets of each V row
-        if KV_FP8:  # [TILE_N, D] -> the query's dtype, exactly; k_scale is folded into scale_log2 (score_scale), v_scale below
-            k = k.to(q.dtype)  # V: converted in registers (unified_attention.py, FP8_PAIRS_NOTE)
-            v = fp8_tile_as_fp16(v_cache_ptr + kv_head * stride_v_h, v_rows, key_valid, HEAD_DIM, HEAD_DIM_PAD, True,
-                                 FP8_ASM).to(q.dtype)
-        else:
-            v = tl.load(v_cache_ptr + kv_head * stride_v_h + v_rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+        v_offsets = block_ids[:, None] * stride_v_b + in_block[:, None] * stride_v_s + dims[None, :]
+        v = tl.load(v_cache_ptr + kv_head * stride_v_h + v_offsets, mask=kv_mask, other=0.0)
+        if KV_FP8:  # [TILE_N, D] fp8 -> the query's dtype, exactly; k_scale is folded into scale_log2 (score_scale), v_scale below
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
         scores = tl.dot(q, tl.trans(k)) * scale_log2  # [ROWS, TILE_N]
         scores = tl.where(key_valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
@@ -161,7 +159,7 @@ def split_kv_attention(
         query.stride(0), query.stride(1), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), batch.block_tables.stride(0),
         GROUP=group, ROWS=max(16, triton.next_power_of_2(group)), TILE_N=TILE_N, HEAD_DIM=head_dim,
-        HEAD_DIM_PAD=head_dim_pad, BLOCK_SIZE=key_cache.shape[1], KV_FP8=is_fp8(key_cache.dtype), FP8_ASM=key_cache.is_cuda, num_warps=4,
+        HEAD_DIM_PAD=head_dim_pad, BLOCK_SIZE=key_cache.shape[1], KV_FP8=is_fp8(key_cache.dtype), num_warps=4,
         num_stages=2,
     )
     _split_kv_reduce_kernel[(num_seqs, num_heads)](

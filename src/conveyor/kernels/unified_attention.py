@@ -23,14 +23,6 @@ adds a scalar fp16 -> bf16 `cvt` per element: compiled for sm_90 (Triton 3.6), t
 PTX falls from 3,969 to 2,977 instructions (the bf16-cache kernel has 1,458 for half the keys). The cast
 is exact for a bf16 query in fp16's range (|q| < 65,504; below 2^-14 it keeps fewer bits, and those
 terms are below the dot's float32 accumulation error anyway); p in [0, 1] keeps more bits in fp16.
-
-FP8_PAIRS_NOTE: V is p.v's second operand with its reduction axis (keys) strided, so Triton (3.6) keeps an
-FP8 V tile as fp8 in shared memory and gathers the operand byte by byte (`ld.shared.b8`, 128 per thread per
-tile) before converting it. `fp8_tile_as_fp16` instead reads V as uint16 pairs and converts them in registers
-with one inline `cvt.rn.f16x2.e4m3x2` (e5m2x2) per pair, which Triton cannot move past the layout change:
-the fp16 tile then reaches the dot through `ldmatrix.trans`. The decode program's PTX falls again, from
-2,977 to 2,243 instructions (17.5 per key against the bf16 cache's 22.8). The interpreter (CPU tests) runs
-the same pair loads and converts each byte with Triton's own cast.
 """
 
 from dataclasses import dataclass
@@ -96,69 +88,36 @@ def _program_block(query_start_loc_ptr, num_seqs, BLOCK_Q: tl.constexpr, ROWS: t
 
 
 @triton.jit
-def fp8_tile_as_fp16(base, row_offsets, key_valid, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-                     MASK_ROWS: tl.constexpr, ASM: tl.constexpr):
-    """An FP8 K/V tile [N, HEAD_DIM_PAD] as fp16, converted in registers (FP8_PAIRS_NOTE): read as [N, D/2]
-    uint16 pairs (element 2j in the low byte) at `base` + `row_offsets` (even element offsets)."""
-    pairs = tl.arange(0, HEAD_DIM_PAD // 2)
-    ptrs = base.to(tl.pointer_type(tl.uint16)) + (row_offsets // 2)[:, None] + pairs[None, :]  # [N, D/2]
-    if MASK_ROWS:
-        u = tl.load(ptrs, mask=key_valid[:, None] & (pairs < HEAD_DIM // 2)[None, :], other=0)
-    elif HEAD_DIM != HEAD_DIM_PAD:
-        u = tl.load(ptrs, mask=(pairs < HEAD_DIM // 2)[None, :], other=0)
-    else:
-        u = tl.load(ptrs)
-    if ASM:  # one cvt per pair; the PTX names the format (e5m2 for float8e5 caches)
-        if base.dtype.element_ty == tl.float8e5:
-            w = tl.inline_asm_elementwise("cvt.rn.f16x2.e5m2x2 $0, $1;", "=r,h", [u], dtype=tl.uint32,
-                                          is_pure=True, pack=1)
-        else:
-            w = tl.inline_asm_elementwise("cvt.rn.f16x2.e4m3x2 $0, $1;", "=r,h", [u], dtype=tl.uint32,
-                                          is_pure=True, pack=1)
-        lo = (w & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
-        hi = (w >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
-    else:  # the interpreter (CPU tests): the same pairs, converted by Triton
-        lo = (u & 0xFF).to(tl.uint8).to(base.dtype.element_ty, bitcast=True).to(tl.float16)
-        hi = (u >> 8).to(tl.uint8).to(base.dtype.element_ty, bitcast=True).to(tl.float16)
-    return tl.reshape(tl.join(lo, hi), [row_offsets.shape[0], HEAD_DIM_PAD])  # [N, D]: pair j -> 2j, 2j + 1
-
-
-@triton.jit
-def _load_tile(ptrs, key_valid, dim_valid, MASKED: tl.constexpr, PAD_DIMS: tl.constexpr):
-    """One [N, D] K or V tile: masked rows (MASKED) and padded dims read as zeros."""
-    if MASKED:
-        return tl.load(ptrs, mask=key_valid[:, None] & dim_valid[None, :], other=0.0)
-    elif PAD_DIMS:  # head_dim below its power of two: never read the next head's values
-        return tl.load(ptrs, mask=dim_valid[None, :], other=0.0)
-    else:
-        return tl.load(ptrs)
-
-
-@triton.jit
 def _attend_tiles(acc, m_i, l_i, q, query_pos, start, end, kv_end, table_row, k_base, v_base, scale_log2,
                   stride_k_b, stride_k_s, stride_v_b, stride_v_s, dims, dim_valid,
-                  TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr, KV_FP8: tl.constexpr, FP8_ASM: tl.constexpr):
+                  TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, PAD_DIMS: tl.constexpr,
+                  MASKED: tl.constexpr, KV_FP8: tl.constexpr):
     """Online softmax over the keys [start, end) in TILE_N tiles gathered through the block table;
     MASKED applies the causal and bounds masks (only the tiles that reach the block's diagonal)."""
     cols = tl.arange(0, TILE_N)
     for tile_start in range(start, end, TILE_N):
         key_pos = tile_start + cols  # [TILE_N]
-        key_valid = key_pos < kv_end
         if MASKED:
+            key_valid = key_pos < kv_end
             block_ids = tl.load(table_row + key_pos // BLOCK_SIZE, mask=key_valid, other=0).to(tl.int64)
         else:
             block_ids = tl.load(table_row + key_pos // BLOCK_SIZE).to(tl.int64)
         in_block = key_pos % BLOCK_SIZE
         k_offsets = block_ids[:, None] * stride_k_b + in_block[:, None] * stride_k_s + dims[None, :]
-        v_rows = block_ids * stride_v_b + in_block * stride_v_s  # [N] element offsets of each key's V row
-        k = _load_tile(k_base + k_offsets, key_valid, dim_valid, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # [N, D]
-        if KV_FP8:  # -> the query's dtype, exactly (tl.dot takes no fp8 x 16-bit mix); the scales are
-            k = k.to(q.dtype)  # folded: k_scale into scale_log2 (host), v_scale into the output
-            v = fp8_tile_as_fp16(v_base, v_rows, key_valid, HEAD_DIM, HEAD_DIM_PAD, MASKED, FP8_ASM).to(q.dtype)
+        v_offsets = block_ids[:, None] * stride_v_b + in_block[:, None] * stride_v_s + dims[None, :]
+        if MASKED:
+            kv_mask = key_valid[:, None] & dim_valid[None, :]
+            k = tl.load(k_base + k_offsets, mask=kv_mask, other=0.0)  # [N, D]
+            v = tl.load(v_base + v_offsets, mask=kv_mask, other=0.0)
+        elif PAD_DIMS:  # head_dim below its power of two: never read the next head's values
+            k = tl.load(k_base + k_offsets, mask=dim_valid[None, :], other=0.0)
+            v = tl.load(v_base + v_offsets, mask=dim_valid[None, :], other=0.0)
         else:
-            v = _load_tile(v_base + v_rows[:, None] + dims[None, :], key_valid, dim_valid, MASKED,
-                           HEAD_DIM != HEAD_DIM_PAD)
+            k = tl.load(k_base + k_offsets)
+            v = tl.load(v_base + v_offsets)
+        if KV_FP8:  # [N, D] fp8 -> the query's dtype, exactly (tl.dot takes no fp8 x bf16 mix); the
+            k = k.to(q.dtype)  # scales are folded: k_scale into scale_log2 (host), v_scale into the output
+            v = v.to(q.dtype)
         scores = tl.dot(q, tl.trans(k)) * scale_log2  # [BLOCK_M, TILE_N], log2 units
         if MASKED:
             visible = (key_pos[None, :] <= query_pos[:, None]) & key_valid[None, :]
@@ -183,7 +142,7 @@ def _unified_attention_kernel(
     stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h, stride_bt_s,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    ROWS: tl.constexpr, KV_FP8: tl.constexpr, FP8_ASM: tl.constexpr,
+    ROWS: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     kv_head = tl.program_id(1)
     seq, q_block, q_start, q_len, active = _program_block(query_start_loc_ptr, num_seqs, BLOCK_Q, ROWS)
@@ -218,10 +177,12 @@ def _unified_attention_kernel(
     v_base = v_cache_ptr + kv_head * stride_v_h
     acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, query_pos, 0, full_end, kv_end, table_row, k_base, v_base,
                                   scale_log2, stride_k_b, stride_k_s, stride_v_b, stride_v_s, dims,
-                                  dim_valid, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, False, KV_FP8, FP8_ASM)
+                                  dim_valid, TILE_N, BLOCK_SIZE, HEAD_DIM != HEAD_DIM_PAD,
+                                  False, KV_FP8)
     acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, query_pos, full_end, kv_end, kv_end, table_row, k_base,
                                   v_base, scale_log2, stride_k_b, stride_k_s, stride_v_b, stride_v_s, dims,
-                                  dim_valid, TILE_N, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, True, KV_FP8, FP8_ASM)
+                                  dim_valid, TILE_N, BLOCK_SIZE, HEAD_DIM != HEAD_DIM_PAD,
+                                  True, KV_FP8)
     acc = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # padding sequences (seq_len 0) write zeros
     if KV_FP8:  # sum p (v s_v) = s_v sum p v
         acc = acc * v_scale
@@ -330,8 +291,7 @@ def _launch(
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), batch.block_tables.stride(0),
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=tile.block_q, BLOCK_M=tile.block_m,
         TILE_N=tile.tile_n, HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_SIZE=key_cache.shape[1], ROWS=rows, KV_FP8=is_fp8(key_cache.dtype), FP8_ASM=key_cache.is_cuda,
-        num_warps=tile.num_warps,
+        BLOCK_SIZE=key_cache.shape[1], ROWS=rows, KV_FP8=is_fp8(key_cache.dtype), num_warps=tile.num_warps,
         num_stages=tile.num_stages,
     )
 
