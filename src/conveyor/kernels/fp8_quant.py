@@ -46,11 +46,18 @@ def _quantize_kernel(x_ptr, out_ptr, amax_ptr, scale_ptr, n,
     tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+def _div_448(amax: torch.Tensor) -> torch.Tensor:
+    """amax / 448 rounded once to float32, as the kernels' `div_rn`. On CUDA, torch divides by a Python
+    scalar as a multiply by its reciprocal, which is an ulp off in about half the cases (the GPU bit tests
+    failed on it); float64 division then one rounding is the correctly rounded float32 quotient."""
+    return (amax.double() / _FP8_MAX).float()
+
+
 def dynamic_scale(x: torch.Tensor) -> torch.Tensor:
     """Per-tensor scale [] float32: max|x| / 448, floored (torch)."""
     if x.numel() == 0:  # amax has no identity on an empty tensor: the floor, as the Triton path gives
         return torch.full((), _MIN_SCALE, dtype=torch.float32, device=x.device)
-    return (x.abs().amax().float() / _FP8_MAX).clamp_(min=_MIN_SCALE)
+    return _div_448(x.abs().amax()).clamp_(min=_MIN_SCALE)
 
 
 def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -122,5 +129,5 @@ def quantize_fp8_per_token_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     if x.numel() == 0:
         return torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device), torch.full(
             (x.shape[0], 1), _MIN_SCALE, dtype=torch.float32, device=x.device)
-    scales = (x.abs().amax(dim=1, keepdim=True).float() / _FP8_MAX).clamp_(min=_MIN_SCALE)  # [T, 1]
+    scales = _div_448(x.abs().amax(dim=1, keepdim=True)).clamp_(min=_MIN_SCALE)  # [T, 1]
     return quantize_fp8(x, scales), scales
