@@ -86,6 +86,12 @@ def test_an_fp8_cache_doubles_the_decode_tiles_keys_for_the_same_bytes() -> None
     assert unified_tile(100, 4, kv_element_size=1).tile_n == 64  # prefill blocks are compute-bound: unchanged
 
 
+def test_an_fp8_decode_tile_keeps_three_stages_in_flight() -> None:
+    assert unified_tile(1, 4, kv_element_size=1).num_stages == decode_tile(4, kv_element_size=1).num_stages == 3
+    assert unified_tile(1, 4).num_stages == decode_tile(4).num_stages == 2  # 16-bit: as tuned before
+    assert unified_tile(100, 4, kv_element_size=1).num_stages == 2
+
+
 def test_num_splits_fill_the_gpu_only_when_needed() -> None:
     assert choose_num_splits(num_seqs=256, num_kv_heads=8, max_seq_len=2048, num_sms=132) == 1
     assert choose_num_splits(num_seqs=2, num_kv_heads=8, max_seq_len=4096, num_sms=132) == 16
