@@ -11,7 +11,7 @@
 # tiles and the projections in isolation (benchmarks/gpu/kernels.py; fp8_gemm.py: cuBLAS bf16, `_scaled_mm` per
 # tensor and per token, and kernels/triton_gemm.py's bf16 and FP8 GEMMs, issues 37/38's lever 6).
 # `bash benchmarks/gpu/fp8.sh gemm-configs` (same call) sweeps triton_gemm's candidate tiles at decode M.
-# `GEMM=triton bash benchmarks/gpu/fp8.sh conveyor Q KV` times lever 6 end to end (--linear-backend triton).
+# `GEMM=triton bash benchmarks/gpu/fp8.sh conveyor Q KV` times lever 6 end to end (--gemm-backend triton).
 # Lever 5 (issue 38, fewer launches per layer): `bash benchmarks/gpu/fp8.sh fused-tests` (call 1, after stage 1)
 # checks the fused kernels bit for bit against the unfused ones and tiny Llama / Qwen3 logits fused == unfused.
 # QUANT is none | fp8 | ptpc_fp8 (--quantization; ptpc_fp8, per-token activation and per-channel weight
@@ -66,7 +66,7 @@ case $step in
   tests)
     PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL 300 python3 -m pytest -q -p no:cacheprovider -m gpu \
       tests/kernels/test_fp8_kv_gpu.py tests/worker/test_kv_cache_fp8.py tests/kernels/test_fp8_linear.py tests/kernels/test_fp8_quant.py tests/kernels/test_fp8_per_token.py \
-      tests/kernels/test_triton_gemm.py tests/worker/test_fp8_weights.py tests/worker/test_linear_backend_gpu.py 2>&1 | tail -25 ;;
+      tests/kernels/test_triton_gemm.py tests/worker/test_fp8_weights.py tests/worker/test_gemm_backend_gpu.py 2>&1 | tail -25 ;;
   fused-tests)
     PYTHONPATH=$PWD/src:/tmp/site0 timeout -s KILL 240 python3 -m pytest -q -p no:cacheprovider -m gpu \
       tests/kernels/test_add_rms_norm.py tests/kernels/test_qk_norm_rope.py tests/kernels/test_fused_layers.py \
@@ -88,11 +88,11 @@ case $step in
     grep -h '"rank": 0,' "$OUT/gemm_configs.log" | cut -c1-300 ;;
   conveyor)  # PROFILE=N: after the timed run, N decode steps at batch 256 under torch.profiler (the table);
     # SRC=DIR: another tree's src/ (a lever's before: `git archive C src | tar -x -C D`, SRC=D/src) in the same call, TAG=_x its logs' suffix
-    # GEMM=triton: --linear-backend triton (kernels/triton_gemm.py), its logs kept apart by the _triton suffix
+    # GEMM=triton: --gemm-backend triton (kernels/triton_gemm.py), its logs kept apart by the _triton suffix
     q=$1; kv=$2; sfx="${TAG:-}${GEMM:+_$GEMM}"; prof=(); [ "${PROFILE:-0}" -gt 0 ] && prof=(--profile-steps "$PROFILE" --profile-out "$OUT/prof_${M}_${q}_${kv}${sfx}.txt")
     PYTHONPATH=${SRC:-$PWD/src}:/tmp/site0 timeout -s KILL "${GUARD:-240}" python3 benchmarks/gpu/offline.py --model $MODEL \
       --async-scheduling --max-num-seqs 1024 --max-num-batched-tokens 16384 --quantization "$q" --kv-cache-dtype "$kv" \
-      --linear-backend "${GEMM:-torch}" "${prof[@]}" --out "$OUT/results.jsonl" > "$OUT/conveyor_${M}_${q}_${kv}${sfx}.log" 2>&1
+      --gemm-backend "${GEMM:-torch}" "${prof[@]}" --out "$OUT/results.jsonl" > "$OUT/conveyor_${M}_${q}_${kv}${sfx}.log" 2>&1
     echo "conveyor $q $kv ${GEMM:-torch} ${SRC:-} rc=$?"; grep -h RESULT "$OUT/conveyor_${M}_${q}_${kv}${sfx}.log" | cut -c1-700
     rm -f "$OUT/prof_${M}_${q}_${kv}${sfx}.json"  # the Chrome trace: too large to bring back; the table is kept
     grep -h RESULT "$OUT/conveyor_${M}_${q}_${kv}${sfx}.log" > /dev/null || tail -20 "$OUT/conveyor_${M}_${q}_${kv}${sfx}.log" | cut -c1-300 ;;

@@ -59,21 +59,21 @@ def make_workload(num_requests: int = 256, min_len: int = 100, max_input: int = 
     return prompts, out_lens
 
 
-def linear_backend_field(args: argparse.Namespace) -> dict[str, object]:
-    """ModelConfig's linear_backend, given only when it is not the default: fp8.sh's SRC= trees from before
+def gemm_backend_field(args: argparse.Namespace) -> dict[str, object]:
+    """ModelConfig's gemm_backend, given only when it is not the default: fp8.sh's SRC= trees from before
     the flag (a lever's before) still run."""
-    if args.linear_backend == "torch":
+    if args.gemm_backend == "torch":
         return {}
-    from conveyor.config import LinearBackend
+    from conveyor.config import GemmBackend
 
-    return {"linear_backend": LinearBackend(args.linear_backend)}
+    return {"gemm_backend": GemmBackend(args.gemm_backend)}
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=ModelConfig(model=args.model, load_format=LoadFormat.DUMMY, dtype="bfloat16", seed=args.seed,
                           num_hidden_layers_override=args.num_layers, quantization=Quantization(args.quantization),
-                          **linear_backend_field(args)),
+                          **gemm_backend_field(args)),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                                   max_model_len=args.max_model_len, async_scheduling=args.async_scheduling),
         cache=CacheConfig(block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
@@ -169,7 +169,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--quantization", default="none", choices=["none", "fp8", "ptpc_fp8"],
                         help="fp8: decoder projections quantized to FP8 at load (vLLM's online FP8)")
-    parser.add_argument("--linear-backend", default="torch", choices=["torch", "triton"],
+    parser.add_argument("--gemm-backend", default="torch", choices=["torch", "triton"],
                         help="triton: the decoder projections call kernels/triton_gemm.py (lever 6; default torch)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"],
                         help="KV cache element type (fp8: twice the blocks, kernels dequantize on read)")
@@ -215,7 +215,7 @@ def main() -> int:
         "enforce_eager": args.enforce_eager, "async_scheduling": args.async_scheduling,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens, "num_kv_blocks": core.limits.num_kv_blocks,
-        "kv_cache_dtype": args.kv_cache_dtype, "quantization": args.quantization, "linear_backend": args.linear_backend,
+        "kv_cache_dtype": args.kv_cache_dtype, "quantization": args.quantization, "gemm_backend": args.gemm_backend,
         "tensor_parallel_size": args.tensor_parallel_size,
         "gpu": _gpu_name(), "versions": _versions(), **spec_fields(args, timed.spec_decoding),
     }

@@ -55,8 +55,8 @@ class Quantization(enum.Enum):
         return self in (Quantization.FP8, Quantization.PTPC_FP8)
 
 
-class LinearBackend(enum.Enum):
-    """Which GEMM the decoder projections (`layers.Linear`) call: conveyor's `--linear-backend`."""
+class GemmBackend(enum.Enum):
+    """Which GEMM the decoder projections (`layers.Linear`) call: conveyor's `--gemm-backend`."""
 
     TORCH = "torch"
     """F.linear (cuBLAS), `torch._scaled_mm` for FP8: the default."""
@@ -176,7 +176,7 @@ class ModelConfig:
     """Weight and activation dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16."""
     quantization: Quantization = Quantization.AUTO
     """auto, gguf (serve the GGUF's blocks as they are), none (dequantize at load), fp8 or ptpc_fp8 (CUDA)."""
-    linear_backend: LinearBackend = LinearBackend.TORCH
+    gemm_backend: GemmBackend = GemmBackend.TORCH
     """torch (F.linear / `_scaled_mm`) or triton (kernels/triton_gemm.py: CUDA with Triton, not ptpc_fp8)."""
     seed: int = 0
     """Seed for dummy weights and for sampling of requests without their own seed."""
@@ -193,9 +193,9 @@ class ModelConfig:
         layers = self.num_hidden_layers_override
         if layers is not None and layers < 1:
             raise ConfigError(f"num_hidden_layers_override must be >= 1 (got {layers})")
-        if self.linear_backend is LinearBackend.TRITON and self.quantization is Quantization.PTPC_FP8:
-            raise ConfigError("--linear-backend triton takes per-tensor FP8 scales only: not with --quantization "
-                              "ptpc_fp8 (use --quantization fp8 or --linear-backend torch)")
+        if self.gemm_backend is GemmBackend.TRITON and self.quantization is Quantization.PTPC_FP8:
+            raise ConfigError("--gemm-backend triton takes per-tensor FP8 scales only: not with --quantization "
+                              "ptpc_fp8 (use --quantization fp8 or --gemm-backend torch)")
 
 
 @dataclass(frozen=True)
@@ -401,9 +401,9 @@ class EngineConfig:
         if self.model.quantization.is_fp8 and self.device.device != "cuda":  # before the load
             raise ConfigError(f"--quantization {self.model.quantization.value} needs --device cuda: FP8 matmuls "
                               "are a GPU path")
-        if self.model.linear_backend is LinearBackend.TRITON and (self.device.device != "cuda"
+        if self.model.gemm_backend is GemmBackend.TRITON and (self.device.device != "cuda"
                                                                   or importlib.util.find_spec("triton") is None):
-            raise ConfigError("--linear-backend triton needs --device cuda and Triton installed (or --linear-backend "
+            raise ConfigError("--gemm-backend triton needs --device cuda and Triton installed (or --gemm-backend "
                               "torch)")
         if self.cache.cache_dtype != "auto" and self.device.device != "cuda":
             raise ConfigError(f"cache_dtype {self.cache.cache_dtype} needs --device cuda: the Triton kernels read it")

@@ -25,7 +25,7 @@ from conveyor.config import (
     ConfigError,
     DeviceConfig,
     EngineConfig,
-    LinearBackend,
+    GemmBackend,
     LoadFormat,
     ModelConfig,
     ParallelConfig,
@@ -68,7 +68,7 @@ FLAGS: tuple[_Flag, ...] = (
     _Flag("--load-format", "model", "load_format"),
     _Flag("--dtype", "model", "dtype"),
     _Flag("--quantization", "model", "quantization"),
-    _Flag("--linear-backend", "model", "linear_backend"),
+    _Flag("--gemm-backend", "model", "gemm_backend"),
     _Flag("--seed", "model", "seed"),
     _Flag("--served-model-name", "model", "served_model_name"),
     _Flag("--num-hidden-layers-override", "model", "num_hidden_layers_override"),
@@ -173,7 +173,7 @@ def _add_model_flags(group: argparse._ArgumentGroup) -> None:
                        help="gguf: compute on the GGUF's quantized blocks (CPU); none: dequantize at load; "
                             "fp8: decoder projections quantized to FP8 at load (CUDA, 16-bit weights: a GGUF is dequantized first); "
                             "auto (default): gguf for a GGUF on CPU in float32")
-    group.add_argument("--linear-backend", choices=[b.value for b in LinearBackend],
+    group.add_argument("--gemm-backend", choices=[b.value for b in GemmBackend],
                        help="GEMM of the decoder projections: torch (cuBLAS / _scaled_mm; default) or triton "
                             "(kernels/triton_gemm.py, tiled for decode batches; CUDA, bf16/fp16 or --quantization fp8)")
     group.add_argument("--seed", type=int, help="seed for dummy weights and unseeded sampling")
@@ -243,7 +243,7 @@ def _add_cache_and_device_flags(group: argparse._ArgumentGroup) -> None:
 def _converted(flag: _Flag, value: object) -> object:
     enums = {"load_format": LoadFormat, "policy": SchedulingPolicy, "batching": Batching,
              "cudagraph_mode": CUDAGraphMode, "quantization": Quantization,
-             "linear_backend": LinearBackend}
+             "gemm_backend": GemmBackend}
     return enums[flag.field_name](value) if flag.field_name in enums else value
 
 
@@ -356,7 +356,7 @@ def engine_config_to_flags(config: EngineConfig) -> dict[str, str]:
 
 
 def _as_text(value: object) -> str:
-    if isinstance(value, (LoadFormat, SchedulingPolicy, Batching, CUDAGraphMode, Quantization, LinearBackend)):
+    if isinstance(value, (LoadFormat, SchedulingPolicy, Batching, CUDAGraphMode, Quantization, GemmBackend)):
         return value.value
     if isinstance(value, SpeculativeConfig):
         return json.dumps(value.to_dict())

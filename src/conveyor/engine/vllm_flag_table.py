@@ -249,9 +249,8 @@ _ENGINE_FLAGS: tuple[VllmFlag, ...] = (
     _f("--stream-interval", V, _D, "every step's tokens are streamed as they come", "1"),
     _f("--cudagraph-capture-sizes", L, _G, "conveyor captures its own batch buckets up to --max-cudagraph-capture-size"),
     _f("--max-cudagraph-capture-size", V, _I, "largest captured mixed-step graph (tokens)"),
-    *(_f(name, V, _G, KERNELS) for name in ("--ir-op-priority", "--moe-backend", "--sparse-indexer-topk-backend")),
-    _f("--linear-backend", V, _I, "conveyor's values: torch (cuBLAS / _scaled_mm; default) or triton (its decode "
-       "GEMM, CUDA, opt-in)"),
+    *(_f(name, V, _G, KERNELS) for name in ("--ir-op-priority", "--moe-backend", "--linear-backend",
+                                           "--sparse-indexer-topk-backend")),
     _f("--enable-flashinfer-autotune", B, _G, KERNELS),
     # ---- vLLM config objects ---------------------------------------------------------------------
     _f("--speculative-config,-sc", V, _I, "JSON: ngram or draft_model methods"),

@@ -15,7 +15,7 @@ and the later ones find the weight tile in L2. (At M = 256, bf16 does 256 FLOP a
 H100's ridge: there the tensor cores bound it as much as the bytes; at FP8 both bounds halve.) The
 configs are a short explicit list by M bucket and element type (no runtime autotune: autotuning would
 benchmark inside a CUDA-graph capture); benchmarks/gpu/fp8_gemm.py times them against cuBLAS /
-`_scaled_mm`. The engine calls it only under --linear-backend triton (model/layers.py `triton_linear`): opt-in
+`_scaled_mm`. The engine calls it only under --gemm-backend triton (model/layers.py `triton_linear`): opt-in
 until a GPU has timed it end to end.
 
 M is ragged (masked rows); N and K must be multiples of 16 (K tails are masked, N tails clamp the load

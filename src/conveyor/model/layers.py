@@ -169,7 +169,7 @@ class Linear(nn.Linear):
     oneDNN (`prefill_linear`). Rows are zero-padded to `padded_rows` (MKL's small-M kernels are up
     to 2x slower off multiples of 4 / 16 on this CPU: gate_up + down at 11 rows 2.31 ms, at 16 1.60).
     The result is made contiguous again (callers view it per head). CUDA: F.linear, or with
-    --linear-backend triton (`use_triton_gemm`, set by model/loader.py's `use_triton_linears`)
+    --gemm-backend triton (`use_triton_gemm`, set by model/loader.py's `use_triton_linears`)
     kernels/triton_gemm.py where it takes the operands. With --quantization fp8 the weight is float8 and
     `weight_scale` its per-tensor scale (model/fp8_weights.py).
     """
@@ -179,7 +179,7 @@ class Linear(nn.Linear):
     input_scale: torch.Tensor | None = None
     """[] float32 static activation scale of an FP8 checkpoint's "static" scheme (None: dynamic)."""
     use_triton_gemm: bool = False
-    """--linear-backend triton: CUDA inputs take kernels/triton_gemm.py (`triton_linear`) where it can."""
+    """--gemm-backend triton: CUDA inputs take kernels/triton_gemm.py (`triton_linear`) where it can."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, self.weight_scale, self.input_scale, self.use_triton_gemm)
@@ -190,7 +190,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            use_triton_gemm: bool = False) -> torch.Tensor:
     """F.linear, except on CPU: for x [T <= CPU_FEW_ROWS, in] the padded (W @ x^T)^T of `Linear`, for
     more rows oneDNN's GEMM (kernels/cpu_gemm.py); an FP8 weight (`weight_scale` given): `fp8_linear`.
-    `use_triton_gemm` (--linear-backend triton): a CUDA x goes to `triton_linear` where it takes the operands."""
+    `use_triton_gemm` (--gemm-backend triton): a CUDA x goes to `triton_linear` where it takes the operands."""
     if use_triton_gemm and x.is_cuda:
         out = triton_linear(x, weight, bias, weight_scale, input_scale)
         if out is not None:

@@ -11,7 +11,7 @@ dequantized to float on load (`Quantization.NONE`); `resolve_quantization` picks
 loads 16-bit weights (a GGUF's dequantized too), then quantizes the decoder projections
 (model/fp8_weights.py); a safetensors
 checkpoint already in FP8 (config.json's quantization_config) loads as stored (model/fp8_checkpoint.py),
-with or without the flag. `--linear-backend triton` then marks every decoder projection for the Triton
+with or without the flag. `--gemm-backend triton` then marks every decoder projection for the Triton
 GEMM (`use_triton_linears`). Nothing is downloaded.
 Under tensor parallelism (`ModelLayout.tensor_parallel`, model/tensor_parallel.py) the meta model is
 sharded before materialization and every source hands its full tensors to the sharded layers, which
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from conveyor.config import LinearBackend, LoadFormat, ModelConfig, Quantization
+from conveyor.config import GemmBackend, LoadFormat, ModelConfig, Quantization
 from conveyor.kernels.cpu_build import cpu_kernels, cpu_kernels_available
 from conveyor.model.attention import get_attention_backend
 from conveyor.model.fp8_checkpoint import (
@@ -207,8 +207,8 @@ def load_model(
         module.load_weights(source.weights(config, module.block_weight_names(formats)))
     if quantization.is_fp8 and source.fp8 is None:
         quantize_linears_fp8(module, per_channel=quantization == Quantization.PTPC_FP8)
-    if model_config.linear_backend is LinearBackend.TRITON:
-        logger.info("--linear-backend triton: %d decoder projections call kernels/triton_gemm.py",
+    if model_config.gemm_backend is GemmBackend.TRITON:
+        logger.info("--gemm-backend triton: %d decoder projections call kernels/triton_gemm.py",
                     use_triton_linears(module))
     module.eval()
     return LoadedModel(
@@ -223,7 +223,7 @@ def load_model(
 
 
 def use_triton_linears(model: nn.Module) -> int:
-    """--linear-backend triton: every decoder projection (`layers.Linear`, tensor-parallel shards included)
+    """--gemm-backend triton: every decoder projection (`layers.Linear`, tensor-parallel shards included)
     calls kernels/triton_gemm.py on CUDA where it takes the operands; returns how many. The embedding and
     the LM head are not `Linear` and keep torch's GEMM."""
     linears = [module for module in model.modules() if isinstance(module, Linear)]

@@ -1,10 +1,10 @@
-"""--linear-backend: the config accepts and refuses it, the CLI parses it, the loader marks every decoder
+"""--gemm-backend: the config accepts and refuses it, the CLI parses it, the loader marks every decoder
 projection, and `layers.linear` dispatches only CUDA inputs to kernels/triton_gemm.py (CPU results unchanged).
 
 `triton_linear` itself (the dispatch's operand checks and reshapes) runs on the CPU under Triton's interpreter
-(`TRITON_INTERPRET=1 PYTHONPATH=src:/tmp/triton python -m pytest tests/model/test_linear_backend.py`), at
+(`TRITON_INTERPRET=1 PYTHONPATH=src:/tmp/triton python -m pytest tests/model/test_gemm_backend.py`), at
 fp16 as tests/kernels/test_triton_gemm.py does (the interpreter's bf16 `tl.dot` is wrong); the model's bf16
-and FP8 logits against the torch backend are tests/worker/test_linear_backend_gpu.py.
+and FP8 logits against the torch backend are tests/worker/test_gemm_backend_gpu.py.
 """
 
 from __future__ import annotations
@@ -18,16 +18,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conveyor import config as cfg
 from conveyor.cli import build_parser
-from conveyor.config import (
-    ConfigError,
-    DeviceConfig,
-    EngineConfig,
-    LinearBackend,
-    LoadFormat,
-    ModelConfig,
-    Quantization,
-)
+from conveyor.config import ConfigError, EngineConfig, GemmBackend, ModelConfig
 from conveyor.engine.args import build_engine_config, engine_config_to_flags
 from conveyor.engine.llm import engine_config_from_kwargs
 from conveyor.kernels.fp8_linear import quantize_weight_fp8
@@ -45,41 +38,48 @@ TINY_LLAMA = {
 
 
 def test_the_default_is_torch_and_triton_is_refused_off_cuda() -> None:
-    assert ModelConfig().linear_backend is LinearBackend.TORCH
-    assert engine_config_to_flags(EngineConfig())["linear-backend"] == "torch"
-    with pytest.raises(ConfigError, match="--linear-backend triton needs --device cuda"):
-        EngineConfig(model=ModelConfig(linear_backend=LinearBackend.TRITON))
+    assert ModelConfig().gemm_backend is GemmBackend.TORCH
+    assert engine_config_to_flags(EngineConfig())["gemm-backend"] == "torch"
+    with pytest.raises(ConfigError, match="--gemm-backend triton needs --device cuda"):
+        EngineConfig(model=ModelConfig(gemm_backend=GemmBackend.TRITON))
 
 
 def test_triton_refuses_per_channel_fp8_scales() -> None:
-    with pytest.raises(ConfigError, match="--linear-backend triton .*--quantization ptpc_fp8"):
-        ModelConfig(linear_backend=LinearBackend.TRITON, quantization=Quantization.PTPC_FP8)
-    ModelConfig(linear_backend=LinearBackend.TRITON, quantization=Quantization.FP8)  # per tensor: taken
+    with pytest.raises(ConfigError, match="--gemm-backend triton .*--quantization ptpc_fp8"):
+        ModelConfig(gemm_backend=GemmBackend.TRITON, quantization=cfg.Quantization.PTPC_FP8)
+    ModelConfig(gemm_backend=GemmBackend.TRITON, quantization=cfg.Quantization.FP8)  # per tensor: taken
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs Triton importable (the config checks that it is installed)")
 def test_triton_is_accepted_on_cuda_with_triton() -> None:
-    config = EngineConfig(model=ModelConfig(linear_backend=LinearBackend.TRITON), device=DeviceConfig(device="cuda"))
-    assert config.model.linear_backend is LinearBackend.TRITON
+    config = EngineConfig(model=ModelConfig(gemm_backend=GemmBackend.TRITON), device=cfg.DeviceConfig(device="cuda"))
+    assert config.model.gemm_backend is GemmBackend.TRITON
 
 
 def test_the_cli_parses_the_flag() -> None:
     parser = build_parser("serve")
-    args = parser.parse_args(["serve", "--linear-backend", "torch"])
-    assert build_engine_config(args).model.linear_backend is LinearBackend.TORCH
-    assert parser.parse_args(["serve", "--linear-backend", "triton"]).linear_backend == "triton"
+    args = parser.parse_args(["serve", "--gemm-backend", "torch"])
+    assert build_engine_config(args).model.gemm_backend is GemmBackend.TORCH
+    assert parser.parse_args(["serve", "--gemm-backend", "triton"]).gemm_backend == "triton"
     with pytest.raises(SystemExit):
-        parser.parse_args(["serve", "--linear-backend", "cutlass"])
-    with pytest.raises(ConfigError, match="--linear-backend triton"):
-        build_engine_config(parser.parse_args(["serve", "--linear-backend", "triton", "--device", "cpu"]))
+        parser.parse_args(["serve", "--gemm-backend", "cutlass"])
+    with pytest.raises(ConfigError, match="--gemm-backend triton"):
+        build_engine_config(parser.parse_args(["serve", "--gemm-backend", "triton", "--device", "cpu"]))
 
+
+
+def test_vllms_linear_backend_is_accepted_and_leaves_the_default() -> None:
+    """A `vllm serve` command line keeps working: vLLM's --linear-backend picks vLLM's kernels, so conveyor
+    ignores it (with a warning) whatever its value, and its own --gemm-backend stays torch."""
+    args = build_parser("serve").parse_args(["serve", "--linear-backend", "cutlass"])
+    assert build_engine_config(args).model.gemm_backend is GemmBackend.TORCH
 
 
 def test_llm_takes_the_engine_argument() -> None:
-    """LLM(linear_backend=...) as vLLM's engine arguments: the string value becomes the enum."""
-    assert engine_config_from_kwargs(linear_backend="torch").model.linear_backend is LinearBackend.TORCH
-    with pytest.raises(ConfigError, match="--linear-backend triton needs --device cuda"):
-        engine_config_from_kwargs(linear_backend="triton", device="cpu")
+    """LLM(gemm_backend=...) as vLLM's engine arguments: the string value becomes the enum."""
+    assert engine_config_from_kwargs(gemm_backend="torch").model.gemm_backend is GemmBackend.TORCH
+    with pytest.raises(ConfigError, match="--gemm-backend triton needs --device cuda"):
+        engine_config_from_kwargs(gemm_backend="triton", device="cpu")
 
 
 @pytest.mark.parametrize("rows", [1, 5, 300])
@@ -96,14 +96,14 @@ def test_cpu_inputs_never_take_triton(rows: int) -> None:
 
 def test_the_loader_marks_every_decoder_projection(tmp_path: pathlib.Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
-    config = ModelConfig(model=str(tmp_path), load_format=LoadFormat.DUMMY)
+    config = ModelConfig(model=str(tmp_path), load_format=cfg.LoadFormat.DUMMY)
     module = load_model(config, "cpu", torch.float32).module
     linears = [m for m in module.modules() if isinstance(m, Linear)]
     assert len(linears) == 2 * 4 and not any(m.use_triton_gemm for m in linears)  # the default: torch
     assert use_triton_linears(module) == 8
     assert all(m.use_triton_gemm for m in linears)
     assert not Linear(16, 16).use_triton_gemm  # a class default: other models are untouched
-    triton = dataclasses.replace(config, linear_backend=LinearBackend.TRITON)
+    triton = dataclasses.replace(config, gemm_backend=GemmBackend.TRITON)
     marked = load_model(triton, "cpu", torch.float32).module
     assert all(m.use_triton_gemm for m in marked.modules() if isinstance(m, Linear))
 

@@ -1,4 +1,4 @@
-"""--linear-backend triton on CUDA: a tiny Llama's and a tiny Qwen3's logits, bf16 and --quantization fp8, stay
+"""--gemm-backend triton on CUDA: a tiny Llama's and a tiny Qwen3's logits, bf16 and --quantization fp8, stay
 within bf16 rounding of the torch backend's (cuBLAS / `_scaled_mm`) on the same inputs (teacher forcing), with
 CUDA graphs (decode and mixed steps) and eagerly; the Triton GEMM is what runs (its launches are counted)."""
 
@@ -14,7 +14,7 @@ from runner_harness import TINY_MODELS, run_mixed_steps, sharpen
 from conveyor.config import (
     CacheConfig,
     DeviceConfig,
-    LinearBackend,
+    GemmBackend,
     LoadFormat,
     ModelConfig,
     Quantization,
@@ -30,13 +30,13 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not (HAS_TRITON and torch.cuda.is_available()), reason="needs CUDA and Triton")]
 
 
-def _runner(directory: pathlib.Path, hf_config: dict, backend: LinearBackend, fp8: bool, eager: bool) -> ModelRunner:
+def _runner(directory: pathlib.Path, hf_config: dict, backend: GemmBackend, fp8: bool, eager: bool) -> ModelRunner:
     """bf16 dummy weights made larger (`sharpen`), quantized as the loader would after that for fp8."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(hf_config))
     runner = ModelRunner(
         ModelConfig(model=str(directory), load_format=LoadFormat.DUMMY, seed=0, dtype="bfloat16",
-                    quantization=Quantization.NONE, linear_backend=backend),
+                    quantization=Quantization.NONE, gemm_backend=backend),
         CacheConfig(block_size=4, num_blocks_override=256, gpu_memory_utilization=0.3),
         SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=256, max_model_len=256),
         DeviceConfig(device="cuda", enforce_eager=eager),
@@ -45,7 +45,7 @@ def _runner(directory: pathlib.Path, hf_config: dict, backend: LinearBackend, fp
     if fp8:
         assert quantize_linears_fp8(runner.model) == 8
     marked = [m.use_triton_gemm for m in runner.model.modules() if isinstance(m, Linear)]
-    assert marked == [backend is LinearBackend.TRITON] * 8
+    assert marked == [backend is GemmBackend.TRITON] * 8
     runner.initialize_kv_cache()
     return runner
 
@@ -55,12 +55,12 @@ def _runner(directory: pathlib.Path, hf_config: dict, backend: LinearBackend, fp
 @pytest.mark.parametrize("name", TINY_MODELS)
 def test_triton_logits_stay_within_bf16_rounding_of_torch(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
                                                           name: str, fp8: bool, eager: bool) -> None:
-    want, tokens = run_mixed_steps(_runner(tmp_path / name, TINY_MODELS[name], LinearBackend.TORCH, fp8, eager))
+    want, tokens = run_mixed_steps(_runner(tmp_path / name, TINY_MODELS[name], GemmBackend.TORCH, fp8, eager))
     launches: list[int] = []
     for kernel in ("triton_gemm", "triton_fp8_linear"):
         original = getattr(layers, kernel)
         monkeypatch.setattr(layers, kernel, lambda *a, _f=original, **k: launches.append(1) or _f(*a, **k))
-    triton = _runner(tmp_path / name, TINY_MODELS[name], LinearBackend.TRITON, fp8, eager)
+    triton = _runner(tmp_path / name, TINY_MODELS[name], GemmBackend.TRITON, fp8, eager)
     got, _ = run_mixed_steps(triton, forced=tokens)
     assert launches, "the Triton GEMM never ran"
     assert len(got) == len(want) > 0
