@@ -19,7 +19,7 @@ import torch
 from conveyor.kernels.fp8_kv import UNIT_KV_SCALES, KVScales, dequantize_kv, is_fp8
 from conveyor.kernels.paged_batch import PagedBatch, check_paged_inputs, paged_attention_ref
 from conveyor.kernels.triton_compat import tl, triton
-from conveyor.kernels.unified_attention import score_scale
+from conveyor.kernels.unified_attention import online_softmax_step, score_scale
 
 TILE_N = 64
 """Keys per inner-loop tile; every split spans a whole number of tiles."""
@@ -86,12 +86,7 @@ def _split_kv_decode_kernel(
             v = v.to(q.dtype)
         scores = tl.dot(q, tl.trans(k)) * scale_log2  # [ROWS, TILE_N]
         scores = tl.where(key_valid[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_new
+        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, scores, v)
     lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
     acc = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     if KV_FP8:  # sum p (v s_v) = s_v sum p v; the reduce's weights are linear in it

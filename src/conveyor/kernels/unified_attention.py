@@ -88,6 +88,18 @@ def _program_block(query_start_loc_ptr, num_seqs, BLOCK_Q: tl.constexpr, ROWS: t
 
 
 @triton.jit
+def online_softmax_step(acc, m_i, l_i, scores, v):
+    """One tile of the online softmax: scores [M, N] (log2 units, -inf where masked) and V [N, D] fold into
+    the running max m_i [M], sum l_i [M] and unnormalized output acc [M, D] (float32)."""
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(scores - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _attend_tiles(acc, m_i, l_i, q, query_pos, start, end, kv_end, table_row, k_base, v_base, scale_log2,
                   stride_k_b, stride_k_s, stride_v_b, stride_v_s, dims, dim_valid,
                   TILE_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, PAD_DIMS: tl.constexpr,
@@ -122,12 +134,7 @@ def _attend_tiles(acc, m_i, l_i, q, query_pos, start, end, kv_end, table_row, k_
         if MASKED:
             visible = (key_pos[None, :] <= query_pos[:, None]) & key_valid[None, :]
             scores = tl.where(visible, scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_new
+        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, scores, v)
     return acc, m_i, l_i
 
 
