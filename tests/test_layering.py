@@ -32,7 +32,8 @@ BENCH_ALLOWED["bench.cli"] = set(BENCH_LAYERS)
 ALLOWED: dict[str, set[str]] = {
     "arith": set(),
     "file_digest": set(),
-    "config": set(),
+    "config_enums": set(),
+    "config": {"config_enums"},
     "gguf_header": {"arith"},
     "gguf_tokenizer": {"gguf_header", "arith"},
     "request": {"request"},
@@ -57,7 +58,7 @@ FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
     "sim": {"torch", "triton", "fastapi", "uvicorn", "transformers"},
     "engine": {"triton"},
 }
-STDLIB_ONLY = {"arith", "file_digest", "config", "request", "core", "gguf_header"}
+STDLIB_ONLY = {"arith", "file_digest", "config", "config_enums", "request", "core", "gguf_header"}
 
 
 def layer_of(module: str) -> str:
