@@ -90,7 +90,8 @@ case $step in
     if [ "$engine" = conveyor ]; then  # the grammar mask on CUDA: the answer must be one of the choices
       curl -s $url/v1/completions -H 'Content-Type: application/json' -d '{"model": "'$name'", "prompt": "Yes or no?",
         "max_tokens": 8, "structured_outputs": {"choice": ["yes", "no"]}}' > "$OUT/structured_$tag.json"
-      python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["choices"][0]["text"]; print("structured:", repr(t), t in ("yes","no"))' \
+      python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); t=r["choices"][0]["text"] if "choices" in r else None
+print("structured:", repr(t), t in ("yes","no"), "" if t is not None else r)' \
         "$OUT/structured_$tag.json"
     fi
     stop_server $pid ;;
