@@ -10,7 +10,8 @@
 #   bash benchmarks/gpu/session.sh offline MODEL    conveyor nano256 twice: a cold Triton cache, then warm
 #   bash benchmarks/gpu/session.sh vllm-offline MODEL
 #   bash benchmarks/gpu/session.sh online ENGINE TAG RATES -- SERVER_FLAGS...   (ENGINE: conveyor | vllm;
-#                                                 conveyor also answers one structured-outputs request)
+#                                                 conveyor also answers one structured-outputs request;
+#                                                 STEPLOG=N: conveyor's step log after each rate)
 #   bash benchmarks/gpu/session.sh gguf             reassemble SmolLM2's GGUF (after c3 and c4)
 #   bash benchmarks/gpu/session.sh parity           real weights vs transformers, then a served chat answer
 #   bash benchmarks/gpu/session.sh spec-step        n-gram speculation's runner-level cost on nano256 (random ids)
@@ -79,13 +80,19 @@ case $step in
         --tokenizer $TOK --max-model-len 4096 --host 127.0.0.1 --port 8011 --seed 0 "$@") > "$OUT/serve_$tag.log" 2>&1 &
     else
       url=http://127.0.0.1:8012; name=llama-3.1-8b
+      # STEPLOG=N: the engine keeps its last N step records, collected after each rate (the step time by
+      # batch composition: where a mixed step's time goes, and `conveyor bench calibrate`'s input).
+      steplog=(); [ -n "${STEPLOG:-}" ] && steplog=(--step-log-size "$STEPLOG")
       python3 -m conveyor serve $LLAMA --load-format dummy --tokenizer $TOK --device cuda --max-model-len 4096 \
-        --host 127.0.0.1 --port 8012 "$@" > "$OUT/serve_$tag.log" 2>&1 &
+        --host 127.0.0.1 --port 8012 ${steplog[@]+"${steplog[@]}"} "$@" > "$OUT/serve_$tag.log" 2>&1 &
     fi
     pid=$!; t0=$(date +%s)
     wait_health $url $pid "$OUT/serve_$tag.log" || exit 4
     echo "$tag healthy after $(( $(date +%s) - t0 )) s"
-    OUT=$OUT bash .peers/h200/device_run.sh vbench $url $name $TOK "$tag" "${rates[@]}"
+    for r in "${rates[@]}"; do  # one rate at a time, as device_run.sh's own loop, so a step log can follow each
+      OUT=$OUT bash .peers/h200/device_run.sh vbench $url $name $TOK "$tag" "$r"
+      [ "$engine" = conveyor ] && [ -n "${STEPLOG:-}" ] && curl -s $url/step_log > "$OUT/step_log_${tag}_r$r.jsonl"
+    done
     curl -s $url/metrics > "$OUT/metrics_$tag.txt"
     if [ "$engine" = conveyor ]; then  # the grammar mask on CUDA: the answer must be one of the choices
       curl -s $url/v1/completions -H 'Content-Type: application/json' -d '{"model": "'$name'", "prompt": "Yes or no?",
