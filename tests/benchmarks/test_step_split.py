@@ -1,23 +1,16 @@
 """benchmarks/gpu/step_split.py: the split of a step log by step kind (decode, mixed, prefill)."""
 
-import importlib.util
 import json
 import pathlib
-import sys
 
 import pytest
+from script_loader import load_script
 
 from conveyor.core.step_log import StepRecord
 
 
 def _script():
-    path = pathlib.Path(__file__).parents[2] / "benchmarks" / "gpu" / "step_split.py"
-    spec = importlib.util.spec_from_file_location("step_split", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["step_split"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu/step_split.py")
 
 
 def _step(prefill_tokens: int, decode_reqs: int, ms: float) -> StepRecord:

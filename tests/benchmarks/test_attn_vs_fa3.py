@@ -1,20 +1,12 @@
 """benchmarks/gpu/attn_vs_fa3.py's cases (its timing needs CUDA and vLLM's FA3; the cases do not)."""
 
-import importlib.util
-import pathlib
-import sys
 
 import pytest
+from script_loader import load_script
 
 
 def _script():
-    path = pathlib.Path(__file__).parents[2] / "benchmarks" / "gpu" / "attn_vs_fa3.py"
-    spec = importlib.util.spec_from_file_location("attn_vs_fa3", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["attn_vs_fa3"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu/attn_vs_fa3.py")
 
 
 def test_the_cases_are_valid_paged_batches_at_the_online_shapes() -> None:
