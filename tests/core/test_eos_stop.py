@@ -5,12 +5,16 @@ min_tokens suppresses them all (the scheduler's stop check and the worker's logi
 from __future__ import annotations
 
 import torch
+from core_builders import Driver, make_request, make_scheduler
 
 from conveyor.core.lifecycle import EosTokenIds, with_eos_stop_ids
 from conveyor.request import FinishReason
 from conveyor.sampling_params import SamplingParams
-from conveyor.worker.sampling_metadata import SamplingRequest, VocabInfo, build_sampling_batch
-from core_builders import Driver, make_request, make_scheduler
+from conveyor.worker.sampling_metadata import (
+    SamplingRequest,
+    VocabInfo,
+    build_sampling_batch,
+)
 
 LLAMA31 = EosTokenIds.resolve(128009, (128001, 128008, 128009))
 """Llama-3.1-8B-Instruct: tokenizer EOS <|eot_id|>, config.json eos [128001, 128008, 128009]."""

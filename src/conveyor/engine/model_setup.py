@@ -54,7 +54,7 @@ def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.mo
     scheduler = make_scheduler(config.scheduler, config.cache, capacity.num_blocks, clock, config.speculative_config)
     limits = ModelLimits(num_kv_blocks=capacity.num_blocks, max_model_len=max_model_len,
                          eos_token_ids=tuple(runner.eos_token_ids), vocab_size=runner.vocab_size,
-                         tokenizer_eos_token_id=None if tokenizer is None else tokenizer.eos_token_id)
+                         tokenizer_eos_token_id=_eos_of(tokenizer))
     num_ranks = config.parallel.tensor_parallel_size
     per_rank = f" per rank of {num_ranks}" if num_ranks > 1 else ""
     logger.info("KV cache%s: %d blocks x %d tokens = %d tokens (%.1f MiB), max concurrency %.1f at "
@@ -71,9 +71,13 @@ def read_tokenizer(model_config: ModelConfig) -> Tokenizer | None:
 
     try:
         return Tokenizer.from_path(tokenizer_path(model_config))
-    except Exception:  # any reason: a missing or unsupported tokenizer must not stop start-up here
-        logger.exception("the tokenizer could not be read; EOS comes from the model's config alone")
+    except Exception as error:  # noqa: BLE001 - a missing or unsupported tokenizer must not stop start-up
+        logger.warning("the tokenizer could not be read (%s); EOS comes from the model's files alone", error)
         return None
+
+
+def _eos_of(tokenizer: Tokenizer | None) -> int | None:
+    return None if tokenizer is None else tokenizer.eos_token_id
 
 
 def make_runner(config: EngineConfig, tokenizer: Tokenizer | None = None,
@@ -89,7 +93,7 @@ def make_runner(config: EngineConfig, tokenizer: Tokenizer | None = None,
     from conveyor.worker.model_runner import ModelRunner
 
     runner = ModelRunner(config.model, config.cache, config.scheduler, config.device, config.speculative_config)
-    eos = EosTokenIds.resolve(None if tokenizer is None else tokenizer.eos_token_id, runner.eos_token_ids)
+    eos = EosTokenIds.resolve(_eos_of(tokenizer), runner.eos_token_ids)
     runner.structured_outputs = structured_outputs_for(config.model, tokenizer, runner.vocab_size, eos)
     return runner
 
@@ -106,6 +110,9 @@ def structured_outputs_for(model_config: ModelConfig, tokenizer: Tokenizer | Non
         return (tokenizer or Tokenizer.from_path(tokenizer_path(model_config))).backend.to_str()
 
     known = eos.all if tokenizer is None else tuple(i for i in eos.all if i < tokenizer.vocab_size)
+    if not known:
+        logger.warning("no EOS id the engine stops on is in the tokenizer's vocabulary (EOS %s): a completed "
+                       "grammar may end on a token that does not stop its request", list(eos.all))
     return StructuredOutputs(GrammarVocab(tokenizer_json, vocab_size, known))
 
 
