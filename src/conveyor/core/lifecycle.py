@@ -9,16 +9,52 @@ order: EOS (unless ignore_eos) and stop token ids, both ignored until `min_token
 the length limit (max_tokens and max_model_len both end as LENGTH). The conditions are folded into a
 `StopSpec` at admission, so that the scheduler's update loop pays one set lookup and one comparison
 per token in the common case (no stop) and calls `check_stop` only for a candidate.
+
+EOS follows vLLM: a model may end a turn on several ids (Llama-3.1-Instruct: config eos [128001, 128008,
+128009], turns end on 128009). `EosTokenIds` names them: the primary (the tokenizer's EOS) stops with
+no stop_reason; every other one is a stop token id reported as the stop_reason.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from conveyor.arith import cdiv
 from conveyor.config import SchedulerConfig
 from conveyor.core.errors import AdmissionError
 from conveyor.request import FinishReason, Request
+from conveyor.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class EosTokenIds:
+    """The end-of-sequence ids a model's requests stop on, resolved once at start-up."""
+
+    primary: int | None
+    """The tokenizer's EOS, else the model's first EOS id (vLLM's `eos_token_id`): no stop_reason."""
+    model: tuple[int, ...] = ()
+    """The model's EOS ids: generation_config.json's `eos_token_id`, else config.json's."""
+
+    @classmethod
+    def resolve(cls, tokenizer_eos: int | None, model_eos: tuple[int, ...]) -> EosTokenIds:
+        return cls(tokenizer_eos if tokenizer_eos is not None else next(iter(model_eos), None), tuple(model_eos))
+
+    @property
+    def all(self) -> tuple[int, ...]:
+        """Every id that ends a request without ignore_eos: the primary first, no repeats."""
+        head = () if self.primary is None else (self.primary,)
+        return tuple(dict.fromkeys(head + self.model))
+
+
+def with_eos_stop_ids(params: SamplingParams, eos: EosTokenIds) -> SamplingParams:
+    """The params a request runs with: unless ignore_eos, every EOS id joins its stop token ids (vLLM's
+    `update_from_generation_config`). The primary joins too, so that the worker's min_tokens mask (built
+    from the params on every tensor-parallel rank) suppresses all of them; `check_stop` still reports the
+    primary as no stop_reason, as it is the request's eos_token_id."""
+    if params.ignore_eos or not eos.all:
+        return params
+    return dataclasses.replace(params, stop_token_ids=tuple(dict.fromkeys(params.stop_token_ids + eos.all)))
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import zmq
 
 from conveyor.core.errors import AdmissionError, QueueFullError
+from conveyor.core.lifecycle import with_eos_stop_ids
 from conveyor.core.outputs import EngineCoreOutput, EngineCoreOutputs
 from conveyor.engine.engine_core import EngineCore, StepResult
 from conveyor.engine.messages import (
@@ -93,7 +94,7 @@ class EngineCoreProc:
         self._core = core
         self._addresses = addresses
         self._context = context
-        self._eos_token_id = core.limits.eos_token_ids[0] if core.limits.eos_token_ids else None
+        self._eos = core.limits.eos
         self._peak_memory = _peak_memory_probe(core.config.device.device)
         self.input_queue: queue.Queue[EngineInput | CoreFailure] = queue.Queue()
         self._output_queue: queue.Queue[tuple[int, EngineOutput] | None] = queue.Queue()
@@ -179,8 +180,9 @@ class EngineCoreProc:
             self._output_queue.put((message.client_index, answer))
 
     def _add(self, message: AddRequest) -> None:
-        request = Request(message.request_id, message.prompt_token_ids, message.sampling_params,
-                          message.arrival_s, eos_token_id=self._eos_token_id, priority=message.priority,
+        params = with_eos_stop_ids(message.sampling_params, self._eos)
+        request = Request(message.request_id, message.prompt_token_ids, params,
+                          message.arrival_s, eos_token_id=self._eos.primary, priority=message.priority,
                           cache_salt=message.cache_salt)
         self._client_of[message.request_id] = message.client_index
         self._connected.add(message.client_index)

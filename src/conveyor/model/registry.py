@@ -93,7 +93,7 @@ class ModelArchConfig:
     bos_token_id: int | None = None
     """Beginning-of-sequence token id, if any."""
     eos_token_ids: tuple[int, ...] = ()
-    """End-of-sequence token ids (config may list several)."""
+    """End-of-sequence token ids (config may list several; the loader prefers generation_config.json's)."""
     torch_dtype: str = "float32"
     """The checkpoint's dtype name (float32, bfloat16, float16)."""
 
@@ -111,8 +111,6 @@ class ModelArchConfig:
         architecture = _architecture_of(config)
         heads = int(config["num_attention_heads"])
         rope_theta, scaling = _rope_of(config)
-        eos = config.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
         return cls(
             architecture=architecture,
             hidden_size=int(config["hidden_size"]),
@@ -129,9 +127,16 @@ class ModelArchConfig:
             attention_bias=bool(config.get("attention_bias", False)),
             max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
             bos_token_id=config.get("bos_token_id"),
-            eos_token_ids=eos_ids,
+            eos_token_ids=eos_token_ids_of(config.get("eos_token_id")),
             torch_dtype=str(config.get("torch_dtype") or config.get("dtype") or "float32"),
         )
+
+
+def eos_token_ids_of(value: Any) -> tuple[int, ...]:
+    """An `eos_token_id` of config.json or generation_config.json: an int, a list of ints, or absent."""
+    if value is None:
+        return ()
+    return tuple(int(i) for i in value) if isinstance(value, list) else (int(value),)
 
 
 def _architecture_of(config: dict[str, Any]) -> str:

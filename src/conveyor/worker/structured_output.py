@@ -58,7 +58,8 @@ class GrammarVocab:
     vocab_size: int
     """Columns of the logits (may exceed the tokenizer's own vocabulary)."""
     eos_token_ids: tuple[int, ...]
-    """Allowed once the grammar is complete."""
+    """Allowed once the grammar is complete: the EOS ids the engine stops on that the tokenizer knows (so
+    a completed grammar always ends its request; engine/model_setup.py picks them)."""
 
 
 @dataclass
@@ -73,9 +74,9 @@ class _Matcher:
 
 
 def make_tokenizer(vocab: GrammarVocab) -> LLTokenizer:
-    """llguidance's view of the tokenizer over the logits' columns. The model's EOS ids end a grammar;
-    where they lie outside the tokenizer's own vocabulary (random weights of one model served with
-    another's tokenizer) llguidance refuses them, and the tokenizer's own EOS ends it instead."""
+    """llguidance's view of the tokenizer over the logits' columns; `vocab.eos_token_ids` end a grammar.
+    Should llguidance still refuse them, the tokenizer's own EOS ends it instead (logged): the engine
+    stops on that one whenever the tokenizer names it (it is the primary EOS)."""
     text = vocab.tokenizer_json()
     try:
         return _with_eos(text, vocab)
