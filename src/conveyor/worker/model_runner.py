@@ -331,8 +331,8 @@ class ModelRunner:
         sampled_rows = hidden[torch.arange(num_rows, device=self.device) % hidden.shape[0]]
         del hidden  # a real step keeps only its sampled rows past the forward (`_forward`), so does the profile
         end_stage()
-        # [num_rows, V] in the LM head's dtype, as a real step hands them over: the sampler's own float32
-        # copy is part of its peak.
+        # [num_rows, V] in the LM head's dtype, as a real step hands them over: a float32 copy, where the
+        # sampler makes one, is part of its peak.
         logits = self.model.compute_logits(sampled_rows)
         end_stage()
         self.sampler(logits, build_sampling_batch(profile_sampling_requests(num_rows), self.vocab, self.device))
