@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -12,10 +15,13 @@ from conveyor.worker.kv_cache import (
     KVCacheSizingError,
     KVCacheSpec,
     KVCapacity,
+    ProfileStagePeaks,
     allocate_kv_caches,
     check_fits_max_model_len,
+    describe_gpu_memory,
     num_blocks_for_gpu,
     num_blocks_from_memory,
+    profile_from_peaks,
     profile_gpu_memory,
     resolve_num_blocks,
 )
@@ -40,7 +46,8 @@ def test_num_blocks_from_memory_floors() -> None:
 def test_num_blocks_for_gpu_subtracts_peak_and_non_torch() -> None:
     spec = KVCacheSpec(num_layers=32, num_kv_heads=8, head_dim=128, block_size=16, dtype_bytes=2)
     gib = 1 << 30
-    profile = GpuMemoryProfile(total_bytes=80 * gib, peak_torch_bytes=17 * gib, non_torch_bytes=gib)
+    profile = GpuMemoryProfile(total_bytes=80 * gib, peak_torch_bytes=17 * gib, non_torch_bytes=gib,
+                               weights_bytes=15 * gib)
     expected = (int(80 * gib * 0.9) - 18 * gib) // spec.bytes_per_block
     assert num_blocks_for_gpu(spec, 0.9, profile) == expected == 27648  # 54 GiB / 2 MiB
     with pytest.raises(KVCacheSizingError, match="gpu-memory-utilization"):
@@ -62,12 +69,63 @@ def test_resolve_on_cuda_uses_the_profile_only_without_a_budget() -> None:
 
     def profile() -> GpuMemoryProfile:
         calls.append(1)
-        return GpuMemoryProfile(total_bytes=1 << 34, peak_torch_bytes=1 << 30, non_torch_bytes=0)
+        return GpuMemoryProfile(total_bytes=1 << 34, peak_torch_bytes=1 << 30, non_torch_bytes=0,
+                                weights_bytes=1 << 29)
 
     assert resolve_num_blocks(SMOLLM2, CacheConfig(kv_cache_memory_bytes=1 << 30), cuda, profile) == 1456
     assert not calls
     blocks = resolve_num_blocks(SMOLLM2, CacheConfig(gpu_memory_utilization=0.5), cuda, profile)
     assert blocks == ((1 << 33) - (1 << 30)) // SMOLLM2.bytes_per_block and calls == [1]
+
+
+# The Llama-3.1-8B shape in bf16: a block of 16 tokens is 2 MiB over the 32 layers.
+LLAMA_8B = KVCacheSpec(num_layers=32, num_kv_heads=8, head_dim=128, block_size=16, dtype_bytes=2)
+GIB, MIB = 1 << 30, 1 << 20
+
+
+def fake_llama_profile() -> GpuMemoryProfile:
+    """A profile as profile_gpu_memory reads it on an H100 (85,520,809,984 bytes): 15 GiB of weights, the
+    four peaks of the pass with 1 GiB of scratch KV alive in each, 512 MiB outside torch."""
+    weights, scratch = 15 * GIB, GIB
+    peaks = [weights + scratch + 900 * MIB, weights + scratch + 320 * MIB, weights + scratch + 1550 * MIB,
+             weights + scratch]
+    return profile_from_peaks(85_520_809_984, 512 * MIB, weights, peaks, scratch)
+
+
+def test_profile_from_peaks_takes_the_scratch_off_every_stage() -> None:
+    profile = fake_llama_profile()
+    assert profile.stages == ProfileStagePeaks(15 * GIB + 900 * MIB, 15 * GIB + 320 * MIB, 15 * GIB + 1550 * MIB)
+    assert profile.peak_torch_bytes == 15 * GIB + 1550 * MIB  # the largest stage: one reading at the end
+    assert profile.activation_peak_bytes == 1550 * MIB
+    budget = int(85_520_809_984 * 0.9)
+    assert profile.budget_bytes(0.9) == budget
+    assert profile.kv_cache_bytes(0.9) == budget - (15 * GIB + 1550 * MIB) - 512 * MIB
+    assert num_blocks_for_gpu(LLAMA_8B, 0.9, profile) == profile.kv_cache_bytes(0.9) // (2 * MIB) == 27990
+    unmarked = profile_from_peaks(80 * GIB, 0, 15 * GIB, [17 * GIB], GIB)  # a pass that marked no stage
+    assert unmarked.stages is None and unmarked.peak_torch_bytes == 16 * GIB
+
+
+def test_describe_gpu_memory_gives_the_breakdown() -> None:
+    line = describe_gpu_memory(fake_llama_profile(), 0.9, LLAMA_8B)
+    assert line == (
+        "Memory profiling: total_gpu_memory 79.647 GiB x gpu_memory_utilization 0.90 = 71.683 GiB; "
+        "model weights (allocated before the pass) take 15.000 GiB; activation peak over the weights 1.514 GiB "
+        "(forward 0.879, LM head 0.312, sampler 1.514 GiB); non_torch_memory takes 0.500 GiB; the rest for the "
+        "KV cache is 54.669 GiB = 27990 blocks of 2.00 MiB")
+    starved = GpuMemoryProfile(80 * GIB, 80 * GIB, 0, 15 * GIB)  # nothing left: zero blocks, no split
+    assert describe_gpu_memory(starved, 0.9, LLAMA_8B).endswith("is -8.000 GiB = 0 blocks of 2.00 MiB")
+
+
+def test_resolve_on_cuda_logs_the_breakdown(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="conveyor.worker.kv_cache"):
+        blocks = resolve_num_blocks(LLAMA_8B, CacheConfig(), torch.device("cuda"), fake_llama_profile)
+    assert blocks == 27990
+    assert [r.getMessage() for r in caplog.records] == [describe_gpu_memory(fake_llama_profile(), 0.9, LLAMA_8B)]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="conveyor.worker.kv_cache"), pytest.raises(KVCacheSizingError):
+        resolve_num_blocks(LLAMA_8B, CacheConfig(gpu_memory_utilization=0.2), torch.device("cuda"),
+                           fake_llama_profile)
+    assert "0 blocks" in caplog.records[0].getMessage()  # logged before the refusal: where the memory went
 
 
 def test_capacity_concurrency_and_description() -> None:
@@ -96,11 +154,20 @@ def test_allocate_shapes_and_dtype() -> None:
 def test_profile_gpu_memory_measures_a_peak() -> None:
     device = torch.device("cuda")
 
-    def forward() -> int:
+    def forward(end_stage: Callable[[], None]) -> int:
         scratch = torch.empty(64 << 20, dtype=torch.uint8, device=device)
         torch.empty(256 << 20, dtype=torch.uint8, device=device)
+        end_stage()
+        torch.empty(32 << 20, dtype=torch.uint8, device=device)
+        end_stage()
+        torch.empty(128 << 20, dtype=torch.uint8, device=device)
+        end_stage()
         return scratch.numel()
 
     profile = profile_gpu_memory(device, forward)
     assert profile.peak_torch_bytes >= 256 << 20  # the scratch is left out, the activation is not
     assert profile.total_bytes > profile.peak_torch_bytes
+    assert profile.stages is not None  # each stage's own peak, not the running maximum
+    assert profile.stages.forward_bytes - profile.weights_bytes >= 256 << 20
+    assert (32 << 20) <= profile.stages.lm_head_bytes - profile.weights_bytes < 256 << 20
+    assert (128 << 20) <= profile.stages.sampler_bytes - profile.weights_bytes < 256 << 20

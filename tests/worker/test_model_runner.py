@@ -186,7 +186,10 @@ def test_profile_run_leaves_cache_and_states_alone(runner: ModelRunner) -> None:
     scheduler.add("a", PROMPTS["a"], GREEDY)
     scheduler.step(runner)
     before = [cache.clone() for cache in runner.kv_caches]
-    scratch_bytes = runner.profile_run()  # max_num_batched_tokens on scratch KV (CUDA sizing calls it)
+    stages: list[int] = []
+    # max_num_batched_tokens on scratch KV (CUDA sizing calls it); the stages: forward, LM head, sampler
+    scratch_bytes = runner.profile_run(lambda: stages.append(len(stages)))
+    assert stages == [0, 1, 2]
     spec = runner.kv_cache_spec  # the scratch holds the step's tokens, whole blocks per sequence
     assert scratch_bytes >= runner.scheduler_config.max_num_batched_tokens // spec.block_size * spec.bytes_per_block
     assert list(runner.states) == ["a"]

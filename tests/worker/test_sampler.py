@@ -210,10 +210,13 @@ def test_fused_path_only_for_plain_temperature_rows_on_the_shared_generator() ->
     assert dispatch(make_request(temperature=0.8, logprobs=3)) == (SamplingPath.FUSED, True)  # float32 apart
     assert dispatch(make_request(temperature=0.0)) == (SamplingPath.GREEDY, True)
     for staged in ({"top_k": 5}, {"top_p": 0.9}, {"min_p": 0.1}, {"seed": 1}):
-        assert dispatch(make_request(temperature=0.8, **staged)) == (SamplingPath.STAGED, False), staged
+        # the staged path reads the LM head's dtype too, one row chunk at a time (no float32 copy)
+        assert dispatch(make_request(temperature=0.8, **staged)) == (SamplingPath.STAGED, True), staged
         # one such row sends the whole batch down the staged path (seeded rows reproduce as before)
         pair = (make_request(temperature=0.8), make_request(temperature=1.2, **staged))
-        assert dispatch(*pair) == (SamplingPath.STAGED, False), staged
+        assert dispatch(*pair) == (SamplingPath.STAGED, True), staged
+        edited = make_request(temperature=0.8, presence_penalty=0.5, **staged)
+        assert dispatch(edited) == (SamplingPath.STAGED, False), staged  # edits write float32 logits
 
 
 def test_edits_keep_the_fused_draw_but_make_a_float32_copy() -> None:

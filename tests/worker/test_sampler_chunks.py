@@ -68,6 +68,7 @@ CASES: dict[str, Callable[[int], SamplingParams]] = {
     "top_k with top_p, some rows without": lambda row: SamplingParams(
         temperature=1.0, top_k=None if row % 4 == 0 else 3 + row, top_p=0.8 if row % 2 else 1.0),
     "min_p": lambda row: SamplingParams(temperature=1.2, min_p=(row % 4) / 10),
+    "greedy rows beside top_p": lambda row: SamplingParams(temperature=(row % 2) * 1.0, top_p=0.9),
     "seeded among unseeded": lambda row: SamplingParams(temperature=1.0, seed=row if row % 3 == 1 else None),
     "every row seeded, top_k": lambda row: SamplingParams(temperature=0.9, seed=100 + row, top_k=4 + row % 5),
     "every row seeded": lambda row: SamplingParams(temperature=0.9, seed=100 + row),
@@ -162,3 +163,38 @@ def test_chunks_bound_the_profile_steps_temporaries() -> None:
     chunked = 4 * vocab_size * STAGED_BYTES_PER_LOGIT
     assert whole_batch < peaks[chunked] <= whole_batch + chunked
     assert peaks[None] > whole_batch + 5 * chunked  # the unchunked path holds every row's temporaries
+
+
+STAGED_WITHOUT_EDITS = ("top_k", "top_p", "top_k with top_p, some rows without", "min_p", "greedy rows beside top_p",
+                        "seeded among unseeded", "every row seeded, top_k", "every row seeded")
+"""Cases on the staged path that edit nothing: on CUDA they read bf16 logits (the greedy rows' argmax too)."""
+
+
+def as_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dispatch a CUDA device with the fused kernel gets (none of these cases reaches the kernel)."""
+    monkeypatch.setattr("conveyor.worker.sampler.gumbel_sample_supported", lambda device: True)
+
+
+@pytest.mark.parametrize("name", STAGED_WITHOUT_EDITS)
+def test_staged_path_on_bf16_logits_draws_what_their_float32_copy_draws(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    logits = (torch.randn(NUM_ROWS, VOCAB_SIZE, generator=torch.Generator().manual_seed(7)) * 3).bfloat16()
+    converted = run(CASES[name], chunk_bytes(3), logits)  # the CPU's dispatch: one float32 copy, then chunks
+    as_on_cuda(monkeypatch)
+    for rows in (1, 3, None):  # chunk by chunk, each promoted to float32 as it is scaled
+        read_as_bf16 = run(CASES[name], chunk_bytes(rows) if rows else None, logits)
+        assert read_as_bf16.sampled_token_ids == converted.sampled_token_ids, (name, rows)
+
+
+def test_profile_step_on_bf16_logits_keeps_no_float32_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The profile's sampler step as CUDA dispatches it: the whole batch keeps only the shared noise (4 B/logit)
+    # beside one chunk's temporaries; the float32 copy of the logits (another 4 B/logit) is gone.
+    num_rows, vocab_size = 64, 4096
+    logits = (torch.randn(num_rows, vocab_size) * 3).bfloat16()  # [N, V]
+    batch = build_sampling_batch(profile_sampling_requests(num_rows), VocabInfo(vocab_size, frozenset()), CPU)
+    chunk = 4 * vocab_size * STAGED_BYTES_PER_LOGIT
+    as_on_cuda(monkeypatch)
+    with LiveBytes() as live:
+        Sampler(torch.Generator().manual_seed(0), chunk).sample(logits, batch)
+    noise = num_rows * vocab_size * 4
+    assert noise < live.peak <= noise + chunk

@@ -1,4 +1,4 @@
-"""The sampler's fused path on CUDA: bf16 logits read as they are, greedy rows exact, no host sync, and
+"""The sampler on CUDA: bf16 logits read as they are (fused and staged), greedy rows exact, no host sync, and
 nothing left for the first request to compile after warm-up."""
 
 from __future__ import annotations
@@ -84,3 +84,16 @@ def test_after_sampler_warm_up_the_fused_path_compiles_nothing(tmp_path: pathlib
         runner.sampler(logits, build_sampling_batch(requests, vocab, CUDA))
     torch.cuda.synchronize()
     assert compiled_kernel_count() == compiled
+
+
+def test_staged_path_on_bf16_chunks_draws_the_float32_copys_tokens() -> None:
+    # Top-p with greedy rows beside it, no edits: the staged path reads the bf16 logits one row chunk at a
+    # time (no whole-batch float32 copy) and draws what it draws from their float32 copy.
+    requests = [SamplingRequest(SamplingParams(temperature=(row % 3) * 0.5, top_p=0.9), [0, 1], 1)
+                for row in range(96)]
+    logits, batch = bf16_logits(96), build_sampling_batch(requests, VOCAB, CUDA)
+    assert sampling_path(batch, True) is SamplingPath.STAGED and reads_lm_head_logits(batch, True)
+    chunk_bytes = 16 * VOCAB.vocab_size * 48  # chunks of 16 rows
+    as_bf16 = Sampler(torch.Generator(device=CUDA).manual_seed(3), chunk_bytes).sample(logits, batch)
+    from_copy = Sampler(torch.Generator(device=CUDA).manual_seed(3), chunk_bytes).sample(logits.float(), batch)
+    assert torch.equal(as_bf16, from_copy)

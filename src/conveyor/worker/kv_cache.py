@@ -10,10 +10,13 @@ measured after a profiling forward of the largest batch (vLLM's procedure). The 
 pool is sized with the same number, so the two can never disagree. `--kv-cache-dtype fp8` stores
 one byte per element instead of bf16's two (kernels/fp8_kv.py), so the same budget holds twice the
 blocks; `conveyor plan --kv-cache-dtype fp8` does the same arithmetic (tests/worker/test_kv_cache_fp8.py).
+On CUDA the sizing logs one line (`describe_gpu_memory`): the budget, the weights, the pass's peak over
+them split into forward / LM head / sampler, the memory outside torch and the blocks that are left.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -23,6 +26,8 @@ import torch
 from conveyor.config import CacheConfig
 from conveyor.kernels.fp8_kv import FP8_KV_DTYPES
 from conveyor.model.attention import kv_cache_shape
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_CACHE_MEMORY_BYTES = 1 << 30
 """KV budget on CPU when `--kv-cache-memory` is not given: 1 GiB."""
@@ -112,6 +117,19 @@ class KVCapacity:
 
 
 @dataclass(frozen=True)
+class ProfileStagePeaks:
+    """torch's allocated peak within each stage of the profiling pass, the scratch KV left out (bytes, the
+    weights included): the peak is reset between stages, so each figure is that stage's own."""
+
+    forward_bytes: int
+    """The forward of max_num_batched_tokens tokens (the sampled rows gathered, the hidden states freed)."""
+    lm_head_bytes: int
+    """The LM head over the sampled rows: their logits in the model's dtype."""
+    sampler_bytes: int
+    """The sampler's step over those logits (its float32 copy, noise and row-chunk temporaries)."""
+
+
+@dataclass(frozen=True)
 class GpuMemoryProfile:
     """Memory measured around a profiling forward pass on CUDA."""
 
@@ -122,6 +140,60 @@ class GpuMemoryProfile:
     weights + peak activations (the real KV cache is budgeted on its own, as vLLM profiles without one)."""
     non_torch_bytes: int
     """Memory in use that torch's allocator does not own (CUDA context, NCCL, other processes)."""
+    weights_bytes: int
+    """torch.cuda.memory_allocated before the pass: the weights and every buffer allocated since (vLLM's
+    "model weights take"); the pass's peak above it is the activation peak."""
+    stages: ProfileStagePeaks | None = None
+    """The peak of each stage of the pass, where the pass marked its stages."""
+
+    @property
+    def activation_peak_bytes(self) -> int:
+        """What the pass added at its peak over what was allocated before it."""
+        return self.peak_torch_bytes - self.weights_bytes
+
+    def budget_bytes(self, gpu_memory_utilization: float) -> int:
+        return int(self.total_bytes * gpu_memory_utilization)
+
+    def kv_cache_bytes(self, gpu_memory_utilization: float) -> int:
+        """What the utilization target leaves after the profiled peak and the memory outside torch (vLLM's
+        rule); negative when nothing is left."""
+        return self.budget_bytes(gpu_memory_utilization) - self.peak_torch_bytes - self.non_torch_bytes
+
+
+def profile_from_peaks(total_bytes: int, non_torch_bytes: int, weights_bytes: int, peaks: list[int],
+                       scratch_bytes: int) -> GpuMemoryProfile:
+    """The profile from torch's allocated peaks read during the pass: one per stage the pass marked, then one
+    for whatever ran after its last mark. The scratch KV is alive in every stage, so it leaves each of them."""
+    peak_torch_bytes = max(peaks) - scratch_bytes
+    stages = None
+    if len(peaks) == 4:  # forward, LM head, sampler, the rest of the pass
+        stages = ProfileStagePeaks(*(peak - scratch_bytes for peak in peaks[:3]))
+    return GpuMemoryProfile(total_bytes, peak_torch_bytes, non_torch_bytes, weights_bytes, stages)
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / (1 << 30):.3f}"
+
+
+def describe_gpu_memory(profile: GpuMemoryProfile, gpu_memory_utilization: float, spec: BlockCost) -> str:
+    """The start-up line of the sizing, in the spirit of vLLM's "Memory profiling takes ..." line: what the
+    budget is, what the profile took out of it, and what is left for the KV cache."""
+    kv_bytes = profile.kv_cache_bytes(gpu_memory_utilization)
+    num_blocks = max(0, kv_bytes // spec.bytes_per_block)
+    stages = profile.stages
+    split = ""
+    if stages is not None:  # each stage's peak above the weights: which one sets the activation peak
+        over = [peak - profile.weights_bytes for peak in
+                (stages.forward_bytes, stages.lm_head_bytes, stages.sampler_bytes)]
+        split = f" (forward {_gib(over[0])}, LM head {_gib(over[1])}, sampler {_gib(over[2])} GiB)"
+    return (
+        f"Memory profiling: total_gpu_memory {_gib(profile.total_bytes)} GiB x gpu_memory_utilization "
+        f"{gpu_memory_utilization:.2f} = {_gib(profile.budget_bytes(gpu_memory_utilization))} GiB; "
+        f"model weights (allocated before the pass) take {_gib(profile.weights_bytes)} GiB; "
+        f"activation peak over the weights {_gib(profile.activation_peak_bytes)} GiB{split}; "
+        f"non_torch_memory takes {_gib(profile.non_torch_bytes)} GiB; the rest for the KV cache is "
+        f"{_gib(kv_bytes)} GiB = {num_blocks} blocks of {spec.bytes_per_block / (1 << 20):.2f} MiB"
+    )
 
 
 def dtype_num_bytes(dtype: torch.dtype) -> int:
@@ -148,8 +220,7 @@ def num_blocks_from_memory(spec: BlockCost, kv_cache_memory_bytes: int) -> int:
 
 def num_blocks_for_gpu(spec: BlockCost, gpu_memory_utilization: float, profile: GpuMemoryProfile) -> int:
     """Blocks that fit in what the utilization target leaves after the profiled peak (vLLM's rule)."""
-    budget_bytes = int(profile.total_bytes * gpu_memory_utilization)
-    free_for_kv = budget_bytes - profile.peak_torch_bytes - profile.non_torch_bytes
+    free_for_kv = profile.kv_cache_bytes(gpu_memory_utilization)
     if free_for_kv < spec.bytes_per_block:
         raise KVCacheSizingError(
             f"no GPU memory left for the KV cache: {gpu_memory_utilization:.2f} x "
@@ -160,22 +231,31 @@ def num_blocks_for_gpu(spec: BlockCost, gpu_memory_utilization: float, profile: 
     return free_for_kv // spec.bytes_per_block
 
 
-def profile_gpu_memory(device: torch.device, run_forward: Callable[[], int]) -> GpuMemoryProfile:
+def profile_gpu_memory(device: torch.device, run_forward: Callable[[Callable[[], None]], int]) -> GpuMemoryProfile:
     """Run `run_forward` (the largest batch) once and measure torch's peak and memory outside torch.
 
-    `run_forward` returns the bytes of scratch KV it allocated. They are taken off the peak: the real
-    cache replaces them and is sized separately, so counting them would shrink the cache by their size
-    (2 GiB for a 32B model at 8,192 tokens, the whole KV budget of an 80 GB card at vLLM's defaults)."""
+    `run_forward(end_stage)` calls `end_stage()` at the end of each of its stages (forward, LM head,
+    sampler), which reads the peak so far and resets it, so the profile also has each stage's peak. It
+    returns the bytes of scratch KV it allocated. They are taken off the peak: the real cache replaces them
+    and is sized separately, so counting them would shrink the cache by their size (2 GiB for a 32B model at
+    8,192 tokens, the whole KV budget of an 80 GB card at vLLM's defaults)."""
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     free_before, total_bytes = torch.cuda.mem_get_info(device)
     # Measured together: whatever the device reports as used beyond torch's reservation belongs to
     # others (CUDA context, cuBLAS workspaces outside the allocator, other processes).
     non_torch_bytes = max(0, total_bytes - free_before - torch.cuda.memory_reserved(device))
-    scratch_bytes = run_forward()
-    torch.cuda.synchronize(device)
-    peak_torch_bytes = torch.cuda.max_memory_allocated(device) - scratch_bytes
-    return GpuMemoryProfile(total_bytes, peak_torch_bytes, non_torch_bytes)
+    weights_bytes = torch.cuda.memory_allocated(device)
+    peaks: list[int] = []
+
+    def end_stage() -> None:
+        torch.cuda.synchronize(device)
+        peaks.append(torch.cuda.max_memory_allocated(device))
+        torch.cuda.reset_peak_memory_stats(device)  # the next stage's peak starts from what is allocated now
+
+    scratch_bytes = run_forward(end_stage)
+    end_stage()  # whatever ran after the pass's last stage
+    return profile_from_peaks(total_bytes, non_torch_bytes, weights_bytes, peaks, scratch_bytes)
 
 
 def resolve_num_blocks(
@@ -190,7 +270,10 @@ def resolve_num_blocks(
     if device.type == "cuda":
         if profile is None:
             raise ValueError("sizing the KV cache from gpu_memory_utilization needs a profiling pass")
-        return num_blocks_for_gpu(spec, cache_config.gpu_memory_utilization, profile())
+        measured = profile()
+        # Logged before the check, so a budget too small to hold one block still says where it went.
+        logger.info(describe_gpu_memory(measured, cache_config.gpu_memory_utilization, spec))
+        return num_blocks_for_gpu(spec, cache_config.gpu_memory_utilization, measured)
     return num_blocks_from_memory(spec, DEFAULT_CPU_KV_CACHE_MEMORY_BYTES)
 
 

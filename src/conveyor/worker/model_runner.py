@@ -308,15 +308,14 @@ class ModelRunner:
         return self._new_generator()
 
     @torch.inference_mode()
-    def profile_run(self) -> int:
+    def profile_run(self, end_stage: Callable[[], None] = lambda: None) -> int:
         """The largest step the scheduler can send, on scratch KV, for CUDA memory profiling; returns the
-        scratch KV's bytes (the profile leaves them out: the real cache is budgeted on its own)."""
-        num_tokens = self.scheduler_config.max_num_batched_tokens
-        max_len = self.max_model_len
-        seq_lens = _split(num_tokens, max_len)
+        scratch KV's bytes (the profile leaves them out: the real cache is budgeted on its own). `end_stage`
+        is called after the forward, the LM head and the sampler (the profile reads each stage's peak)."""
         spec = self.kv_cache_spec
-        num_blocks = sum(-(-n // spec.block_size) for n in seq_lens)
-        scratch = allocate_kv_caches(spec, num_blocks, self.device, self.kv_cache_dtype)
+        seq_lens = _split(self.scheduler_config.max_num_batched_tokens, self.max_model_len)
+        scratch = allocate_kv_caches(spec, sum(-(-n // spec.block_size) for n in seq_lens), self.device,
+                                     self.kv_cache_dtype)
         states, next_block = [], 0
         for index, length in enumerate(seq_lens):
             blocks = list(range(next_block, next_block + -(-length // spec.block_size)))
@@ -329,14 +328,17 @@ class ModelRunner:
         # Verification samples 1 + K positions per request: the LM head and sampler see that many rows.
         # The sampler's staged path goes through them in row chunks: the peak is the chunked one.
         num_rows = max_sampling_rows(self.scheduler_config, self.num_speculative_tokens)
-        rows = torch.arange(num_rows, device=self.device) % hidden.shape[0]
-        # [num_rows, V] in the LM head's dtype, as a real step hands them over: the sampler's own float32
-        # copy is part of its peak.
-        logits = self.model.compute_logits(hidden[rows])
-        requests = profile_sampling_requests(num_rows)
-        self.sampler(logits, build_sampling_batch(requests, self.vocab, self.device))
+        sampled_rows = hidden[torch.arange(num_rows, device=self.device) % hidden.shape[0]]
+        del hidden  # a real step keeps only its sampled rows past the forward (`_forward`), so does the profile
+        end_stage()
+        # [num_rows, V] in the LM head's dtype, as a real step hands them over: a float32 copy, where the
+        # sampler makes one, is part of its peak.
+        logits = self.model.compute_logits(sampled_rows)
+        end_stage()
+        self.sampler(logits, build_sampling_batch(profile_sampling_requests(num_rows), self.vocab, self.device))
+        end_stage()
         scratch_bytes = sum(t.numel() * t.element_size() for t in scratch)
-        del scratch, hidden, logits
+        del scratch, sampled_rows, logits
         return scratch_bytes
 
 

@@ -21,7 +21,8 @@ the staged path, unchanged (seeded rows reproduce exactly as before).
 
 Memory: step 5 (worker/sampler_staged.py), the penalties and the grammar mask go through the rows in
 chunks whose [rows, V] temporaries fit `SAMPLER_CHUNK_BYTES`, with the same tokens as one whole-batch
-pass; what stays whole is the float32 logits, the shared noise [R, K] and the raw logprobs.
+pass; what stays whole is the shared noise [R, K], the raw logprobs and, where edits need one, the float32
+copy of the logits (without edits the staged path reads the LM head's bf16 logits chunk by chunk).
 """
 
 from __future__ import annotations
@@ -76,10 +77,11 @@ def edits_logits(batch: SamplingBatch) -> bool:
 
 def reads_lm_head_logits(batch: SamplingBatch, fused_available: bool) -> bool:
     """Whether `Sampler.sample` reads the LM head's logits in their own dtype (bf16) instead of a float32
-    copy: only where the fused kernel exists (the CPU converts as it always did), only for a path that
-    never writes the logits, and only without edits (they stay in float32, as the staged path)."""
-    path = sampling_path(batch, fused_available)
-    return fused_available and path is not SamplingPath.STAGED and not edits_logits(batch)
+    copy: only where the fused kernel exists (the CPU converts as it always did) and only without edits
+    (they write the logits, in float32). No path writes them otherwise: the fused kernel reads them as they
+    are, and the staged path promotes one row chunk at a time to float32 as it scales it, so a batch of 1,024
+    rows x 128,256 tokens never holds a 0.49 GiB float32 copy (the same tokens: the promotion is exact)."""
+    return fused_available and not edits_logits(batch)
 
 
 @dataclass(frozen=True)

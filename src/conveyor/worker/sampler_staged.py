@@ -6,8 +6,9 @@ vocabulary, sorted, under top-p alone), top-p's softmax and cumulative sum, the 
 batch of 1,024 rows × 151,936 tokens those temporaries peaked at 8.1 GiB on an H100, and the start-up
 memory profile reserved all of it, out of the KV cache. Here the rows go through in chunks of
 `rows_per_chunk` rows, so the temporaries of one chunk are bounded by a byte budget
-(`SAMPLER_CHUNK_BYTES`); what the whole batch needs stays whole: the float32 logits and the shared
-generator's exponential noise [R, K], drawn in one call exactly as the unchunked path draws it. Every
+(`SAMPLER_CHUNK_BYTES`); what the whole batch needs stays whole: the shared generator's exponential noise
+[R, K], drawn in one call exactly as the unchunked path draws it, and the float32 logits where edits
+(penalties, grammar, bias) need them -- without edits the LM head's bf16 logits are read chunk by chunk. Every
 stage is row-wise, so the tokens are the same, chunked or not: a seeded row draws its own noise from
 its own generator inside its chunk, and unseeded rows read the one shared draw by row.
 """
@@ -45,7 +46,8 @@ def row_chunks(num_rows: int, vocab_size: int, chunk_bytes: int | None) -> list[
 def staged_sample(logits: torch.Tensor, random: RandomSampling, shared: torch.Generator,
                   chunk_bytes: int | None = SAMPLER_CHUNK_BYTES) -> torch.Tensor:
     """[N] int64 by the staged path: argmax for greedy rows, a draw for the others (only they pay for
-    it); logits [N, V] float32, not modified; `shared` draws the noise of rows without their own
+    it); logits [N, V] float32 or the LM head's 16-bit dtype (each chunk is promoted to float32 as it is
+    scaled, exactly: the same tokens as from a float32 copy), not modified; `shared` draws the noise of rows without their own
     generator; the random rows go through in chunks of `chunk_bytes` (None: all at once)."""
     num_random, vocab_size = random.temperature.shape[0], logits.shape[1]
     noise = shared_noise(random, logits.device, shared)  # [R, K] float32
@@ -72,7 +74,8 @@ def draw_chunk(logits: torch.Tensor, random: RandomSampling, rows: slice, noise:
     """[r] token ids of the random rows `rows` (indices into 0..R-1); noise [r, K]: their slice of the
     shared noise, a view (a seeded row's own noise is written into it)."""
     chosen = logits[rows] if random.rows is None else logits[random.rows[rows]]  # [r, V]
-    scaled = chosen / random.temperature[rows].unsqueeze(1)  # a new tensor: edits below stay local
+    # A new float32 tensor (temperature is float32, so bf16 rows are promoted exactly): edits below stay local.
+    scaled = chosen / random.temperature[rows].unsqueeze(1)
     del chosen
     if random.min_p is not None:
         apply_min_p(scaled, random.min_p[rows])

@@ -182,8 +182,8 @@ def profile_sampling_requests(num_rows: int) -> list[SamplingRequest]:
 
 @torch.inference_mode()
 def warm_up_full_sampler(runner: WarmupRunner) -> None:
-    """The profile's sampler step again, at its full row count, on logits in the model's dtype (the
-    runner's float32 copy and the chunked staged path's noise and temporaries are what it reserved)."""
+    """The profile's sampler step again, at its full row count, on logits in the model's dtype (the chunked
+    staged path's noise and temporaries, and on the CPU the float32 copy, are what it reserved)."""
     num_rows = max_sampling_rows(runner.scheduler_config, runner.num_speculative_tokens)
     logits = torch.zeros(num_rows, runner.vocab_size, dtype=runner.dtype, device=runner.device)  # [N, V]
     runner.sampler(logits, build_sampling_batch(profile_sampling_requests(num_rows), runner.vocab, runner.device))
