@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import pathlib
 import random
 import sys
@@ -190,6 +191,9 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
+    # Warnings, and the KV sizing's "Memory profiling: ..." line (weights, peaks, non-torch, blocks), on stderr.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("conveyor.worker.kv_cache").setLevel(logging.INFO)
     t_load = time.perf_counter()
     core = build_engine_core(engine_config(args))
     load_s = time.perf_counter() - t_load
