@@ -64,6 +64,7 @@ def test_generation_config_vllm_keeps_vllms_defaults(model_dir: pathlib.Path) ->
         assert first != second  # sampled at temperature 1.0
         assert first_len == second_len > 5  # the rest of max_model_len
         assert not any("Default sampling parameters" in line for line in server.log)
+        assert any("--generation-config=vllm" in line for line in server.log)  # a real flag: in the resolved config
 
 
 def test_the_override_merges_over_the_file(model_dir: pathlib.Path) -> None:

@@ -15,10 +15,12 @@ import dataclasses
 import json
 import logging
 import pathlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from conveyor.config import ConfigError, ModelConfig
 from conveyor.engine.vllm_flags import json_object
+from conveyor.sampling_params import SamplingParams
 
 logger = logging.getLogger("conveyor.serve")
 
@@ -72,11 +74,15 @@ def parse_generation_config(text: str) -> str:
 def parse_override_generation_config(text: str) -> OverrideItems:
     """`--override-generation-config '{"temperature": 0.5}'`: a JSON object; its sampling keys are kept
     (numbers or null), the other keys change no sampling default in vLLM either and are dropped."""
-    data = json_object(text)
     try:
-        return tuple((key, _number(key, value)) for key, value in data.items() if key in SAMPLING_KEYS)
+        return override_items(json_object(text))
     except ConfigError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def override_items(data: Mapping[str, object]) -> OverrideItems:
+    """An override object's sampling keys (numbers or null); its other keys change no default in vLLM either."""
+    return tuple((key, _number(key, value)) for key, value in data.items() if key in SAMPLING_KEYS)
 
 
 def _number(key: str, value: object) -> int | float | None:
@@ -134,6 +140,15 @@ def _sampling_keys(path: pathlib.Path) -> dict[str, int | float | None]:
         return {key: _number(key, data[key]) for key in SAMPLING_KEYS if key in data}
     except ConfigError as error:
         raise ConfigError(f"--generation-config: {str(path)!r}: {error}") from None
+
+
+def default_sampling_params(defaults: SamplingDefaults) -> SamplingParams:
+    """vLLM's `LLM.get_default_sampling_params()`: SamplingParams with the model's defaults where it has
+    any (max_new_tokens as max_tokens), SamplingParams' own elsewhere. The cap is the server's alone."""
+    values = {key: value for key, value in defaults.as_dict().items() if key != "max_tokens_cap"}
+    if values.get("top_k") in (-1, 0):  # vLLM's "no top-k"
+        del values["top_k"]
+    return SamplingParams(**values)  # type: ignore[arg-type]
 
 
 def log_sampling_defaults(defaults: SamplingDefaults) -> None:
