@@ -81,3 +81,17 @@ def test_n_above_one_is_checked_against_the_effective_temperature() -> None:
     assert isinstance(params, SamplingParams) and params.temperature == 0.5
     params = _params(greedy, CHAT, {"messages": USER})
     assert isinstance(params, SamplingParams) and params.temperature == 0.0  # greedy without asking
+
+
+def test_a_default_max_tokens_past_the_context_is_cut_to_it_not_refused() -> None:
+    """vLLM takes min(max_model_len - prompt, the model's max_new_tokens); an asked-for max_tokens past the
+    context stays a 400. The fake engine's max_model_len is 128."""
+    async def main() -> tuple[int, int]:
+        engine = FakeEngine()
+        async with app_client(engine, sampling_defaults=SamplingDefaults(max_tokens=4096)) as client:
+            reply = await client.post(CHAT, json={"messages": USER, "ignore_eos": True})
+            asked = await client.post(CHAT, json={"messages": USER, "max_tokens": 4096})
+            usage = reply.json()["usage"]
+            assert reply.status_code == 200 and usage["prompt_tokens"] + usage["completion_tokens"] == 128
+            return reply.status_code, asked.status_code
+    assert run(main()) == (200, 400)

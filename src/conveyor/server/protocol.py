@@ -9,6 +9,7 @@ messages start with the field name, so they become 400s naming the field unchang
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -344,3 +345,13 @@ def effective_max_tokens(requested: int | None, defaults: SamplingDefaults) -> i
     if cap is None:
         return chosen
     return cap if chosen is None else min(chosen, cap)
+
+
+def fit_default_max_tokens(params: SamplingParams, requested: int | None, room: int) -> SamplingParams:
+    """A max_tokens the request did not ask for (the model's default) past the room its prompt leaves in
+    max_model_len is cut to that room, as vLLM's get_max_tokens takes the min (an asked-for one past it
+    stays a 400). The room is spelled None, "the rest of max_model_len", which also keeps the error of a
+    prompt that leaves none about the prompt."""
+    if requested is not None or params.max_tokens is None or params.max_tokens <= room:
+        return params
+    return dataclasses.replace(params, max_tokens=None)

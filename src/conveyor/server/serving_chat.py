@@ -35,7 +35,11 @@ from conveyor.server.generation import (
     respond,
     sse_events,
 )
-from conveyor.server.protocol import ChatCompletionRequest, effective_max_tokens
+from conveyor.server.protocol import (
+    ChatCompletionRequest,
+    effective_max_tokens,
+    fit_default_max_tokens,
+)
 from conveyor.server.responses import (
     ChatChoice,
     ChatChoiceLogprobs,
@@ -86,6 +90,7 @@ async def prepare_chat(ctx: ServingContext, body: ChatCompletionRequest, http_re
     ctx.metrics.observe_tokenization(time.monotonic() - arrival_s)
     if not token_ids:
         raise bad_request("messages: the rendered prompt is empty", "messages")
+    params = fit_default_max_tokens(params, body.requested_max_tokens(), ctx.max_model_len - len(token_ids))
     request = GenerateRequest(request_id=request_id, prompt_token_ids=token_ids,
                               sampling_params=params, priority=body.priority, cache_salt=body.cache_salt,
                               arrival_s=arrival_s)
