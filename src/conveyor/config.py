@@ -164,6 +164,10 @@ class ModelConfig:
     """Truncate the model to this many layers (performance work on large shapes)."""
     revision: str | None = None
     """The checkpoint's revision as the user names it (vLLM's --revision): recorded, never fetched."""
+    generation_config: str = "auto"
+    """Default sampling parameters from: auto (the model's generation_config.json), vllm (none) or a folder."""
+    override_generation_config: tuple[tuple[str, int | float | None], ...] = ()
+    """Sampling keys merged over the generation config (vLLM's --override-generation-config JSON)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -3,12 +3,22 @@ config, the in-flight cap respected, stop strings finished in the core, queue ti
 
 from __future__ import annotations
 
+import json
+import pathlib
 import time
 
 import pytest
 from engine_fakes import ByteTokenizer, FakeScheduler, make_fake_core
 
-from conveyor.config import Batching, ConfigError, EngineConfig, Quantization, SchedulerConfig, SpeculativeConfig
+from conveyor.config import (
+    Batching,
+    ConfigError,
+    EngineConfig,
+    ModelConfig,
+    Quantization,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
 from conveyor.engine.llm import LLM, engine_config_from_kwargs
 from conveyor.engine.types import RequestRejectedError
 from conveyor.request import FinishReason
@@ -124,3 +134,17 @@ def test_prompt_dicts_carry_cache_salt_to_the_core() -> None:
         with pytest.raises(ValueError):
             llm.generate(bad)
     assert llm.reset_prefix_cache() and scheduler.resets == [False]
+
+
+def test_default_sampling_params_are_the_models_generation_config(tmp_path: pathlib.Path) -> None:
+    """vLLM's LLM.get_default_sampling_params(): what generate() samples with when given no params."""
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.9,
+                                                                 "max_new_tokens": 3}))
+    llm = make_llm(config=EngineConfig(model=ModelConfig(model=str(tmp_path))))
+    defaults = llm.get_default_sampling_params()
+    assert (defaults.temperature, defaults.top_p, defaults.max_tokens) == (0.6, 0.9, 3)
+    assert [len(r.output_token_ids) for r in llm.generate(["a", "b"])] == [3, 3]
+    assert make_llm().get_default_sampling_params() == SamplingParams()
+    vllm = engine_config_from_kwargs(None, model=str(tmp_path), generation_config="vllm",
+                                     override_generation_config={"temperature": 0.2, "do_sample": True})
+    assert make_llm(config=vllm).get_default_sampling_params() == SamplingParams(temperature=0.2)

@@ -45,3 +45,21 @@ def test_config_json_without_generation_config(tmp_path: pathlib.Path) -> None:
 
 def test_generation_config_without_eos_keeps_config_json(tmp_path: pathlib.Path) -> None:
     assert _eos(tmp_path, {"temperature": 0.6}) == (1, 2)
+
+
+def test_generation_config_path_names_the_eos_ids(tmp_path: pathlib.Path) -> None:
+    """--generation-config PATH: vLLM reads PATH's generation_config.json, its eos_token_id included."""
+    _eos(tmp_path / "model", {"eos_token_id": 9})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 6]}))
+    model = ModelConfig(model=str(tmp_path / "model"), load_format=LoadFormat.DUMMY, generation_config=str(elsewhere))
+    assert read_arch_config(model).eos_token_ids == (5, 6)
+
+
+def test_generation_config_vllm_still_reads_the_models_eos_ids(tmp_path: pathlib.Path) -> None:
+    """--generation-config vllm drops the sampling defaults only: vLLM's `try_get_generation_config` reads the
+    model's file for "auto" and "vllm" alike, and its processor stops on those EOS ids."""
+    _eos(tmp_path, {"eos_token_id": 9})
+    model = ModelConfig(model=str(tmp_path), load_format=LoadFormat.DUMMY, generation_config="vllm")
+    assert read_arch_config(model).eos_token_ids == (9,)

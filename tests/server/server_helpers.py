@@ -16,17 +16,19 @@ import uvicorn
 from fake_engine import FakeEngine, FakeEngineConfig
 from fastapi import FastAPI
 
+from conveyor.engine.generation_defaults import NO_SAMPLING_DEFAULTS, SamplingDefaults
 from conveyor.server.server_config import ServerConfig
 from conveyor.server.app import build_app
 
 
 @asynccontextmanager
-async def app_client(engine: FakeEngine | None = None, **server: object) -> AsyncIterator[httpx.AsyncClient]:
+async def app_client(engine: FakeEngine | None = None, sampling_defaults: SamplingDefaults = NO_SAMPLING_DEFAULTS,
+                     **server: object) -> AsyncIterator[httpx.AsyncClient]:
     """An httpx client talking to `build_app(engine)` in process (ASGI, no sockets). ASGI without lifespan
     never shuts the engine down, so its grammar compile workers are stopped here: left running, they are
     children of the test process that later tests (tensor parallelism) count as leaked."""
     engine = engine or FakeEngine()
-    app = build_app(engine, ServerConfig(**server))  # type: ignore[arg-type]
+    app = build_app(engine, ServerConfig(**server), sampling_defaults=sampling_defaults)  # type: ignore[arg-type]
     transport = httpx.ASGITransport(app=app)
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=10) as client:

@@ -34,6 +34,7 @@ from conveyor.config import (
     SchedulingPolicy,
     SpeculativeConfig,
 )
+from conveyor.engine.generation_defaults import parse_generation_config, parse_override_generation_config
 from conveyor.engine.model_files import checkpoint_quant_method, model_max_positions
 from conveyor.engine.vllm_flags import (
     add_vllm_engine_flags,
@@ -73,6 +74,8 @@ FLAGS: tuple[_Flag, ...] = (
     _Flag("--served-model-name", "model", "served_model_name"),
     _Flag("--num-hidden-layers-override", "model", "num_hidden_layers_override"),
     _Flag("--revision", "model", "revision"),
+    _Flag("--generation-config", "model", "generation_config"),
+    _Flag("--override-generation-config", "model", "override_generation_config"),
     _Flag("--max-model-len", "scheduler", "max_model_len"),
     _Flag("--max-num-seqs", "scheduler", "max_num_seqs"),
     _Flag("--max-num-batched-tokens", "scheduler", "max_num_batched_tokens"),
@@ -182,6 +185,11 @@ def _add_model_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--num-hidden-layers-override", type=int, help="keep only this many layers")
     group.add_argument("--revision", help="the checkpoint's revision, recorded in conveyor:model_info (no hub: "
                                           "nothing is fetched)")
+    group.add_argument("--generation-config", type=parse_generation_config, metavar="{auto,vllm,PATH}",
+                       help="default sampling parameters: auto (the model's generation_config.json; default), "
+                            "vllm (vLLM's own) or a folder holding a generation_config.json")
+    group.add_argument("--override-generation-config", type=parse_override_generation_config, metavar="JSON",
+                       help='merged over the generation config, e.g. \'{"temperature": 0.5}\'')
 
 
 def _add_scheduler_flags(group: argparse._ArgumentGroup) -> None:
@@ -360,6 +368,8 @@ def _as_text(value: object) -> str:
         return value.value
     if isinstance(value, SpeculativeConfig):
         return json.dumps(value.to_dict())
+    if isinstance(value, tuple):  # --override-generation-config's (key, value) pairs
+        return json.dumps(dict(value))
     if value is None:
         return "none"
     if isinstance(value, bool):

@@ -25,6 +25,7 @@ from conveyor.engine.admission import AdmissionControl, QueueLimits, RequestLimi
 from conveyor.engine.grammar_check import compile_check
 from conveyor.engine.async_tokenizer import TextTokenizer
 from conveyor.engine.engine_core import EngineCore
+from conveyor.engine.generation_defaults import default_sampling_params, override_items, sampling_defaults_of
 from conveyor.engine.output_processor import OutputProcessor, ProcessedOutputs
 from conveyor.engine.types import EngineOverloadedError, FinishedRequestStats, RequestOutput
 from conveyor.request import FinishReason, Request, RequestTimings
@@ -111,6 +112,8 @@ def engine_config_from_kwargs(base: EngineConfig | None = None, **kwargs: object
         if name == "speculative_config":  # vLLM's LLM(speculative_config={...}): the CLI flag's JSON keys
             top[name] = SpeculativeConfig.from_dict(value) if isinstance(value, Mapping) else value
             continue
+        if name == "override_generation_config" and isinstance(value, Mapping):  # vLLM's LLM takes a dict
+            value = override_items(value)
         section = next((s for s, cls in _SECTIONS.items() if name in {f.name for f in dataclasses.fields(cls)}), None)
         if section is None:
             raise TypeError(f"LLM got an unknown engine argument {name!r}")
@@ -162,6 +165,12 @@ class LLM:
         self._eos = core.limits.eos
         self._id_prefix = uuid.uuid4().hex[:8]  # unique across LLMs sharing a runner
         self._next_id = 0
+        self._default_params = default_sampling_params(sampling_defaults_of(config.model))
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: the parameters of `generate(..., sampling_params=None)`, the model's generation-config
+        defaults (--generation-config; none: SamplingParams())."""
+        return self._default_params
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -169,7 +178,8 @@ class LLM:
         """Generate for every prompt (text or token ids); results come back in input order.
         Raises RequestRejectedError (naming the field) before anything runs if a prompt cannot fit."""
         prompt_list, salts = _unpack_prompts(_as_prompt_list(prompts))
-        params_list = _as_params_list(sampling_params, len(prompt_list))
+        params_list = _as_params_list(self._default_params if sampling_params is None else sampling_params,
+                                      len(prompt_list))
         pending = []
         for prompt, params in zip(prompt_list, params_list):
             token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -300,9 +310,7 @@ def _unpack_prompt(prompt: Prompt) -> tuple[str | list[int], str | None]:
     return list(ids), salt
 
 
-def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None, num: int) -> list[SamplingParams]:
-    if params is None:
-        return [SamplingParams()] * num
+def _as_params_list(params: SamplingParams | Sequence[SamplingParams], num: int) -> list[SamplingParams]:
     if isinstance(params, SamplingParams):
         return [params] * num
     params_list = list(params)

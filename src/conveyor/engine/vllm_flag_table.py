@@ -82,9 +82,9 @@ _ENGINE_FLAGS: tuple[VllmFlag, ...] = (
     _f("--hf-overrides", V, _D, "the model's config is used as it is", "{}"),
     _f("--model-class-overrides", V, _D, PLUGINS, "{}"),
     _f("--pooler-config", V, _D, POOLING, ""),
-    _f("--generation-config", V, _D, "generation_config.json is read for its eos_token_id only (the stop ids; "
-       "else config.json's), whichever value; sampling defaults are vLLM's built-in ones", "auto", "vllm"),
-    _f("--override-generation-config", V, _D, "sampling defaults are vLLM's", "{}"),
+    _f("--generation-config", V, _I, "auto, vllm or PATH: the default temperature, top_p, top_k, min_p, "
+       "repetition_penalty and max_tokens of requests that leave them unset"),
+    _f("--override-generation-config", V, _I, "JSON merged over the generation config's sampling keys"),
     _f("--enable-sleep-mode", B, _D, SLEEP, "false"),
     _f("--sleep-mode-offload-cudagraph", B, _G, SLEEP),
     _f("--sleep-preserve-parameter-names", L, _G, SLEEP),

@@ -160,7 +160,8 @@ def _config_file_args(path: str) -> list[str]:
 # ---- flags conveyor implements for vLLM's sake ----------------------------------------------------
 
 
-def _json_object(text: str) -> dict[str, Any]:
+def json_object(text: str) -> dict[str, Any]:
+    """A flag's JSON object value; anything else is an argparse error (one line, naming the flag)."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as error:
@@ -174,10 +175,10 @@ def add_vllm_engine_flags(group: argparse._ArgumentGroup) -> None:
     """Engine flags that exist for vLLM command lines: mapped onto conveyor's own fields."""
     group.add_argument("--optimization-level", "-O", choices=["0", "1", "2", "3"], metavar="N",
                        help="vLLM's -O levels: -O0 runs without CUDA graphs (as --enforce-eager); 1-3 change nothing")
-    group.add_argument("--compilation-config", "-cc", type=_json_object, metavar="JSON",
+    group.add_argument("--compilation-config", "-cc", type=json_object, metavar="JSON",
                        help="vLLM's JSON; cudagraph_mode (NONE, FULL, FULL_DECODE_ONLY) and "
                             "max_cudagraph_capture_size are read")
-    group.add_argument("--structured-outputs-config", type=_json_object, metavar="JSON",
+    group.add_argument("--structured-outputs-config", type=json_object, metavar="JSON",
                        help="vLLM's JSON; every backend is served by llguidance")
     group.add_argument("--spec-method", help="shorthand for --speculative-config's method")
     group.add_argument("--spec-model", help="shorthand for --speculative-config's model")

@@ -175,7 +175,7 @@ class ModelLayout:
 
 def read_arch_config(model_config: ModelConfig) -> ModelArchConfig:
     """The shape `load_model` would build (config.json or GGUF header only; no weights are read)."""
-    config = _open_source(*resolve_model_source(model_config)).config
+    config = _with_generation_config_path(_open_source(*resolve_model_source(model_config)).config, model_config)
     layers = model_config.num_hidden_layers_override
     return config if layers is None else config.with_num_layers(layers)
 
@@ -188,7 +188,7 @@ def load_model(
     under `tensor_parallel`)."""
     path, fmt = resolve_model_source(model_config)
     source = _open_source(path, fmt)
-    config = source.config
+    config = _with_generation_config_path(source.config, model_config)
     if model_config.num_hidden_layers_override is not None:
         config = config.with_num_layers(model_config.num_hidden_layers_override)
     requested = model_config.quantization
@@ -279,12 +279,21 @@ def _open_source(path: pathlib.Path, fmt: LoadFormat) -> _Source:
 def _with_generation_config_eos(config: ModelArchConfig, directory: pathlib.Path) -> ModelArchConfig:
     """generation_config.json's `eos_token_id`, where the directory has one naming it, replaces config.json's:
     vLLM reads it by default (--generation-config auto), and it is where chat models list the ids their
-    turns end on (Qwen3: [151645, 151643]). Only the EOS ids are read, not its sampling defaults."""
+    turns end on (Qwen3: [151645, 151643]). The API server reads its sampling defaults
+    (engine/generation_defaults.py)."""
     path = directory / GENERATION_CONFIG_FILE
     if not path.is_file():
         return config
     eos = json.loads(path.read_text()).get("eos_token_id")
     return config if eos is None else dataclasses.replace(config, eos_token_ids=eos_token_ids_of(eos))
+
+
+def _with_generation_config_path(config: ModelArchConfig, model_config: ModelConfig) -> ModelArchConfig:
+    """--generation-config PATH: vLLM reads the generation config, EOS ids included, from PATH's
+    generation_config.json instead of the model's (auto and vllm both read the model's for its EOS ids)."""
+    if model_config.generation_config in ("auto", "vllm"):
+        return config
+    return _with_generation_config_eos(config, pathlib.Path(model_config.generation_config))
 
 
 def build_empty_model(

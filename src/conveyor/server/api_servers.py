@@ -36,6 +36,7 @@ from conveyor.engine.admission import SharedCounts, make_shared_counts
 from conveyor.engine.client_config import ClientConfig
 from conveyor.engine.core_client import AsyncEngineClient
 from conveyor.engine.core_proc import EngineAddresses
+from conveyor.engine.generation_defaults import NO_SAMPLING_DEFAULTS, SamplingDefaults
 from conveyor.engine.launcher import LOG_FORMAT, EngineProcess, EngineStartupError
 from conveyor.engine.types import EngineInfo
 from conveyor.server.front_end import ServeOptions, log_startup, serve
@@ -61,9 +62,12 @@ class FrontEndSpec:
     """The global admission counts (None: no cap configured)."""
     metrics_dir: str
     """prometheus_client's multiprocess directory."""
+    sampling_defaults: SamplingDefaults = NO_SAMPLING_DEFAULTS
+    """The model's default sampling parameters, read once by the launcher (--generation-config)."""
 
 
-def run_api_servers(engine_config: EngineConfig, server_config: ServerConfig) -> int:
+def run_api_servers(engine_config: EngineConfig, server_config: ServerConfig,
+                    sampling_defaults: SamplingDefaults = NO_SAMPLING_DEFAULTS) -> int:
     """Start the engine and N front ends; supervise until a signal or a death. Returns the exit status."""
     count = server_config.api_server_count
     metrics_dir = tempfile.mkdtemp(prefix="conveyor-metrics-")
@@ -75,26 +79,29 @@ def run_api_servers(engine_config: EngineConfig, server_config: ServerConfig) ->
         shutil.rmtree(metrics_dir, ignore_errors=True)
         return 1
     assert engine.info is not None
-    log_startup(engine.info)
+    log_startup(engine.info, sampling_defaults)
     listener = socket.create_server((server_config.host, server_config.port), reuse_port=False, backlog=2048)
+    spec = FrontEndSpec(engine_config, server_config, engine.info, engine.addresses, 0, None, metrics_dir,
+                        sampling_defaults)
     try:
-        return _supervise(engine, listener, engine_config, server_config, metrics_dir)
+        return _supervise(engine, listener, spec)
     finally:
         listener.close()
         engine.shutdown()
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
-def _supervise(engine: EngineProcess, listener: socket.socket, engine_config: EngineConfig,
-               server_config: ServerConfig, metrics_dir: str) -> int:
+def _supervise(engine: EngineProcess, listener: socket.socket, base: FrontEndSpec) -> int:
+    """Spawn the front ends (`base` with each one's index and the shared counts) and wait."""
     assert engine.info is not None
-    caps = engine_config.scheduler
+    server_config = base.server_config
+    caps = base.engine_config.scheduler
     shared = make_shared_counts(server_config.api_server_count) \
         if caps.max_num_queued_reqs is not None or caps.max_num_queued_tokens is not None else None
     context = multiprocessing.get_context("spawn")
     front_ends, ready = [], []
     for index in range(server_config.api_server_count):
-        spec = FrontEndSpec(engine_config, server_config, engine.info, engine.addresses, index, shared, metrics_dir)
+        spec = dataclasses.replace(base, client_index=index, shared=shared)
         reader, writer = context.Pipe(duplex=False)
         process = context.Process(target=run_front_end, args=(spec, engine.lifeline, listener, writer),
                                   name=f"APIServer-{index}")
@@ -187,7 +194,8 @@ async def _serve_front_end(spec: FrontEndSpec, lifeline: multiprocessing.connect
         chat_template=spec.server_config.chat_template, grammar=spec.server_config.grammar_limits())
     client = AsyncEngineClient.connect(client_config, spec.engine_config, spec.shared, lifeline)
     options = ServeOptions(sockets=[listener], drain_signals=(DRAIN_SIGNAL,), metrics_dir=spec.metrics_dir,
-                           announce=False, on_started=lambda: ready.send(True))
+                           announce=False, on_started=lambda: ready.send(True),
+                           sampling_defaults=spec.sampling_defaults)
     return await serve(client, spec.server_config, options)
 
 

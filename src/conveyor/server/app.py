@@ -40,6 +40,7 @@ from starlette.responses import JSONResponse, Response
 
 from conveyor import __version__
 from conveyor.server.server_config import ServerConfig
+from conveyor.engine.generation_defaults import NO_SAMPLING_DEFAULTS, SamplingDefaults
 from conveyor.engine.types import EngineClient
 from conveyor.server.context import ServingContext
 from conveyor.server.errors import APIError, ErrorType, RejectReason, bad_request, from_error_details
@@ -59,9 +60,11 @@ CLIENT_CLOSED_REQUEST = 499
 """nginx's status for "the client went away before the response": nobody reads it, logs do."""
 
 
-def build_app(engine: EngineClient, server_config: ServerConfig, metrics_dir: str | None = None) -> FastAPI:
+def build_app(engine: EngineClient, server_config: ServerConfig, metrics_dir: str | None = None,
+              sampling_defaults: SamplingDefaults = NO_SAMPLING_DEFAULTS) -> FastAPI:
     """The FastAPI app serving `engine`; its state (`app.state.ctx`) holds the gate and metrics.
-    `metrics_dir`: prometheus_client's multiprocess directory when several front ends share /metrics."""
+    `metrics_dir`: prometheus_client's multiprocess directory when several front ends share /metrics;
+    `sampling_defaults`: the model's defaults for request fields left unset (--generation-config)."""
     info = engine.info
     metrics = ServerMetrics(info, metrics_dir)
     metrics.start()
@@ -69,7 +72,7 @@ def build_app(engine: EngineClient, server_config: ServerConfig, metrics_dir: st
     gate = AdmissionGate()
     engine.add_dead_listener(gate.mark_engine_dead)
     ctx = ServingContext(engine=engine, model_name=info.model_name, max_model_len=info.max_model_len,
-                         gate=gate, metrics=metrics, config=server_config)
+                         gate=gate, metrics=metrics, config=server_config, sampling_defaults=sampling_defaults)
     app = FastAPI(title="conveyor", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
     app.state.server_config = server_config

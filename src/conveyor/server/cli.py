@@ -23,13 +23,14 @@ from conveyor.config import ConfigError, EngineConfig
 from conveyor.engine.args import add_engine_arguments, engine_config_from_args, with_overrides
 from conveyor.engine.client_config import ClientConfig
 from conveyor.engine.core_client import AsyncEngineClient
+from conveyor.engine.generation_defaults import SamplingDefaults, sampling_defaults_of
 from conveyor.engine.launcher import LOG_FORMAT, EngineProcess, EngineStartupError
 from conveyor.engine.model_files import tokenizer_path
 from conveyor.engine.tokenizer import TokenizerError, tokenizer_source
 from conveyor.engine.vllm_flags import check_vllm_flags, register_vllm_flags
 from conveyor.engine.vllm_flags import preprocess_argv as _vllm_preprocess
 from conveyor.server.api_servers import run_api_servers
-from conveyor.server.front_end import log_startup, serve
+from conveyor.server.front_end import ServeOptions, log_startup, serve
 from conveyor.server.server_args import add_server_arguments, check_model_is_local, server_config_from_args
 from conveyor.server.server_config import ServerConfig
 
@@ -64,22 +65,23 @@ def run(args: argparse.Namespace) -> int:
     engine_config = engine_config_from_args(args)
     try:  # before the engine spends its start-up loading a model that could never be served
         tokenizer_source(tokenizer_path(engine_config.model))
-    except (TokenizerError, FileNotFoundError) as error:
+        sampling_defaults = sampling_defaults_of(engine_config.model)  # read once, here (the front end)
+    except (TokenizerError, FileNotFoundError, ConfigError) as error:
         print(f"conveyor serve: error: {error}", file=sys.stderr)
         return 2
     prometheus_client.disable_created_metrics()  # as vLLM: no `*_created` series
     engine_config = leave_cores_to_api_servers(engine_config, server_config.api_server_count)
     if server_config.api_server_count > 1:
-        return run_api_servers(engine_config, server_config)
+        return run_api_servers(engine_config, server_config, sampling_defaults)
     try:
         engine = EngineProcess.start(engine_config)
     except EngineStartupError as error:
         print(f"conveyor serve: error: the engine failed to start: {error}", file=sys.stderr)
         return 1
     assert engine.info is not None
-    log_startup(engine.info)
+    log_startup(engine.info, sampling_defaults)
     try:
-        code = asyncio.run(_serve_with_engine(engine, engine_config, server_config))
+        code = asyncio.run(_serve_with_engine(engine, engine_config, server_config, sampling_defaults))
     finally:
         engine_code = engine.shutdown()
     if code == 0 and engine_code not in (0, None):
@@ -111,10 +113,11 @@ def leave_cores_to_api_servers(engine_config: EngineConfig, api_server_count: in
     return with_overrides(engine_config, "device", num_threads=num_threads)
 
 
-async def _serve_with_engine(engine: EngineProcess, engine_config: EngineConfig, server_config: ServerConfig) -> int:
+async def _serve_with_engine(engine: EngineProcess, engine_config: EngineConfig, server_config: ServerConfig,
+                             sampling_defaults: SamplingDefaults) -> int:
     assert engine.info is not None
     client_config = dataclasses.replace(ClientConfig.for_engine(engine_config, engine.info, engine.addresses),
                                         chat_template=server_config.chat_template,
                                         grammar=server_config.grammar_limits())
     client = AsyncEngineClient.connect(client_config, engine_config, lifeline=engine.lifeline)
-    return await serve(client, server_config)
+    return await serve(client, server_config, ServeOptions(sampling_defaults=sampling_defaults))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
+from conveyor.engine.generation_defaults import NO_SAMPLING_DEFAULTS, SamplingDefaults
 from conveyor.engine.types import EngineClient, RequestOutput
 from conveyor.request import FinishReason
 from conveyor.server.errors import APIError, ErrorType
@@ -36,6 +37,8 @@ class ServingContext:
     """Prometheus metrics (the server's own counters are bumped by the handlers)."""
     config: ServerConfig = ServerConfig()
     """The server's flags (limits, response options)."""
+    sampling_defaults: SamplingDefaults = NO_SAMPLING_DEFAULTS
+    """The model's default sampling parameters (--generation-config), for request fields left unset."""
 
     def check_model(self, requested: str | None) -> None:
         """404 unless `requested` names the served model (None means the served model, as vLLM)."""

@@ -16,6 +16,11 @@ from dataclasses import dataclass
 
 import uvicorn
 
+from conveyor.engine.generation_defaults import (
+    NO_SAMPLING_DEFAULTS,
+    SamplingDefaults,
+    log_sampling_defaults,
+)
 from conveyor.engine.types import EngineClient, EngineInfo
 from conveyor.server.app import build_app
 from conveyor.server.http_guard import ConnectionLimits, guarded_protocol
@@ -41,20 +46,24 @@ class ServeOptions:
     """Log the URL once bound (the launcher of several front ends announces instead)."""
     on_started: Callable[[], None] | None = None
     """Called once uvicorn listens."""
+    sampling_defaults: SamplingDefaults = NO_SAMPLING_DEFAULTS
+    """The model's default sampling parameters (--generation-config), read once by the launching process."""
 
 
-def log_startup(info: EngineInfo) -> None:
-    """The resolved flags and the KV capacity, logged once by the process that started the engine."""
+def log_startup(info: EngineInfo, sampling_defaults: SamplingDefaults = NO_SAMPLING_DEFAULTS) -> None:
+    """The resolved flags, the KV capacity and the model's sampling defaults, logged once by the process
+    that started the engine."""
     config = " ".join(f"--{key}={value}" for key, value in sorted(info.config.items()))
     logger.info("resolved config: %s", config)
     logger.info("KV cache: %d blocks x %d tokens = %d tokens; max concurrency at max_model_len=%d: %.2f requests",
                 info.num_kv_blocks, info.block_size, info.num_kv_tokens, info.max_model_len, info.max_concurrency)
+    log_sampling_defaults(sampling_defaults)
 
 
 async def serve(engine: EngineClient, server_config: ServerConfig, options: ServeOptions = ServeOptions()) -> int:
     """Serve until a signal (drain, then stop) or the engine's death; then let go of the engine.
     Returns the exit status: 0 after a drain, 1 when the engine died."""
-    app = build_app(engine, server_config, options.metrics_dir)
+    app = build_app(engine, server_config, options.metrics_dir, options.sampling_defaults)
     config = uvicorn_config(app, server_config)
     server = DrainingServer(config, app.state.ctx.gate, server_config.shutdown_grace_s, engine.abort,
                             options.drain_signals)

@@ -9,10 +9,12 @@ messages start with the field name, so they become 400s naming the field unchang
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from conveyor.engine.generation_defaults import NO_SAMPLING_DEFAULTS, SamplingDefaults
 from conveyor.sampling_params import INT64_MAX, MAX_LOGIT_BIAS, SamplingParams
 from conveyor.server.errors import bad_request, from_value_error
 from conveyor.server.request_fields import CHAT_DEFAULT_ONLY, DEFAULT_ONLY, check_defaults, structured_output_of
@@ -109,10 +111,22 @@ class SamplingRequest(BaseModel):
         check_defaults(self, DEFAULT_ONLY)
         if self.n is None or not 1 <= self.n <= MAX_N:
             raise bad_request(f"n: must be in [1, {MAX_N}] (got {self.n})", "n")
-        if self.n > 1 and self.temperature == 0:
-            raise bad_request(f"n: must be 1 with greedy sampling (temperature 0), got {self.n}", "n")
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options: only allowed when stream is true", "stream_options")
+
+    def _sampling_values(self, defaults: SamplingDefaults) -> dict[str, Any]:
+        """The request's sampling fields over the model's defaults (vLLM: user -> server default -> built-in)."""
+        given = {
+            "temperature": (self.temperature, defaults.temperature), "top_p": (self.top_p, defaults.top_p),
+            "min_p": (self.min_p, defaults.min_p), "top_k": (self.top_k, defaults.top_k),
+            "repetition_penalty": (self.repetition_penalty, defaults.repetition_penalty),
+            "presence_penalty": (self.presence_penalty, None), "frequency_penalty": (self.frequency_penalty, None),
+            "seed": (self.seed, None),
+        }
+        values: dict[str, Any] = {name: value if value is not None else default
+                                  for name, (value, default) in given.items()}
+        values["top_k"] = None if values["top_k"] in (-1, 0) else values["top_k"]  # vLLM's "no top-k": -1 or 0
+        return {name: value for name, value in values.items() if value is not None or name == "top_k"}
 
     @property
     def include_usage_in_stream(self) -> bool:
@@ -131,16 +145,13 @@ class SamplingRequest(BaseModel):
             pairs.append((int(key), min(MAX_LOGIT_BIAS, max(-MAX_LOGIT_BIAS, bias))))
         return tuple(pairs)
 
-    def to_sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-        """The engine's SamplingParams; a range error becomes a 400 naming the field."""
-        given = {
-            "temperature": self.temperature, "top_p": self.top_p, "min_p": self.min_p,
-            "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
-            "repetition_penalty": self.repetition_penalty, "seed": self.seed,
-        }
-        values: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
-        # vLLM clients spell "no top-k" as -1 (or 0).
-        values["top_k"] = None if self.top_k in (None, -1, 0) else self.top_k
+    def to_sampling_params(self, max_tokens: int | None, logprobs: int | None,
+                           defaults: SamplingDefaults = NO_SAMPLING_DEFAULTS) -> SamplingParams:
+        """The engine's SamplingParams; a field the request leaves unset takes the model's default
+        (--generation-config), else SamplingParams' own (vLLM's); a range error is a 400 naming the field."""
+        values = self._sampling_values(defaults)
+        if (self.n or 1) > 1 and values.get("temperature") == 0:  # the effective temperature, as vLLM checks it
+            raise bad_request(f"n: must be 1 with greedy sampling (temperature 0), got {self.n}", "n")
         stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
         try:
             return SamplingParams(
@@ -324,3 +335,23 @@ class DetokenizeRequest(BaseModel):
     model: str | None = None
     tokens: list[int]
 
+
+
+def effective_max_tokens(requested: int | None, defaults: SamplingDefaults) -> int | None:
+    """vLLM's get_max_tokens: the request's max_tokens, else the model's default; under the cap of
+    --override-generation-config (or PATH's) max_new_tokens either way. None: the rest of max_model_len."""
+    chosen = requested if requested is not None else defaults.max_tokens
+    cap = defaults.max_tokens_cap
+    if cap is None:
+        return chosen
+    return cap if chosen is None else min(chosen, cap)
+
+
+def fit_default_max_tokens(params: SamplingParams, requested: int | None, room: int) -> SamplingParams:
+    """A max_tokens the request did not ask for (the model's default) past the room its prompt leaves in
+    max_model_len is cut to that room, as vLLM's get_max_tokens takes the min (an asked-for one past it
+    stays a 400). The room is spelled None, "the rest of max_model_len", which also keeps the error of a
+    prompt that leaves none about the prompt."""
+    if requested is not None or params.max_tokens is None or params.max_tokens <= room:
+        return params
+    return dataclasses.replace(params, max_tokens=None)

@@ -35,7 +35,11 @@ from conveyor.server.generation import (
     respond,
     sse_events,
 )
-from conveyor.server.protocol import ChatCompletionRequest
+from conveyor.server.protocol import (
+    ChatCompletionRequest,
+    effective_max_tokens,
+    fit_default_max_tokens,
+)
 from conveyor.server.responses import (
     ChatChoice,
     ChatChoiceLogprobs,
@@ -78,13 +82,15 @@ async def prepare_chat(ctx: ServingContext, body: ChatCompletionRequest, http_re
     arrival_s = time.monotonic()
     body.check_supported()
     check_logprobs(ctx, body.top_logprobs, "top_logprobs")
-    params = body.to_sampling_params(body.requested_max_tokens(), body.num_logprobs())
+    max_tokens = effective_max_tokens(body.requested_max_tokens(), ctx.sampling_defaults)
+    params = body.to_sampling_params(max_tokens, body.num_logprobs(), ctx.sampling_defaults)
     request_id = engine_request_id("chatcmpl", http_request, body.request_id)
     log_request(ctx, request_id, body.template_messages()[-1]["content"], body)
     token_ids = await render_chat_prompt(ctx, body)
     ctx.metrics.observe_tokenization(time.monotonic() - arrival_s)
     if not token_ids:
         raise bad_request("messages: the rendered prompt is empty", "messages")
+    params = fit_default_max_tokens(params, body.requested_max_tokens(), ctx.max_model_len - len(token_ids))
     request = GenerateRequest(request_id=request_id, prompt_token_ids=token_ids,
                               sampling_params=params, priority=body.priority, cache_salt=body.cache_salt,
                               arrival_s=arrival_s)

@@ -28,7 +28,7 @@ from conveyor.server.generation import (
     respond,
     sse_events,
 )
-from conveyor.server.protocol import CompletionRequest
+from conveyor.server.protocol import CompletionRequest, effective_max_tokens
 from conveyor.server.responses import (
     CompletionChoice,
     CompletionLogprobs,
@@ -61,7 +61,9 @@ async def prepare_completion(ctx: ServingContext, body: CompletionRequest, http_
     check_logprobs(ctx, body.logprobs, "logprobs")
     prompt = body.single_prompt()
     # An explicit `max_tokens: null` is the default 16, as vLLM 0.33 answers it (not "to the context limit").
-    params = body.to_sampling_params(16 if body.max_tokens is None else body.max_tokens, body.logprobs)
+    # The model's max_new_tokens is no default here: the field's own default is 16 (vLLM's CompletionRequest).
+    max_tokens = effective_max_tokens(16 if body.max_tokens is None else body.max_tokens, ctx.sampling_defaults)
+    params = body.to_sampling_params(max_tokens, body.logprobs, ctx.sampling_defaults)
     request_id = engine_request_id("cmpl", http_request, body.request_id)
     log_request(ctx, request_id, prompt, body)
     if isinstance(prompt, str):
