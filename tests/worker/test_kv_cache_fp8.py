@@ -21,8 +21,8 @@ from conveyor.config import (
     ModelConfig,
     SchedulerConfig,
 )
+from conveyor.worker.gpu_memory import GpuMemoryProfile
 from conveyor.worker.kv_cache import (
-    GpuMemoryProfile,
     KVCacheSpec,
     dtype_num_bytes,
     num_blocks_for_gpu,
@@ -47,7 +47,7 @@ def test_fp8_blocks_are_twice_bf16_from_the_same_budget(cache_dtype: str) -> Non
     fp8 = num_blocks_from_memory(spec_for(cache_dtype), BUDGET_BYTES)
     assert fp8 == pytest.approx(2 * bf16, rel=0.01)
     profile = GpuMemoryProfile(total_bytes=80 * 2**30, peak_torch_bytes=17 * 2**30, non_torch_bytes=2**30,
-                               weights_bytes=15 * 2**30)
+                               init_non_torch_bytes=0, weights_bytes=15 * 2**30)
     bf16_gpu = num_blocks_for_gpu(spec_for("auto"), 0.9, profile)
     assert num_blocks_for_gpu(spec_for(cache_dtype), 0.9, profile) == pytest.approx(2 * bf16_gpu, rel=0.01)
 

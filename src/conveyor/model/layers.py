@@ -255,7 +255,9 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # [T, 2I]
         if use_fused_kernels(gate_up):
-            return self.down_proj(silu_and_mul(gate_up))
+            act = silu_and_mul(gate_up)  # [T, I]
+            del gate_up  # not alive beside down_proj's output: the forward's peak is gate_up + act alone
+            return self.down_proj(act)
         if use_cpu_kernels(gate_up) and gate_up.is_contiguous():
             return self.down_proj(silu_and_mul_cpu(gate_up))
         gate, up = gate_up.split(self.intermediate_size, dim=-1)

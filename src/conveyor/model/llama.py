@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -93,6 +94,18 @@ class LlamaAttention(nn.Module):
         return self.o_proj(out)
 
 
+@dataclass
+class ResidualStream:
+    """The residual stream between decoder layers, `residual + delta`, held in one place that the layers
+    update: a (delta, residual) tuple passed and returned would stay alive in the caller's names through
+    the whole next layer, two [T, hidden] tensors more at its MLP (mutable on purpose: only lifetimes)."""
+
+    delta: torch.Tensor | None
+    """What the next norm adds: the previous layer's MLP output, or the embeddings before the first layer."""
+    residual: torch.Tensor | None = None
+    """The stream before `delta` (None before the first layer)."""
+
+
 class LlamaDecoderLayer(nn.Module):
     """x + attn(norm(x)), then + mlp(norm(x))."""
 
@@ -115,21 +128,24 @@ class LlamaDecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, metadata)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def forward_residual(
-        self, delta: torch.Tensor, residual: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor],
-        kv_cache: torch.Tensor, metadata: AttentionMetadata,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`forward` in the residual-stream form of the fused path: the stream is `residual + delta`
-        (delta [T, hidden] the previous layer's MLP output, or the embeddings with residual None) and
-        each add rides in the following norm's launch. Returns (this layer's MLP output, the stream
-        before it), which sum to what `forward` returns."""
-        if residual is None:  # the first layer: the stream is the embeddings, nothing to add yet
-            hidden, residual = self.input_layernorm(delta), delta
+    def forward_residual(self, stream: ResidualStream, rope: tuple[torch.Tensor, torch.Tensor],
+                         kv_cache: torch.Tensor, metadata: AttentionMetadata) -> None:
+        """`forward` in the residual-stream form of the fused path: the stream is `residual + delta` and each
+        add rides in the following norm's launch. Updates `stream` to (this layer's MLP output, the stream
+        before it), which sum to what `forward` returns. Each [T, hidden] input is dropped once its add is
+        done, and the attention output before the MLP runs: the MLP's gate_up and activation set the
+        forward's peak, and nothing else but its input and the stream's residual is alive beside them."""
+        delta, stream.delta = stream.delta, None
+        assert delta is not None, "the stream holds the previous layer's output"
+        if stream.residual is None:  # the first layer: the stream is the embeddings, nothing to add yet
+            hidden, stream.residual = self.input_layernorm(delta), delta
         else:
-            hidden, residual = self.input_layernorm.add_and_norm(delta, residual)
+            hidden, stream.residual = self.input_layernorm.add_and_norm(delta, stream.residual)
+        del delta
         attn_out = self.self_attn(hidden, rope, kv_cache, metadata)
-        hidden, residual = self.post_attention_layernorm.add_and_norm(attn_out, residual)
-        return self.mlp(hidden), residual
+        hidden, stream.residual = self.post_attention_layernorm.add_and_norm(attn_out, stream.residual)
+        del attn_out
+        stream.delta = self.mlp(hidden)
 
 
 class LlamaModel(nn.Module):
@@ -199,20 +215,22 @@ class LlamaForCausalLM(nn.Module):
         if self.cpu_stack is not None and self.cpu_stack.takes(x):  # decode steps: one C call, same bits
             return self.model.norm(self.cpu_stack.run(x, rope, kv_caches, metadata))
         if self.uses_residual_stream(x):
-            return self._forward_residual_stream(x, rope, kv_caches, metadata)
+            stream = ResidualStream(x)
+            del x  # the stream owns the embeddings: they go once the first layer has added its attention
+            return self._forward_residual_stream(stream, rope, kv_caches, metadata)
         for layer, kv_cache in zip(self.model.layers, kv_caches):
             x = layer(x, rope, kv_cache, metadata)
         return self.model.norm(x)
 
-    def _forward_residual_stream(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+    def _forward_residual_stream(self, stream: ResidualStream, rope: tuple[torch.Tensor, torch.Tensor],
                                  kv_caches: list[torch.Tensor], metadata: AttentionMetadata) -> torch.Tensor:
         """The decoder stack with each residual add fused into the next norm (`forward_residual`); the
-        final norm takes the last add. x [T, hidden] embeddings -> [T, hidden], the same bits as the loop."""
-        delta, residual = x, None
+        final norm takes the last add. The stream starts as the [T, hidden] embeddings -> [T, hidden], the
+        same bits as the loop."""
         for layer, kv_cache in zip(self.model.layers, kv_caches):
-            delta, residual = layer.forward_residual(delta, residual, rope, kv_cache, metadata)
-        assert residual is not None, "a model without layers"
-        return self.model.norm.add_and_norm(delta, residual)[0]
+            layer.forward_residual(stream, rope, kv_cache, metadata)
+        assert stream.delta is not None and stream.residual is not None, "a model without layers"
+        return self.model.norm.add_and_norm(stream.delta, stream.residual)[0]
 
     def uses_residual_stream(self, x: torch.Tensor) -> bool:
         """Whether `forward` runs the residual-stream stack for embeddings x: on the fused kernels' devices

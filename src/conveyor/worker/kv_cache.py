@@ -5,8 +5,9 @@ The model: the KV cache is one tensor per layer, `[2, num_blocks, block_size, nu
 costs `2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes` over all layers, and the
 number of blocks is the budget divided by that, floored. The budget is, in order of precedence:
 `CacheConfig.num_blocks_override` (exact count), `CacheConfig.kv_cache_memory_bytes`, and otherwise
-1 GiB on CPU or, on CUDA, `total * gpu_memory_utilization - peak_torch_bytes - non_torch_bytes`
-measured after a profiling forward of the largest batch (vLLM's procedure). The scheduler's block
+1 GiB on CPU or, on CUDA, `total * gpu_memory_utilization - peak_torch_bytes - non-torch increase`
+measured around a profiling forward of the largest batch (vLLM's procedure; the increase is over the
+snapshot the runner takes before the weights load, gpu_memory.py). The scheduler's block
 pool is sized with the same number, so the two can never disagree. `--kv-cache-dtype fp8` stores
 one byte per element instead of bf16's two (kernels/fp8_kv.py), so the same budget holds twice the
 blocks; `conveyor plan --kv-cache-dtype fp8` does the same arithmetic (tests/worker/test_kv_cache_fp8.py).
@@ -26,6 +27,7 @@ import torch
 from conveyor.config import CacheConfig
 from conveyor.kernels.fp8_kv import FP8_KV_DTYPES
 from conveyor.model.attention import kv_cache_shape
+from conveyor.worker.gpu_memory import GpuMemoryProfile
 
 logger = logging.getLogger(__name__)
 
@@ -116,61 +118,6 @@ class KVCapacity:
         )
 
 
-@dataclass(frozen=True)
-class ProfileStagePeaks:
-    """torch's allocated peak within each stage of the profiling pass, the scratch KV left out (bytes, the
-    weights included): the peak is reset between stages, so each figure is that stage's own."""
-
-    forward_bytes: int
-    """The forward of max_num_batched_tokens tokens (the sampled rows gathered, the hidden states freed)."""
-    lm_head_bytes: int
-    """The LM head over the sampled rows: their logits in the model's dtype."""
-    sampler_bytes: int
-    """The sampler's step over those logits (its float32 copy, noise and row-chunk temporaries)."""
-
-
-@dataclass(frozen=True)
-class GpuMemoryProfile:
-    """Memory measured around a profiling forward pass on CUDA."""
-
-    total_bytes: int
-    """Device memory (torch.cuda.mem_get_info total)."""
-    peak_torch_bytes: int
-    """torch.cuda.max_memory_allocated after the profiling pass, less the scratch KV the pass held:
-    weights + peak activations (the real KV cache is budgeted on its own, as vLLM profiles without one)."""
-    non_torch_bytes: int
-    """Memory in use that torch's allocator does not own (CUDA context, NCCL, other processes)."""
-    weights_bytes: int
-    """torch.cuda.memory_allocated before the pass: the weights and every buffer allocated since (vLLM's
-    "model weights take"); the pass's peak above it is the activation peak."""
-    stages: ProfileStagePeaks | None = None
-    """The peak of each stage of the pass, where the pass marked its stages."""
-
-    @property
-    def activation_peak_bytes(self) -> int:
-        """What the pass added at its peak over what was allocated before it."""
-        return self.peak_torch_bytes - self.weights_bytes
-
-    def budget_bytes(self, gpu_memory_utilization: float) -> int:
-        return int(self.total_bytes * gpu_memory_utilization)
-
-    def kv_cache_bytes(self, gpu_memory_utilization: float) -> int:
-        """What the utilization target leaves after the profiled peak and the memory outside torch (vLLM's
-        rule); negative when nothing is left."""
-        return self.budget_bytes(gpu_memory_utilization) - self.peak_torch_bytes - self.non_torch_bytes
-
-
-def profile_from_peaks(total_bytes: int, non_torch_bytes: int, weights_bytes: int, peaks: list[int],
-                       scratch_bytes: int) -> GpuMemoryProfile:
-    """The profile from torch's allocated peaks read during the pass: one per stage the pass marked, then one
-    for whatever ran after its last mark. The scratch KV is alive in every stage, so it leaves each of them."""
-    peak_torch_bytes = max(peaks) - scratch_bytes
-    stages = None
-    if len(peaks) == 4:  # forward, LM head, sampler, the rest of the pass
-        stages = ProfileStagePeaks(*(peak - scratch_bytes for peak in peaks[:3]))
-    return GpuMemoryProfile(total_bytes, peak_torch_bytes, non_torch_bytes, weights_bytes, stages)
-
-
 def _gib(num_bytes: int) -> str:
     return f"{num_bytes / (1 << 30):.3f}"
 
@@ -191,7 +138,9 @@ def describe_gpu_memory(profile: GpuMemoryProfile, gpu_memory_utilization: float
         f"{gpu_memory_utilization:.2f} = {_gib(profile.budget_bytes(gpu_memory_utilization))} GiB; "
         f"model weights (allocated before the pass) take {_gib(profile.weights_bytes)} GiB; "
         f"activation peak over the weights {_gib(profile.activation_peak_bytes)} GiB{split}; "
-        f"non_torch_memory takes {_gib(profile.non_torch_bytes)} GiB; the rest for the KV cache is "
+        f"non_torch_memory takes {_gib(profile.non_torch_increase_bytes)} GiB (increase since the init "
+        f"snapshot; {_gib(profile.init_non_torch_bytes)} GiB at the snapshot, CUDA context and other "
+        f"processes, left to the margin); the rest for the KV cache is "
         f"{_gib(kv_bytes)} GiB = {num_blocks} blocks of {spec.bytes_per_block / (1 << 20):.2f} MiB"
     )
 
@@ -225,37 +174,15 @@ def num_blocks_for_gpu(spec: BlockCost, gpu_memory_utilization: float, profile: 
         raise KVCacheSizingError(
             f"no GPU memory left for the KV cache: {gpu_memory_utilization:.2f} x "
             f"{profile.total_bytes / (1 << 30):.1f} GiB minus the model's peak "
-            f"{profile.peak_torch_bytes / (1 << 30):.2f} GiB and {profile.non_torch_bytes / (1 << 30):.2f} "
+            f"{profile.peak_torch_bytes / (1 << 30):.2f} GiB and {profile.non_torch_increase_bytes / (1 << 30):.2f} "
             "GiB outside torch; raise --gpu-memory-utilization or lower --max-num-batched-tokens"
         )
     return free_for_kv // spec.bytes_per_block
 
 
-def profile_gpu_memory(device: torch.device, run_forward: Callable[[Callable[[], None]], int]) -> GpuMemoryProfile:
-    """Run `run_forward` (the largest batch) once and measure torch's peak and memory outside torch.
-
-    `run_forward(end_stage)` calls `end_stage()` at the end of each of its stages (forward, LM head,
-    sampler), which reads the peak so far and resets it, so the profile also has each stage's peak. It
-    returns the bytes of scratch KV it allocated. They are taken off the peak: the real cache replaces them
-    and is sized separately, so counting them would shrink the cache by their size (2 GiB for a 32B model at
-    8,192 tokens, the whole KV budget of an 80 GB card at vLLM's defaults)."""
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
-    free_before, total_bytes = torch.cuda.mem_get_info(device)
-    # Measured together: whatever the device reports as used beyond torch's reservation belongs to
-    # others (CUDA context, cuBLAS workspaces outside the allocator, other processes).
-    non_torch_bytes = max(0, total_bytes - free_before - torch.cuda.memory_reserved(device))
-    weights_bytes = torch.cuda.memory_allocated(device)
-    peaks: list[int] = []
-
-    def end_stage() -> None:
-        torch.cuda.synchronize(device)
-        peaks.append(torch.cuda.max_memory_allocated(device))
-        torch.cuda.reset_peak_memory_stats(device)  # the next stage's peak starts from what is allocated now
-
-    scratch_bytes = run_forward(end_stage)
-    end_stage()  # whatever ran after the pass's last stage
-    return profile_from_peaks(total_bytes, non_torch_bytes, weights_bytes, peaks, scratch_bytes)
+def sizes_from_gpu_memory_utilization(cache_config: CacheConfig) -> bool:
+    """Whether --gpu-memory-utilization sets the budget: no block count and no --kv-cache-memory given."""
+    return cache_config.num_blocks_override is None and cache_config.kv_cache_memory_bytes is None
 
 
 def resolve_num_blocks(

@@ -23,6 +23,13 @@ from conveyor.kernels.cpu_build import cpu_kernels_available
 from conveyor.model.loader import LoadedModel, load_model, resolve_dtype
 from conveyor.sampling_params import SamplingParams
 from conveyor.worker.cuda_graphs import CudaGraphRunner, GraphPlan
+from conveyor.worker.gpu_memory import (
+    GpuMemoryProfile,
+    MemorySnapshot,
+    profile_gpu_memory,
+    requested_memory_bytes,
+    take_memory_snapshot,
+)
 from conveyor.worker.input_batch import HostBatch, HostStaging, prepare_host_batch
 from conveyor.worker.kv_cache import (
     KVCacheSpec,
@@ -31,9 +38,9 @@ from conveyor.worker.kv_cache import (
     allocate_kv_caches,
     check_fits_max_model_len,
     dtype_num_bytes,
-    profile_gpu_memory,
     resolve_kv_cache_dtype,
     resolve_num_blocks,
+    sizes_from_gpu_memory_utilization,
 )
 from conveyor.worker.request_state import BlockTable, RequestState, apply_scheduler_output
 from conveyor.worker.sampler import Sampler
@@ -70,6 +77,8 @@ class ModelRunner:
         self.kv_cache_dtype = resolve_kv_cache_dtype(cache_config.cache_dtype, self.dtype)
         """The KV cache tensors' element type (the model's, or FP8 with --kv-cache-dtype fp8)."""
         self.attention_backend = attention_backend_for(self.device, self.dtype, self.kv_cache_dtype)
+        self.init_snapshot = self._init_memory_snapshot()
+        """The device's memory before the weights load (CUDA only): the KV budget's reference point."""
         loaded = self._load_model(model_config)
         self.model = loaded.module
         self.arch_config = loaded.arch_config
@@ -89,6 +98,22 @@ class ModelRunner:
         """Verification and the proposer (None: speculative decoding off)."""
         self.structured_outputs: StructuredOutputs | None = None
         """Grammar matchers for structured outputs (set by the engine, which has the tokenizer)."""
+
+    def _init_memory_snapshot(self) -> MemorySnapshot | None:
+        """vLLM's worker init snapshot: the device is up (a tensor-parallel rank has picked its GPU), nothing
+        loaded yet. What is in use outside torch now, the CUDA context above all, is not charged to the KV
+        budget; a start-up that finds less free than --gpu-memory-utilization asks for is refused here,
+        before minutes of loading, when that flag sizes the cache."""
+        if self.device.type != "cuda":
+            return None
+        snapshot = take_memory_snapshot(self.device)
+        if sizes_from_gpu_memory_utilization(self.cache_config):
+            requested_memory_bytes(snapshot, self.cache_config.gpu_memory_utilization)
+        return snapshot
+
+    def _profile_gpu_memory(self) -> GpuMemoryProfile:
+        assert self.init_snapshot is not None, "CUDA runners take their snapshot before loading"
+        return profile_gpu_memory(self.device, self.profile_run, self.init_snapshot)
 
     def _load_model(self, model_config: ModelConfig) -> LoadedModel:
         """The whole model (a tensor-parallel rank loads its shard: worker/parallel.py)."""
@@ -150,7 +175,7 @@ class ModelRunner:
         sizing = SharedBlocksSpec((spec, draft_spec)) if draft_spec is not None else spec
         num_blocks = self._agree_on_num_blocks(resolve_num_blocks(
             sizing, self.cache_config, self.device,
-            profile=lambda: profile_gpu_memory(self.device, self.profile_run),
+            profile=self._profile_gpu_memory,
         ))
         self.kv_caches = allocate_kv_caches(spec, num_blocks, self.device, self.kv_cache_dtype)
         if self.spec_decoder is not None:
