@@ -119,8 +119,8 @@ class CacheConfig:
     """Reuse full blocks whose chained hash matches an earlier request's."""
     kv_cache_memory_bytes: int | None = None
     """KV cache size in bytes (CPU default: 1 GiB; on CUDA this overrides gpu_memory_utilization)."""
-    gpu_memory_utilization: float = 0.9
-    """Fraction of GPU memory the engine may use in total; the KV cache gets what the model leaves."""
+    gpu_memory_utilization: float = 0.92
+    """Fraction of GPU memory the engine may use; the KV cache gets what the model leaves (vLLM 0.24's default)."""
     num_blocks_override: int | None = None
     """Exact number of KV blocks (tests and simulations); skips memory-based sizing."""
     cache_dtype: str = "auto"

@@ -167,7 +167,7 @@ _ENGINE_FLAGS: tuple[VllmFlag, ...] = (
     _f("--fault-tolerance-config", V, _G, FEATURE),
     # ---- KV cache --------------------------------------------------------------------------------
     _f("--block-size", V, _I, "tokens per KV block (a power of two; default 16)"),
-    _f("--gpu-memory-utilization,--device-memory-utilization", V, _I, "fraction of GPU memory (CUDA; default 0.9)"),
+    _f("--gpu-memory-utilization,--device-memory-utilization", V, _I, "fraction of GPU memory (CUDA; default 0.92, vLLM 0.24's)"),
     _f("--kv-cache-memory-bytes", V, _I, "KV cache bytes (`4G` = 4 GiB as vLLM; also --kv-cache-memory)"),
     _f("--kv-cache-dtype", V, _I, "auto, fp8 (= fp8_e4m3), fp8_e5m2; scales 1.0 (vLLM's default); CUDA only"),
     _f("--num-gpu-blocks-override", V, _I, "exact number of KV blocks"),

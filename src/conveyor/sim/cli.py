@@ -18,6 +18,7 @@ from conveyor.bench.decide.study import load_study_file
 from conveyor.bench.load.profiles import LoadProfile
 from conveyor.bench.measure.rundirs import RunDirError, prepare_out_dir
 from conveyor.bench.measure.runner import dashboard_table
+from conveyor.bench.plan.memory import PlanInputs
 from conveyor.bench.trace.traces import TraceError
 from conveyor.core import simulate_cli
 from conveyor.sim.cross_hardware import retarget_study, scaled_for_validation
@@ -62,7 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hardware.add_argument("--model-config", metavar="CONFIG.json", help="the model's config.json, for the target's "
                           "KV pool from the memory plan (or give --num-gpu-blocks-override) and each term's "
                           "roofline floor")
-    hardware.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="for the memory plan (default 0.9)")
+    hardware.add_argument("--gpu-memory-utilization", type=float, default=PlanInputs.gpu_memory_utilization,
+                          help="for the memory plan (default: the engine's, %(default)s)")
     study = parser.add_argument_group("simulate, then verify: a study on the simulator, to shortlist configurations")
     study.add_argument("--study", metavar="STUDY.toml", help="run this `bench study` file on the simulator (with "
                        "--calibration) into --out-dir, and write the shortlist to verify on servers")

@@ -140,7 +140,7 @@ def catalog_gpu(hardware: str) -> GPU:
 
 
 def _plan_inputs(calibration: Calibration, setup: EngineSetup | None = None,
-                 gpu_memory_utilization: float = 0.9) -> PlanInputs:
+                 gpu_memory_utilization: float = PlanInputs.gpu_memory_utilization) -> PlanInputs:
     """The memory plan's inputs for the calibrated server (at the simulated limits when `setup`)."""
     flags = dict(calibration.key.configuration)
     dtype = calibration.key.dtype if calibration.key.dtype in DTYPE_BYTES else "bfloat16"

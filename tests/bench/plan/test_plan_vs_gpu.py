@@ -34,7 +34,8 @@ ENGINE_BLOCKS = [
 
 
 def planned_blocks(gpu: str, max_num_seqs: int, sampler: str) -> int:
-    inputs = PlanInputs(dtype="bfloat16", max_num_seqs=max_num_seqs, max_num_batched_tokens=8192)
+    inputs = PlanInputs(dtype="bfloat16", max_num_seqs=max_num_seqs, max_num_batched_tokens=8192,
+                        gpu_memory_utilization=0.9)  # as the engine ran then
     memory = model_memory(load_shape(QWEN3_32B), inputs, SAMPLER_RESERVES[sampler])
     return fit_on(find_gpu(gpu), memory, inputs).kv_budget_bytes // BLOCK_BYTES
 
@@ -51,3 +52,10 @@ def test_the_chunked_sampler_leaves_the_kv_cache_what_the_whole_batch_took() -> 
     before, after = planned_blocks("H100", 1024, "unchunked"), planned_blocks("H100", 1024, "chunked")
     assert (after - before) * BLOCK_BYTES == pytest.approx(
         unchunked_sampler_bytes(1024, 151_936) - sampler_bytes(1024, 151_936), abs=BLOCK_BYTES)
+
+
+def test_the_plan_and_the_engine_default_to_vllm_0_24s_memory_utilization() -> None:
+    # vLLM 0.24's CacheConfig defaults to 0.92 (0.9 before): a drop-in must size the pool the same, and the
+    # plan must price the pool `serve` will allocate. At 0.9 conveyor's online pool was 857 blocks short.
+    from conveyor.config import CacheConfig
+    assert CacheConfig().gpu_memory_utilization == PlanInputs().gpu_memory_utilization == 0.92

@@ -238,7 +238,7 @@ class PlanInputs:
     """Token budget of one step (sizes the activation term)."""
     block_size: int = 16
     """KV block size (a request's KV rounds up to whole blocks)."""
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = 0.92
     """Fraction of the GPU the engine may use; the rest is the safety margin."""
     tensor_parallel_size: int = 1
     """GPUs the model is split over (see `shape_per_rank`)."""
