@@ -181,3 +181,30 @@ def test_the_front_ends_compiled_grammar_masks_as_the_constraint_it_came_from() 
     outputs = StructuredOutputs(GrammarVocab(tokenizer_json, 49_152, (2,)))
     assert allowed(outputs, constrained("a", compiled.kind, compiled.spec)) == \
         allowed(outputs, constrained("b", source.kind, source.spec))
+
+
+def test_the_eos_that_ends_a_completed_grammar_is_accepted_on_the_next_step() -> None:
+    """Async scheduling (the CUDA default) builds step N+1's mask before the engine has seen step N's EOS,
+    so the matcher consumes that EOS. A choice is complete at "no": llguidance has stopped there, and its
+    `try_consume_tokens` refuses every token once stopped, EOS included; the request then ended as a 400
+    "output token 1: token 2 refused" (H100, random Llama-3.1-8B weights, SmolLM2 tokenizer)."""
+    outputs = StructuredOutputs(GrammarVocab(tokenizer_json, 128_256, (2,)))
+    state = constrained("r", GrammarKind.CHOICE, '["yes", "no"]', "structured_outputs.choice")
+    assert 2 not in allowed(outputs, state)  # EOS cannot start a choice
+    state.token_ids.append(4607)  # "no": the grammar is complete
+    assert allowed(outputs, state) == {2}
+    state.token_ids.append(2)  # the EOS that step sampled, seen by the next step's mask
+    assert allowed(outputs, state) == {2}  # still the end only (a request with ignore_eos goes on with it)
+    state.token_ids.append(2)
+    assert allowed(outputs, state) == {2}
+    assert outputs.take_failures() == {}
+
+
+def test_a_token_after_the_completed_grammar_other_than_its_end_is_reported() -> None:
+    """Only an end token may follow a complete grammar: anything else (min_tokens can force one) leaves it."""
+    outputs = StructuredOutputs(GrammarVocab(tokenizer_json, 49_152, (2,)))
+    state = constrained("r", GrammarKind.CHOICE, '["yes", "no"]', "guided_choice")
+    state.token_ids.extend([4607, 2, 1000])  # "no", EOS, then some other token
+    assert allowed(outputs, state) == {2}
+    message = outputs.take_failures()["r"]
+    assert message.startswith("guided_choice: the output can no longer follow the grammar: output token 2"), message

@@ -13,7 +13,11 @@ it consumes the tokens it has not seen. So nothing else has to tell it what was 
 step's sampled token, a verified draft (speculative decoding is refused with structured outputs at
 admission, but the rule would hold), or a preempted request that comes back with its earlier outputs
 (its matcher was dropped with its state, and the new one consumes them all) all land the same way.
-Under async scheduling the runner collects the step in flight first, so no placeholder is consumed.
+Under async scheduling the runner collects the step in flight first, so no placeholder is consumed; but
+the EOS a request's last step drew reaches its matcher in the next step's mask, built before the engine
+ended the request on it. llguidance stops a matcher at the end of its grammar and refuses every token
+after, so a stopped matcher takes its end tokens here (`_consume`). vLLM's guidance backend lets a stopped
+matcher take any token; here any other is still a failure (a token forced past the end of the grammar).
 
 A matcher that falls into an error (a token it refuses, e.g. forced by `min_tokens` or a bias; a mask
 it cannot compute, e.g. a JSON schema whose `$ref` loops), or that cannot be built for this request,
@@ -215,13 +219,27 @@ class StructuredOutputs:
             return entry
         assert entry.matcher is not None
         new = list(outputs[entry.num_consumed:])
-        accepted = entry.matcher.try_consume_tokens(new)
+        accepted = self._consume(entry.matcher, new)
         entry.num_consumed = len(outputs)
         if accepted < len(new) or entry.matcher.is_error():
             refused = f"token {new[accepted]} refused" if accepted < len(new) else "matcher error"
             reason = one_line(entry.matcher.get_error()) or refused
             self._fail(state, entry, f"output token {entry.num_consumed - len(new) + accepted}: {reason}")
         return entry
+
+    def _consume(self, matcher: LLMatcher, tokens: list[int]) -> int:
+        """How many of `tokens` the matcher takes. llguidance stops a matcher as soon as its grammar is
+        complete and only an end token may follow, and once stopped `try_consume_tokens` refuses every
+        token, that end token too. Yet the end token does come: under async scheduling the next step's mask
+        is built before the engine has ended the request on it, and with ignore_eos the request goes on
+        drawing it. So a stopped matcher takes the end tokens (its mask stays "end only") and nothing else."""
+        accepted = 0 if matcher.is_stopped() else matcher.try_consume_tokens(tokens)
+        if accepted == len(tokens) or not matcher.is_stopped() or matcher.is_error():
+            return accepted
+        ends = _end_tokens(self.tokenizer)
+        while accepted < len(tokens) and tokens[accepted] in ends:
+            accepted += 1
+        return accepted
 
     def _build(self, request_id: str, constraint: StructuredOutput) -> _Matcher:
         """A new matcher, or a failed entry (EOS only) if this grammar or tokenizer cannot make one."""
@@ -231,6 +249,12 @@ class StructuredOutputs:
             logger.exception("request %s: its %s constraint could not be built; only EOS is allowed",
                              request_id, constraint.field)
             return _Matcher(None, failed=True, error=one_line(str(error)) or type(error).__name__)
+
+
+def _end_tokens(tokenizer: LLTokenizer) -> frozenset[int]:
+    """The tokens llguidance ends a grammar on (`make_tokenizer` may have fallen back to the tokenizer's
+    own EOS); releases before 1.7 name one, `eos_token`."""
+    return frozenset(getattr(tokenizer, "eos_tokens", None) or [tokenizer.eos_token])
 
 
 def _lower_this_threads_priority() -> None:
