@@ -19,13 +19,16 @@ ended the request on it. llguidance stops a matcher at the end of its grammar an
 after, so a stopped matcher takes its end tokens here (`_consume`). vLLM's guidance backend lets a stopped
 matcher take any token; here any other is still a failure (a token forced past the end of the grammar).
 
-A matcher that falls into an error (a token it refuses, e.g. forced by `min_tokens` or a bias; a mask
-it cannot compute, e.g. a JSON schema whose `$ref` loops), or that cannot be built for this request,
-allows only EOS from then on, so the request never runs on unconstrained. That EOS would read as a
-normal "stop" with text that does not follow the grammar, so the failure is also reported:
-`take_failures` hands the step's new failures (request id -> a message naming the field) to the
-runner's output, and the engine ends those requests with an error instead. Nothing here may raise into
-the step: one request's grammar must never stop the engine for every other request.
+A matcher that falls into an error (a token it refuses; a mask it cannot compute, e.g. a JSON schema
+whose `$ref` loops), or that cannot be built for this request, allows only EOS from then on, so the
+request never runs on unconstrained. That EOS would read as a normal "stop" with text that does not
+follow the grammar, so the failure is also reported: `take_failures` hands the step's new failures to
+the runner's output, and the engine ends those requests with an error instead. Nothing here may raise
+into the step: one request's grammar must never stop the engine for every other request.
+Whose fault: a grammar that cannot be built or has no next token is the request's (a 400 naming its
+field). A sampled token the grammar refuses is one its mask forbade: no bias or penalty lifts a -inf,
+so only `min_tokens` can force one (it forbids EOS where the grammar allows nothing else), which is the
+request's doing; past min_tokens it is the engine's fault (a 500: the request asked for nothing wrong).
 """
 
 from __future__ import annotations
@@ -108,8 +111,9 @@ class StructuredOutputs:
         self._vocab = vocab
         self._tokenizer: LLTokenizer | None = None
         self._matchers: dict[str, _Matcher] = {}
-        self._failures: dict[str, str] = {}
-        """Requests whose grammar failed since the last `take_failures`, with the message for the client."""
+        self._failures: dict[str, str | None] = {}
+        """Requests whose grammar failed since the last `take_failures`, with the message for the client
+        (None: the engine's fault, not the request's)."""
         self._building: dict[str, Future[_Matcher]] = {}
         """Matchers being built on the compile thread, by request id."""
         self._compiler: ThreadPoolExecutor | None = None
@@ -155,8 +159,9 @@ class StructuredOutputs:
         if self._compiler is not None:
             self._compiler.shutdown(wait=False, cancel_futures=True)
 
-    def take_failures(self) -> dict[str, str]:
-        """The grammar failures found since the last call (request id -> message naming the field)."""
+    def take_failures(self) -> dict[str, str | None]:
+        """The grammar failures found since the last call (request id -> message naming the field, or
+        None where the engine is at fault)."""
         failures, self._failures = self._failures, {}
         return failures
 
@@ -194,14 +199,19 @@ class StructuredOutputs:
         for eos in self._vocab.eos_token_ids:
             words[index, eos // 32] |= np.uint32(1 << (eos % 32))
 
-    def _fail(self, state: RequestState, entry: _Matcher, reason: str) -> None:
-        """From now on EOS only, and the failure is reported once, naming the request's field."""
+    def _fail(self, state: RequestState, entry: _Matcher, reason: str, engine_fault: bool = False) -> None:
+        """From now on EOS only, and the failure is reported once: naming the request's field, or where
+        the engine is at fault as an engine error (logged as one, with the reason)."""
         entry.failed = True
         constraint = state.sampling_params.structured_output
         field = constraint.field if constraint is not None else "structured_outputs"
         message = f"{field}: the output can no longer follow the grammar: {reason}"
-        self._failures[state.request_id] = message
-        logger.warning("request %s: %s; only EOS is allowed now", state.request_id, message)
+        self._failures[state.request_id] = None if engine_fault else message
+        if engine_fault:
+            logger.error("request %s: %s, although the mask forbade it: ended as an engine error",
+                         state.request_id, message)
+        else:
+            logger.warning("request %s: %s; only EOS is allowed now", state.request_id, message)
 
     def _level(self, state: RequestState) -> _Matcher:
         """The request's matcher, having consumed every known output token."""
@@ -224,7 +234,10 @@ class StructuredOutputs:
         if accepted < len(new) or entry.matcher.is_error():
             refused = f"token {new[accepted]} refused" if accepted < len(new) else "matcher error"
             reason = one_line(entry.matcher.get_error()) or refused
-            self._fail(state, entry, f"output token {entry.num_consumed - len(new) + accepted}: {reason}")
+            index = entry.num_consumed - len(new) + accepted
+            # a refused token got past the mask: only min_tokens can force one (the module docstring)
+            engine_fault = accepted < len(new) and index >= state.sampling_params.min_tokens
+            self._fail(state, entry, f"output token {index}: {reason}", engine_fault)
         return entry
 
     def _consume(self, matcher: LLMatcher, tokens: list[int]) -> int:
