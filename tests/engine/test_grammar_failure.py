@@ -30,6 +30,8 @@ class FailingGrammarRunner(FakeModelRunner):
 
     fail_at: int = 3
     num_steps: int = 0
+    message: str | None = FAILURE
+    """What the worker reports: None where the engine is at fault (it sampled a token the mask forbade)."""
 
     def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
         result = super().execute(output)
@@ -37,16 +39,21 @@ class FailingGrammarRunner(FakeModelRunner):
         if self.num_steps != self.fail_at or not result.sampled_token_ids.get("bad"):
             return result
         sampled = {**result.sampled_token_ids, "bad": [EOS]}
-        return dataclasses.replace(result, sampled_token_ids=sampled, grammar_errors={"bad": FAILURE})
+        return dataclasses.replace(result, sampled_token_ids=sampled, grammar_errors={"bad": self.message})
 
 
+@pytest.mark.parametrize("message", [FAILURE, None])
 @pytest.mark.parametrize("async_scheduling", [False, True])
-def test_a_grammar_failure_ends_the_request_as_an_error_and_frees_its_blocks(async_scheduling: bool) -> None:
+def test_a_grammar_failure_ends_the_request_as_an_error_and_frees_its_blocks(async_scheduling: bool,
+                                                                             message: str | None) -> None:
+    """A message ends it as the request's error (a 400 naming the field); None as an engine error (a 500)."""
     config = EngineConfig(scheduler=SchedulerConfig(max_model_len=64, max_num_batched_tokens=64, max_num_seqs=8,
                                                     async_scheduling=async_scheduling),
                           cache=CacheConfig(block_size=4))
     scheduler = make_scheduler(config.scheduler, config.cache, 32, time.monotonic)
-    core = make_engine_core(config, FailingGrammarRunner(4), scheduler, ModelLimits(32, 64, (EOS,), 1000))
+    runner = FailingGrammarRunner(4)
+    runner.message = message
+    core = make_engine_core(config, runner, scheduler, ModelLimits(32, 64, (EOS,), 1000))
     params = SamplingParams(max_tokens=8, structured_output=StructuredOutput(GrammarKind.REGEX, "a+", "guided_regex"))
     for request_id in ("bad", "good"):
         core.add_request(Request(request_id, [5, 6, 7], params, arrival_s=time.monotonic(), eos_token_id=EOS))
@@ -56,7 +63,7 @@ def test_a_grammar_failure_ends_the_request_as_an_error_and_frees_its_blocks(asy
             break
         finished.update({o.request_id: o for o in core.step().outputs.finished_outputs})
     bad, good = finished["bad"], finished["good"]
-    assert bad.finish_reason is FinishReason.ERROR and bad.error_message == FAILURE
+    assert bad.finish_reason is FinishReason.ERROR and bad.error_message == message
     assert EOS not in bad.new_token_ids  # the forced EOS is not reported as output
     assert good.finish_reason is FinishReason.LENGTH and good.error_message is None
     assert scheduler.kv_cache_usage == 0

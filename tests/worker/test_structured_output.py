@@ -24,8 +24,9 @@ def tokenizer_json() -> str:
     return Tokenizer.from_path(tokenizer_path(ModelConfig())).backend.to_str()  # the embedded SmolLM2
 
 
-def constrained(request_id: str, kind: GrammarKind, spec: str, field: str = "structured_outputs") -> RequestState:
-    params = SamplingParams(max_tokens=4, structured_output=StructuredOutput(kind, spec, field))
+def constrained(request_id: str, kind: GrammarKind, spec: str, field: str = "structured_outputs",
+                min_tokens: int = 0) -> RequestState:
+    params = SamplingParams(max_tokens=4, min_tokens=min_tokens, structured_output=StructuredOutput(kind, spec, field))
     return RequestState(request_id, [1, 2, 3], 3, [0], params, 0)
 
 
@@ -67,16 +68,30 @@ def test_a_schema_with_no_possible_output_is_reported_not_a_silent_stop() -> Non
     assert message.startswith("guided_json: the output can no longer follow the grammar: no next token")
 
 
-def test_a_token_the_grammar_refuses_is_reported() -> None:
-    """A token outside the grammar (forced by min_tokens or a bias) leaves it: EOS only, and reported."""
+def test_a_token_the_grammar_refuses_under_min_tokens_is_the_requests_failure() -> None:
+    """The grammar is complete at "no" and allows only EOS, which min_tokens forbids: every token is -inf and
+    the sampler draws one the grammar refuses. The request asked for that: EOS only, and a 400 naming the field."""
     outputs = StructuredOutputs(GrammarVocab(tokenizer_json, 49_152, (2,)))
-    state = constrained("r", GrammarKind.CHOICE, '["yes", "no"]', "guided_choice")
+    state = constrained("r", GrammarKind.CHOICE, '["yes", "no"]', "guided_choice", min_tokens=3)
     assert len(allowed(outputs, state)) > 1
     assert outputs.take_failures() == {}
-    state.token_ids.append(1000)  # some token that spells neither "yes" nor "no"
+    state.token_ids.extend([4607, 1000])  # "no", then a token past the end of the grammar
     assert allowed(outputs, state) == {2}
     message = outputs.take_failures()["r"]
-    assert message.startswith("guided_choice: the output can no longer follow the grammar: output token 0"), message
+    assert message is not None
+    assert message.startswith("guided_choice: the output can no longer follow the grammar: output token 1"), message
+
+
+def test_a_token_the_mask_forbade_is_the_engines_fault(caplog: pytest.LogCaptureFixture) -> None:
+    """Past min_tokens nothing in a request can lift the mask's -inf (a bias or penalty does not), so a
+    sampled token the grammar refuses is the engine's fault: reported as None (an engine error, a 500,
+    not a 400 blaming the request), with the reason logged as an error."""
+    outputs = StructuredOutputs(GrammarVocab(tokenizer_json, 49_152, (2,)))
+    state = constrained("r", GrammarKind.CHOICE, '["yes", "no"]', "guided_choice")
+    state.token_ids.append(1000)  # some token that spells neither "yes" nor "no"
+    assert allowed(outputs, state) == {2}
+    assert outputs.take_failures() == {"r": None}
+    assert any(r.levelname == "ERROR" and "output token 0: token 1000 refused" in r.message for r in caplog.records)
 
 
 def test_llguidance_releases_that_take_one_eos_id(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -181,3 +196,28 @@ def test_the_front_ends_compiled_grammar_masks_as_the_constraint_it_came_from() 
     outputs = StructuredOutputs(GrammarVocab(tokenizer_json, 49_152, (2,)))
     assert allowed(outputs, constrained("a", compiled.kind, compiled.spec)) == \
         allowed(outputs, constrained("b", source.kind, source.spec))
+
+
+def test_the_eos_that_ends_a_completed_grammar_is_accepted_on_the_next_step() -> None:
+    """Async scheduling (the CUDA default) builds step N+1's mask before the engine has seen step N's EOS,
+    so the matcher consumes that EOS. A choice is complete at "no": llguidance has stopped there, and its
+    `try_consume_tokens` refuses every token once stopped, EOS included; the request then ended as a 400
+    "output token 1: token 2 refused" (H100, random Llama-3.1-8B weights, SmolLM2 tokenizer)."""
+    outputs = StructuredOutputs(GrammarVocab(tokenizer_json, 128_256, (2,)))
+    state = constrained("r", GrammarKind.CHOICE, '["yes", "no"]', "structured_outputs.choice")
+    assert 2 not in allowed(outputs, state)  # EOS cannot start a choice
+    state.token_ids.append(4607)  # "no": the grammar is complete
+    assert allowed(outputs, state) == {2}
+    state.token_ids.append(2)  # the EOS that step sampled, seen by the next step's mask
+    assert allowed(outputs, state) == {2}  # still the end only (a request with ignore_eos goes on with it)
+    state.token_ids.append(2)
+    assert allowed(outputs, state) == {2}
+    assert outputs.take_failures() == {}
+
+
+def test_only_an_end_token_may_follow_the_end_token_of_a_completed_grammar() -> None:
+    outputs = StructuredOutputs(GrammarVocab(tokenizer_json, 49_152, (2,)))
+    state = constrained("r", GrammarKind.CHOICE, '["yes", "no"]', "guided_choice")
+    state.token_ids.extend([4607, 2, 1000])  # "no", EOS, then some other token
+    assert allowed(outputs, state) == {2}
+    assert list(outputs.take_failures()) == ["r"]

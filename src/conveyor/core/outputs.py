@@ -134,10 +134,11 @@ class ModelRunnerOutput:
     max_tokens). With a draft model it must also reserve `SpeculativeConfig.num_lookahead_tokens`
     KV slots past the scheduled tokens (the draft writes its proposals' KV there); a request with
     fewer slots gets fewer drafts."""
-    grammar_errors: dict[str, str] = field(default_factory=dict)
+    grammar_errors: dict[str, str | None] = field(default_factory=dict)
     """Requests whose output can no longer follow their structured-outputs grammar (request id -> a
-    message naming the request field): the engine ends them as errors, not as a stop on the EOS that
-    the worker's mask forced this step."""
+    message naming the request field, or None where the engine is at fault, e.g. it sampled a token the
+    mask forbade): the engine ends them as errors, not as a stop on the EOS that the worker's mask forced
+    this step."""
 
 
 @dataclass(frozen=True)

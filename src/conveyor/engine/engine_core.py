@@ -204,7 +204,8 @@ class EngineCore:
             return StepTiming(self._step_start_s, self._clock())
         return StepTiming(launched.start_s, self._clock(), launched.launch_time_s, settle_start_s)
 
-    def _fail_grammars(self, errors: dict[str, str]) -> list[EngineCoreOutput]:
+    def _fail_grammars(self, errors: dict[str, str | None]) -> list[EngineCoreOutput]:
+        """End the requests whose grammar failed; a None message (the engine's fault) is an engine error."""
         if not errors:
             return []
         finished = self.scheduler.finish_requests(list(errors), FinishReason.ERROR)

@@ -13,15 +13,22 @@ it consumes the tokens it has not seen. So nothing else has to tell it what was 
 step's sampled token, a verified draft (speculative decoding is refused with structured outputs at
 admission, but the rule would hold), or a preempted request that comes back with its earlier outputs
 (its matcher was dropped with its state, and the new one consumes them all) all land the same way.
-Under async scheduling the runner collects the step in flight first, so no placeholder is consumed.
+Under async scheduling the runner collects the step in flight first, so no placeholder is consumed; but
+the EOS a request's last step drew reaches its matcher in the next step's mask, built before the engine
+ended the request on it. llguidance stops a matcher at the end of its grammar and refuses every token
+after, so a stopped matcher takes its end tokens here (`_consume`). vLLM's guidance backend lets a stopped
+matcher take any token; here any other is still a failure (a token forced past the end of the grammar).
 
-A matcher that falls into an error (a token it refuses, e.g. forced by `min_tokens` or a bias; a mask
-it cannot compute, e.g. a JSON schema whose `$ref` loops), or that cannot be built for this request,
-allows only EOS from then on, so the request never runs on unconstrained. That EOS would read as a
-normal "stop" with text that does not follow the grammar, so the failure is also reported:
-`take_failures` hands the step's new failures (request id -> a message naming the field) to the
-runner's output, and the engine ends those requests with an error instead. Nothing here may raise into
-the step: one request's grammar must never stop the engine for every other request.
+A matcher that falls into an error (a token it refuses; a mask it cannot compute, e.g. a JSON schema
+whose `$ref` loops), or that cannot be built for this request, allows only EOS from then on, so the
+request never runs on unconstrained. That EOS would read as a normal "stop" with text that does not
+follow the grammar, so the failure is also reported: `take_failures` hands the step's new failures to
+the runner's output, and the engine ends those requests with an error instead. Nothing here may raise
+into the step: one request's grammar must never stop the engine for every other request.
+Whose fault: a grammar that cannot be built or has no next token is the request's (a 400 naming its
+field). A sampled token the grammar refuses is one its mask forbade: no bias or penalty lifts a -inf,
+so only `min_tokens` can force one (it forbids EOS where the grammar allows nothing else), which is the
+request's doing; past min_tokens it is the engine's fault (a 500: the request asked for nothing wrong).
 """
 
 from __future__ import annotations
@@ -104,8 +111,9 @@ class StructuredOutputs:
         self._vocab = vocab
         self._tokenizer: LLTokenizer | None = None
         self._matchers: dict[str, _Matcher] = {}
-        self._failures: dict[str, str] = {}
-        """Requests whose grammar failed since the last `take_failures`, with the message for the client."""
+        self._failures: dict[str, str | None] = {}
+        """Requests whose grammar failed since the last `take_failures`, with the message for the client
+        (None: the engine's fault, not the request's)."""
         self._building: dict[str, Future[_Matcher]] = {}
         """Matchers being built on the compile thread, by request id."""
         self._compiler: ThreadPoolExecutor | None = None
@@ -151,8 +159,9 @@ class StructuredOutputs:
         if self._compiler is not None:
             self._compiler.shutdown(wait=False, cancel_futures=True)
 
-    def take_failures(self) -> dict[str, str]:
-        """The grammar failures found since the last call (request id -> message naming the field)."""
+    def take_failures(self) -> dict[str, str | None]:
+        """The grammar failures found since the last call (request id -> message naming the field, or
+        None where the engine is at fault)."""
         failures, self._failures = self._failures, {}
         return failures
 
@@ -190,14 +199,19 @@ class StructuredOutputs:
         for eos in self._vocab.eos_token_ids:
             words[index, eos // 32] |= np.uint32(1 << (eos % 32))
 
-    def _fail(self, state: RequestState, entry: _Matcher, reason: str) -> None:
-        """From now on EOS only, and the failure is reported once, naming the request's field."""
+    def _fail(self, state: RequestState, entry: _Matcher, reason: str, engine_fault: bool = False) -> None:
+        """From now on EOS only, and the failure is reported once: naming the request's field, or where
+        the engine is at fault as an engine error (logged as one, with the reason)."""
         entry.failed = True
         constraint = state.sampling_params.structured_output
         field = constraint.field if constraint is not None else "structured_outputs"
         message = f"{field}: the output can no longer follow the grammar: {reason}"
-        self._failures[state.request_id] = message
-        logger.warning("request %s: %s; only EOS is allowed now", state.request_id, message)
+        self._failures[state.request_id] = None if engine_fault else message
+        if engine_fault:
+            logger.error("request %s: %s, although the mask forbade it: ended as an engine error",
+                         state.request_id, message)
+        else:
+            logger.warning("request %s: %s; only EOS is allowed now", state.request_id, message)
 
     def _level(self, state: RequestState) -> _Matcher:
         """The request's matcher, having consumed every known output token."""
@@ -215,13 +229,30 @@ class StructuredOutputs:
             return entry
         assert entry.matcher is not None
         new = list(outputs[entry.num_consumed:])
-        accepted = entry.matcher.try_consume_tokens(new)
+        accepted = self._consume(entry.matcher, new)
         entry.num_consumed = len(outputs)
         if accepted < len(new) or entry.matcher.is_error():
             refused = f"token {new[accepted]} refused" if accepted < len(new) else "matcher error"
             reason = one_line(entry.matcher.get_error()) or refused
-            self._fail(state, entry, f"output token {entry.num_consumed - len(new) + accepted}: {reason}")
+            index = entry.num_consumed - len(new) + accepted
+            # a refused token got past the mask: only min_tokens can force one (the module docstring)
+            engine_fault = accepted < len(new) and index >= state.sampling_params.min_tokens
+            self._fail(state, entry, f"output token {index}: {reason}", engine_fault)
         return entry
+
+    def _consume(self, matcher: LLMatcher, tokens: list[int]) -> int:
+        """How many of `tokens` the matcher takes. llguidance stops a matcher as soon as its grammar is
+        complete and only an end token may follow, and once stopped `try_consume_tokens` refuses every
+        token, that end token too. Yet the end token does come: under async scheduling the next step's mask
+        is built before the engine has ended the request on it, and with ignore_eos the request goes on
+        drawing it. So a stopped matcher takes the end tokens (its mask stays "end only") and nothing else."""
+        accepted = 0 if matcher.is_stopped() else matcher.try_consume_tokens(tokens)
+        if accepted == len(tokens) or not matcher.is_stopped() or matcher.is_error():
+            return accepted
+        ends = _end_tokens(self.tokenizer)
+        while accepted < len(tokens) and tokens[accepted] in ends:
+            accepted += 1
+        return accepted
 
     def _build(self, request_id: str, constraint: StructuredOutput) -> _Matcher:
         """A new matcher, or a failed entry (EOS only) if this grammar or tokenizer cannot make one."""
@@ -231,6 +262,12 @@ class StructuredOutputs:
             logger.exception("request %s: its %s constraint could not be built; only EOS is allowed",
                              request_id, constraint.field)
             return _Matcher(None, failed=True, error=one_line(str(error)) or type(error).__name__)
+
+
+def _end_tokens(tokenizer: LLTokenizer) -> frozenset[int]:
+    """The tokens llguidance ends a grammar on (`make_tokenizer` may have fallen back to the tokenizer's
+    own EOS); releases before 1.7 name one, `eos_token`."""
+    return frozenset(getattr(tokenizer, "eos_tokens", None) or [tokenizer.eos_token])
 
 
 def _lower_this_threads_priority() -> None:
