@@ -6,7 +6,7 @@
 # vLLM 0.24.0 and its extra packages come from the peer's own staging script (../shared/peers/h200), so
 # both engines run on the GPU machine's torch 2.11 + CUDA 13. Run here, from the repository root (~3 min):
 #   echo /.peers/ >> .git/info/exclude; cp -r ../shared/peers/h200 .peers/h200; bash .peers/h200/stage_vllm.sh
-#   bash benchmarks/gpu/stage_study.sh
+#   python benchmarks/gpu/write_tokenizer.py /tmp/tok; bash benchmarks/gpu/stage_study.sh
 set -euo pipefail
 ROOT=$(pwd); WORK=$ROOT/.peers/_work; SITE=$WORK/site
 [ -f "$WORK/vllm_site.tar.xz" ] || { echo "run .peers/h200/stage_vllm.sh first"; exit 2; }
@@ -19,7 +19,7 @@ rm -rf "$WORK/deps" && mkdir -p "$WORK/deps"
    typing_extensions* typing_inspection* uvicorn* "$WORK/deps/")
 (cd "$WORK/deps" && unzip -q -o "$WORK"/gguf/gguf-*.whl)
 tar -C "$WORK/deps" -cf - . | xz -6 -T0 > "$ROOT/.peers/c1/deps.tar.xz"
-[ -d /tmp/tok ] || { echo "write SmolLM2's tokenizer to /tmp/tok first (docs/decision.md, GPU study)"; exit 2; }
+[ -d /tmp/tok ] || { echo "write SmolLM2's tokenizer first: python benchmarks/gpu/write_tokenizer.py /tmp/tok"; exit 2; }
 tar -C /tmp -cJf "$ROOT/.peers/c1/tok.tar.xz" tok
 (cd "$WORK/split" && split -n 3 -a 1 "$WORK/vllm_site.tar.xz" vllm.)
 mv "$WORK/split/vllm.a" "$ROOT/.peers/c1/"; mv "$WORK/split/vllm.b" "$ROOT/.peers/c2/"; mv "$WORK/split/vllm.c" "$ROOT/.peers/c3/"
