@@ -25,8 +25,8 @@ request never runs on unconstrained. That EOS would read as a normal "stop" with
 follow the grammar, so the failure is also reported: `take_failures` hands the step's new failures to
 the runner's output, and the engine ends those requests with an error instead. Nothing here may raise
 into the step: one request's grammar must never stop the engine for every other request.
-Whose fault: a grammar that cannot be built or has no next token is the request's (a 400 naming its
-field). A sampled token the grammar refuses is one its mask forbade: no bias or penalty lifts a -inf,
+Whose fault: a grammar that cannot be built, has no next token, or errors on a token (a limit of its
+own, e.g. `a{1000000}`) is the request's (a 400 naming its field). A sampled token the grammar refuses is one its mask forbade: no bias or penalty lifts a -inf,
 so only `min_tokens` can force one (it forbids EOS where the grammar allows nothing else), which is the
 request's doing; past min_tokens it is the engine's fault (a 500: the request asked for nothing wrong).
 """
@@ -235,8 +235,10 @@ class StructuredOutputs:
             refused = f"token {new[accepted]} refused" if accepted < len(new) else "matcher error"
             reason = one_line(entry.matcher.get_error()) or refused
             index = entry.num_consumed - len(new) + accepted
-            # a refused token got past the mask: only min_tokens can force one (the module docstring)
-            engine_fault = accepted < len(new) and index >= state.sampling_params.min_tokens
+            # A plain refusal (no matcher error) is a token that got past the mask: only min_tokens can
+            # force one (the module docstring). A matcher in error hit its grammar's own limit: a 400.
+            engine_fault = (accepted < len(new) and not entry.matcher.is_error()
+                            and index >= state.sampling_params.min_tokens)
             self._fail(state, entry, f"output token {index}: {reason}", engine_fault)
         return entry
 
