@@ -157,7 +157,8 @@ def test_describe_gpu_memory_gives_the_breakdown() -> None:
 
 def test_resolve_on_cuda_logs_the_breakdown(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="conveyor.worker.kv_cache"):
-        blocks = resolve_num_blocks(LLAMA_8B, CacheConfig(), torch.device("cuda"), fake_llama_profile)
+        blocks = resolve_num_blocks(LLAMA_8B, CacheConfig(gpu_memory_utilization=0.9), torch.device("cuda"),
+                                    fake_llama_profile)
     assert blocks == 28214
     assert [r.getMessage() for r in caplog.records] == [describe_gpu_memory(fake_llama_profile(), 0.9, LLAMA_8B)]
     caplog.clear()
