@@ -1,4 +1,9 @@
-"""`conveyor bench calibrate RUN_DIR... --out calib.json`: fit a step-time model to runs' step logs."""
+"""`conveyor bench calibrate RUN_DIR... --out calib.json`: fit a step-time model to runs' step logs.
+
+`--step-log FILE... --hardware TEXT --model TEXT` fits bare step logs instead: a server driven by another
+client (`vllm bench serve`, GuideLLM, AIPerf), its log drained from GET /step_log; the key the run
+directory's summary.json would give is given by hand (calibration.calibrate_step_logs).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,13 @@ import pathlib
 import sys
 
 from conveyor.bench.measure.calibration import (
+    COST_FLAGS,
+    STEP_LOG_FIELDS,
     Calibration,
     CalibrationError,
+    CalibrationKey,
     calibrate,
+    calibrate_step_logs,
     run_paces,
     write_calibration,
 )
@@ -17,10 +26,26 @@ from conveyor.bench.measure.step_model import TERMS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+    parser.add_argument("run_dirs", nargs="*", metavar="RUN_DIR",
                         help="run directories with step_log.jsonl (bench run --collect-step-log), one server setup")
     parser.add_argument("--held-out", nargs="+", default=[], metavar="RUN_DIR",
                         help="runs of the same setup not fitted on: the model's error on their steps is reported too")
+    logs = parser.add_argument_group("bare step logs (another client drove the server; no run directory)")
+    logs.add_argument("--step-log", nargs="+", default=[], metavar="FILE",
+                      help="step logs to fit instead of run directories: JSONL (or .jsonl.gz) of the records GET "
+                           f"/step_log returns (serve --step-log-size N), one server setup; each record needs "
+                           f"{', '.join(STEP_LOG_FIELDS)}, and start_s, end_s to measure the time between steps")
+    logs.add_argument("--held-out-step-log", nargs="+", default=[], metavar="FILE",
+                      help="step logs of the same setup not fitted on (the model's error on them is reported)")
+    logs.add_argument("--hardware", metavar="TEXT",
+                      help="with --step-log: the GPU name and count as a run would record it "
+                           "(\"NVIDIA H100 80GB HBM3 x1\"), or cpu; `simulate --calibration-hardware` picks by it")
+    logs.add_argument("--model", metavar="TEXT", help="with --step-log: the served model (name, weights)")
+    logs.add_argument("--dtype", default="unknown", help="with --step-log: the weights' dtype (default unknown)")
+    logs.add_argument("--server-flag", action="append", default=[], metavar="KEY=VALUE",
+                      help="with --step-log, repeatable: a server flag that changes a step's cost, as the key "
+                           f"records it ({', '.join(COST_FLAGS)}); async_scheduling=true sets the default "
+                           "--fit-window")
     parser.add_argument("--fit-window", type=int, default=None, metavar="K",
                         help="fit sums of K consecutive steps of each log; K > 1 stops an async engine's log, "
                              "whose records can carry part of the next step's time, from mispricing both "
@@ -33,8 +58,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.fit_window is not None and args.fit_window < 1:
             raise CalibrationError(f"--fit-window must be >= 1 (got {args.fit_window})")
-        calibration = calibrate([pathlib.Path(d) for d in args.run_dirs], [pathlib.Path(d) for d in args.held_out],
-                                args.fit_window)
+        calibration = _calibration(args)
         write_calibration(pathlib.Path(args.out), calibration)
         paces = describe_paces(calibration)
     except CalibrationError as error:
@@ -44,6 +68,40 @@ def run(args: argparse.Namespace) -> int:
     print(paces)
     print(f"written to {args.out}")
     return 0
+
+
+def _calibration(args: argparse.Namespace) -> Calibration:
+    """The fit the flags ask for: of run directories, or of bare step logs under a key given by hand."""
+    paths = [pathlib.Path(p) for p in args.step_log]
+    if not paths:
+        given = [flag for flag, value in (("--hardware", args.hardware), ("--model", args.model),
+                                          ("--held-out-step-log", args.held_out_step_log),
+                                          ("--server-flag", args.server_flag)) if value]
+        if given:
+            raise CalibrationError(f"{given[0]} goes with --step-log (a run directory's key is in its summary.json)")
+        if not args.run_dirs:
+            raise CalibrationError("give RUN_DIR... or --step-log FILE...")
+        return calibrate([pathlib.Path(d) for d in args.run_dirs], [pathlib.Path(d) for d in args.held_out],
+                         args.fit_window)
+    if args.run_dirs or args.held_out:
+        raise CalibrationError("--step-log fits bare logs: give run directories (and --held-out) or --step-log "
+                               "(and --held-out-step-log), not both")
+    if not args.hardware or not args.model:
+        raise CalibrationError(f"--step-log needs {'--hardware' if not args.hardware else '--model'} TEXT "
+                               "(a bare log does not say what served it)")
+    key = CalibrationKey.from_flags(args.hardware, args.model, args.dtype, _server_flags(args.server_flag))
+    return calibrate_step_logs(key, paths, [pathlib.Path(p) for p in args.held_out_step_log], args.fit_window)
+
+
+def _server_flags(given: list[str]) -> dict[str, str]:
+    """--server-flag KEY=VALUE pairs, each KEY one of COST_FLAGS."""
+    flags = {}
+    for pair in given:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in COST_FLAGS:
+            raise CalibrationError(f"--server-flag {pair}: expected KEY=VALUE with KEY one of {', '.join(COST_FLAGS)}")
+        flags[key] = value
+    return flags
 
 
 def describe(calibration: Calibration) -> str:

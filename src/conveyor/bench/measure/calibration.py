@@ -7,6 +7,10 @@ policy) are not part of the key: they change which batches form, not what a give
 they are what a simulation varies. The key is read from each run directory's summary.json `fixed`
 (bench/measure/fixed.py), so runs that disagree on it cannot be fitted together by mistake.
 
+Step logs without a run directory (a server driven by another client: `vllm bench serve`, GuideLLM, AIPerf,
+its log drained from GET /step_log) are fitted by `calibrate_step_logs`, the key given by the caller
+(`bench calibrate --step-log FILE --hardware TEXT --model TEXT`): nothing in a bare log says what served it.
+
 File: {"schema_version": 1, "calibrations": [entry, ...]}; writing an entry replaces the one with the
 same key and keeps the others, so one file can hold a laptop's and an H100's calibrations side by side.
 """
@@ -20,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from conveyor.bench.jsonvalue import JSON, Fields
 from conveyor.bench.measure.rundirs import RunDirError, load_run
-from conveyor.bench.measure.step_log import STEP_LOG_FILE, read_step_log
+from conveyor.bench.measure.step_log import STEP_LOG_FILE, read_step_log, read_step_log_file
 from conveyor.bench.measure.step_model import (
     FitError,
     StepSample,
@@ -81,9 +85,16 @@ class CalibrationKey:
         name = flags.raw("model_name") or pathlib.Path(str(f.raw("model_path") or "unknown")).name
         digest = f.raw("weights_sha256")
         model = f"{name} ({digest[:12]})" if isinstance(digest, str) else str(name)
-        configuration = tuple(sorted((flag, str(flags.data[flag])) for flag in COST_FLAGS
-                                     if flag in flags.data and str(flags.data[flag]) != _KEY_DEFAULTS.get(flag)))
-        return cls(hardware, model, str(f.raw("dtype") or "unknown"), configuration)
+        return cls.from_flags(hardware, model, str(f.raw("dtype") or "unknown"),
+                              {flag: str(value) for flag, value in flags.data.items()})
+
+    @classmethod
+    def from_flags(cls, hardware: str, model: str, dtype: str, server_flags: Mapping[str, str]) -> CalibrationKey:
+        """The key of a setup given by hand (a bare step log's): `server_flags` reduced to COST_FLAGS as a run
+        directory's are (flags at their _KEY_DEFAULTS left out)."""
+        configuration = tuple(sorted((flag, server_flags[flag]) for flag in COST_FLAGS
+                                     if flag in server_flags and server_flags[flag] != _KEY_DEFAULTS.get(flag)))
+        return cls(hardware, model, dtype, configuration)
 
 
 @dataclass(frozen=True)
@@ -160,17 +171,60 @@ def calibrate(run_dirs: Sequence[pathlib.Path], held_out: Sequence[pathlib.Path]
     the steps of `held_out` (same key, not fitted on): the honest number. `window` > 1 fits sums of that
     many consecutive steps of each log (`fit_step_model`); None: `default_fit_window` of the runs' key."""
     key, _, _ = _steps([*run_dirs, *held_out])  # one key for all: a held-out run of another setup proves nothing
+    held_logs = _steps(held_out)[2] if held_out else []
+    return _fit(key, _steps(run_dirs)[2], held_logs, tuple(str(d) for d in run_dirs),
+                tuple(str(d) for d in held_out), window)
+
+
+STEP_LOG_FIELDS = ("num_prefill_reqs", "num_decode_reqs", "num_prefill_tokens", "num_decode_tokens",
+                   "num_context_tokens", "step_time_s")
+"""What every record of a bare step log must give (core/step_log.py's StepRecord names): the fit's terms and
+the time. `start_s` and `end_s`, where given, measure the time between steps (step_model.between_steps_s)."""
+
+
+def calibrate_step_logs(key: CalibrationKey, logs: Sequence[pathlib.Path], held_out: Sequence[pathlib.Path] = (),
+                        window: int | None = None) -> Calibration:
+    """`calibrate` for step-log files with no run directory (JSONL of core/step_log.py's records, as GET
+    /step_log hands them over, each with STEP_LOG_FIELDS), under the `key` the caller says they share: fitted
+    on `logs`, the error also measured on `held_out`'s steps."""
+    fitted, held = [_file_rows(path) for path in logs], [_file_rows(path) for path in held_out]
+    return _fit(key, fitted, held, tuple(str(p) for p in logs), tuple(str(p) for p in held_out), window)
+
+
+def _fit(key: CalibrationKey, logs: Sequence[Sequence[Mapping[str, JSON]]],
+         held_logs: Sequence[Sequence[Mapping[str, JSON]]], runs: tuple[str, ...], held_out_runs: tuple[str, ...],
+         window: int | None) -> Calibration:
+    """The fit of `logs` (each one run's rows in logged order), its error on `held_logs` when any are given."""
     window = default_fit_window(key) if window is None else window
-    _, fitted, logs = _steps(run_dirs)
-    sizes = [sum(StepSample.from_record(row) is not None for row in rows) for rows in logs]
+    per_log = [_samples(rows) for rows in logs]
+    fitted = [sample for samples in per_log for sample in samples]
     try:
-        coefficients, fit = fit_step_model(fitted, window, sizes, cpu=key.hardware == "cpu")
-        error = fit_error(coefficients, _steps(held_out)[1]) if held_out else None
+        coefficients, fit = fit_step_model(fitted, window, [len(s) for s in per_log], cpu=key.hardware == "cpu")
+        error = fit_error(coefficients, [s for rows in held_logs for s in _samples(rows)]) if held_logs else None
     except ValueError as problem:
         raise CalibrationError(str(problem)) from None
     coefficients = replace(coefficients, between_steps_s=between_steps_s(logs))
-    return Calibration(key, coefficients, fit, tuple(str(d) for d in run_dirs), error, tuple(str(d) for d in held_out),
-                       window, step_spread(coefficients, fitted))
+    return Calibration(key, coefficients, fit, runs, error, held_out_runs, window, step_spread(coefficients, fitted))
+
+
+def _samples(rows: Sequence[Mapping[str, JSON]]) -> list[StepSample]:
+    return [sample for sample in map(StepSample.from_record, rows) if sample is not None]
+
+
+def _file_rows(path: pathlib.Path) -> list[dict[str, JSON]]:
+    """A bare step log's records, each checked for STEP_LOG_FIELDS (CalibrationError names the file and line)."""
+    try:
+        rows = read_step_log_file(path)
+    except (OSError, ValueError) as error:
+        raise CalibrationError(f"{path}: not a step log (JSONL of step records): {error}") from None
+    if not rows:
+        raise CalibrationError(f"{path}: no step records")
+    for line, row in enumerate(rows, 1):
+        missing = [name for name in STEP_LOG_FIELDS if name not in row]
+        if missing:
+            raise CalibrationError(f"{path}: record {line} lacks {', '.join(missing)} (each record needs "
+                                   f"{', '.join(STEP_LOG_FIELDS)})")
+    return rows
 
 
 def _spread(value: JSON, where: str) -> tuple[float, ...]:
@@ -185,9 +239,11 @@ def _spread(value: JSON, where: str) -> tuple[float, ...]:
 
 
 def run_paces(coefficients: StepTimeCoefficients, run_dirs: Sequence[pathlib.Path]) -> list[tuple[str, float]]:
-    """Each run's pace under `coefficients` (step_model.pace: summed predicted / measured step time), in order."""
+    """Each run's pace under `coefficients` (step_model.pace: summed predicted / measured step time), in order;
+    a path that is a file is a bare step log (`calibrate_step_logs`)."""
     try:
-        return [(str(run_dir), pace(coefficients, _steps([run_dir])[1])) for run_dir in run_dirs]
+        return [(str(run), pace(coefficients, _samples(_file_rows(run)) if run.is_file() else _steps([run])[1]))
+                for run in run_dirs]
     except ValueError as problem:
         raise CalibrationError(str(problem)) from None
 
@@ -206,7 +262,7 @@ def _steps(run_dirs: Sequence[pathlib.Path]) -> tuple[CalibrationKey, list[StepS
             raise CalibrationError(f"{run_dir}: no {STEP_LOG_FILE} (run `conveyor bench run --collect-step-log` "
                                    "against a server started with --step-log-size N)")
         keys.setdefault(CalibrationKey.from_fixed(_fixed(run_dir)), []).append(str(run_dir))
-        samples.extend(s for s in map(StepSample.from_record, rows) if s is not None)
+        samples.extend(_samples(rows))
         logs.append(rows)
     if len(keys) > 1:
         detail = "; ".join(f"{', '.join(runs)}: {key.to_json()}" for key, runs in keys.items())

@@ -88,11 +88,17 @@ def read_step_log(run_dir: pathlib.Path) -> list[dict[str, JSON]]:
     step_log.jsonl.gz stands in for a missing step_log.jsonl (results kept under benchmarks/results/)."""
     path, packed = run_dir / STEP_LOG_FILE, run_dir / (STEP_LOG_FILE + ".gz")
     if path.is_file():
-        text = path.read_text(encoding="utf-8")
-    elif packed.is_file():
-        with gzip.open(packed, "rt", encoding="utf-8") as f:
+        return read_step_log_file(path)
+    return read_step_log_file(packed) if packed.is_file() else []
+
+
+def read_step_log_file(path: pathlib.Path) -> list[dict[str, JSON]]:
+    """The step records of one JSONL file (gzip-compressed when its name ends in .gz), oldest first: a run
+    directory's step_log.jsonl, or a log drained from GET /step_log beside another client's run."""
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt", encoding="utf-8") as f:
             text = f.read()
     else:
-        return []
+        text = path.read_text(encoding="utf-8")
     rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     return [row for row in rows if isinstance(row, dict)]
