@@ -22,6 +22,7 @@ from conveyor.config import (
 from conveyor.core.outputs import CachedRequestData, NewRequestData, SchedulerOutput
 from conveyor.sampling_params import SamplingParams
 from conveyor.worker.model_runner import ModelRunner
+from conveyor.worker.sampler import HandedLogits
 
 TINY_LLAMA = {
     "architectures": ["LlamaForCausalLM"],
@@ -189,13 +190,14 @@ def force_tokens(runner: ModelRunner, forced: dict[str, list[int]]) -> dict[str,
     logits_of: dict[str, list[torch.Tensor]] = {request_id: [] for request_id in forced}
     original = runner._launch_sampling
 
-    def launch_sampling(request_ids, sampling, logits, sampling_batch):  # type: ignore[no-untyped-def]
+    def launch_sampling(request_ids, sampling, handed, sampling_batch):  # type: ignore[no-untyped-def]
+        logits = handed.take()
         chosen = torch.full_like(logits, -1e4)
         for row, state in enumerate(sampling):
             step = len(logits_of[state.request_id])
             logits_of[state.request_id].append(logits[row].float().cpu())
             chosen[row, forced[state.request_id][step]] = 0.0
-        return original(request_ids, sampling, chosen, sampling_batch)
+        return original(request_ids, sampling, HandedLogits(chosen), sampling_batch)
 
     runner._launch_sampling = launch_sampling  # type: ignore[method-assign]
     return logits_of

@@ -186,12 +186,13 @@ def test_staged_path_on_bf16_logits_draws_what_their_float32_copy_draws(
         assert read_as_bf16.sampled_token_ids == converted.sampled_token_ids, (name, rows)
 
 
-def test_profile_step_on_bf16_logits_keeps_no_float32_copy(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The profile's sampler step as CUDA dispatches it: the whole batch keeps only the shared noise (4 B/logit)
-    # beside one chunk's temporaries; the float32 copy of the logits (another 4 B/logit) is gone.
+def test_unedited_top_p_step_on_bf16_logits_keeps_no_float32_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A top-p batch without edits as CUDA dispatches it: the whole batch keeps only the shared noise (4 B/logit)
+    # beside one chunk's temporaries; the float32 copy of the logits (another 4 B/logit) is never made.
     num_rows, vocab_size = 64, 4096
     logits = (torch.randn(num_rows, vocab_size) * 3).bfloat16()  # [N, V]
-    batch = build_sampling_batch(profile_sampling_requests(num_rows), VocabInfo(vocab_size, frozenset()), CPU)
+    requests = [SamplingRequest(SamplingParams(temperature=1.0, top_p=0.9), [0], 1)] * num_rows
+    batch = build_sampling_batch(requests, VocabInfo(vocab_size, frozenset()), CPU)
     chunk = 4 * vocab_size * STAGED_BYTES_PER_LOGIT
     as_on_cuda(monkeypatch)
     with LiveBytes() as live:

@@ -14,6 +14,7 @@ from spec_harness import SpecScheduler, make_spec_runner
 from conveyor.config import SpeculativeConfig, SpeculativeMethod
 from conveyor.core.outputs import TokenLogprobs
 from conveyor.sampling_params import SamplingParams
+from conveyor.worker.sampler import HandedLogits
 from conveyor.worker.sampling_metadata import SamplingBatch
 from conveyor.worker.spec_decode.spec_decoder import SpecDecoder
 
@@ -85,8 +86,8 @@ def test_the_sampler_gets_the_lm_heads_logits_as_the_plain_runner_hands_them(mod
     seen: list[torch.dtype] = []
     sample = runner.sampler.sample
 
-    def recording(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        seen.append(logits.dtype)
+    def recording(logits: torch.Tensor | HandedLogits, batch: SamplingBatch) -> torch.Tensor:
+        seen.append((logits.peek() if isinstance(logits, HandedLogits) else logits).dtype)
         return sample(logits, batch)
 
     runner.sampler.sample = recording  # type: ignore[method-assign]

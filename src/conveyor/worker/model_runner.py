@@ -43,7 +43,7 @@ from conveyor.worker.kv_cache import (
     sizes_from_gpu_memory_utilization,
 )
 from conveyor.worker.request_state import BlockTable, RequestState, apply_scheduler_output
-from conveyor.worker.sampler import Sampler
+from conveyor.worker.sampler import HandedLogits, Sampler
 from conveyor.worker.sampling_metadata import (
     SamplingBatch, SamplingRequest, VocabInfo, build_sampling_batch, has_penalty,
 )
@@ -246,8 +246,10 @@ class ModelRunner:
         request_ids = [state.request_id for state in batch]
         if sampling_batch is None:
             return StepHandle.done(ModelRunnerOutput(sampled_token_ids={request_id: [] for request_id in request_ids}))
-        # [S, V] in the LM head's dtype: the sampler makes the float32 copy only where it needs one
-        logits = self.model.lm_head_logits(rows)
+        # [S, V] in the LM head's dtype, handed over: the sampler makes the float32 copy only where it needs
+        # one, and that copy then replaces them (no local here keeps the bf16 logits alive beside it)
+        logits = HandedLogits(self.model.lm_head_logits(rows))
+        del rows
         if sampling_batch.max_num_logprobs is not None:  # logprobs are read on the host: finish now
             return StepHandle.done(self._sample(sampling, logits, sampling_batch, request_ids))
         return self._launch_sampling(request_ids, sampling, logits, sampling_batch)
@@ -262,7 +264,7 @@ class ModelRunner:
             rows = hidden[inputs.logits_indices]
         return rows
 
-    def _launch_sampling(self, request_ids: list[str], sampling: list[RequestState], logits: torch.Tensor,
+    def _launch_sampling(self, request_ids: list[str], sampling: list[RequestState], logits: HandedLogits,
                          sampling_batch: SamplingBatch) -> StepHandle:
         sampled = self.sampler.sample(logits, sampling_batch)  # [S] int64, on the device
         handle = StepHandle(request_ids, sampling, [], sampled=sampled)
@@ -311,7 +313,7 @@ class ModelRunner:
             return batch
         return dataclasses.replace(batch, grammar=self.structured_outputs.mask(sampling, self.device))
 
-    def _sample(self, sampling: list[RequestState], logits: torch.Tensor, sampling_batch: SamplingBatch,
+    def _sample(self, sampling: list[RequestState], logits: HandedLogits, sampling_batch: SamplingBatch,
                 request_ids: list[str]) -> ModelRunnerOutput:
         result = self.sampler(logits, sampling_batch)
         sampled: dict[str, list[int]] = {request_id: [] for request_id in request_ids}
@@ -356,14 +358,16 @@ class ModelRunner:
         sampled_rows = hidden[torch.arange(num_rows, device=self.device) % hidden.shape[0]]
         del hidden  # a real step keeps only its sampled rows past the forward (`_forward`), so does the profile
         end_stage()
-        # [num_rows, V] in the LM head's dtype, as a real step hands them over: a float32 copy, where the
-        # sampler makes one, is part of its peak.
-        logits = self.model.compute_logits(sampled_rows)
+        # [num_rows, V] in the LM head's dtype, handed over as `launch` hands them: the call a real step makes
+        # (not `compute_logits`, whose float32 copy no step holds beside the LM head's logits). The profile's
+        # requests edit their logits (PROFILE_SAMPLING), so the sampler's float32 copy is part of its peak.
+        logits = HandedLogits(self.model.lm_head_logits(sampled_rows))
+        del sampled_rows
         end_stage()
         self.sampler(logits, build_sampling_batch(profile_sampling_requests(num_rows), self.vocab, self.device))
         end_stage()
         scratch_bytes = sum(t.numel() * t.element_size() for t in scratch)
-        del scratch, sampled_rows, logits
+        del scratch
         return scratch_bytes
 
 

@@ -22,7 +22,10 @@ the staged path, unchanged (seeded rows reproduce exactly as before).
 Memory: step 5 (worker/sampler_staged.py), the penalties and the grammar mask go through the rows in
 chunks whose [rows, V] temporaries fit `SAMPLER_CHUNK_BYTES`, with the same tokens as one whole-batch
 pass; what stays whole is the shared noise [R, K], the raw logprobs and, where edits need one, the float32
-copy of the logits (without edits the staged path reads the LM head's bf16 logits chunk by chunk).
+copy of the logits (without edits the staged path reads the LM head's bf16 logits chunk by chunk). The
+runner hands the LM head's logits over in a `HandedLogits`, so that the float32 copy replaces them instead of
+living beside them: at 1,024 rows x 128,256 tokens the bf16 logits (0.245 GiB) are freed before the noise
+and the row chunks are allocated.
 """
 
 from __future__ import annotations
@@ -84,6 +87,31 @@ def reads_lm_head_logits(batch: SamplingBatch, fused_available: bool) -> bool:
     return fused_available and not edits_logits(batch)
 
 
+class HandedLogits:
+    """The LM head's logits, handed to the sampler with their caller's only reference. `Sampler.sample` takes
+    them out, so where it converts them to float32 the copy is the only tensor left alive: a caller holding
+    the bf16 logits in a local would keep 2 B/logit alive through the noise and the row chunks (0.245 GiB at
+    1,024 x 128,256), above what the start-up profile reserves for the edited path."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self._tensor: torch.Tensor | None = tensor
+
+    def peek(self) -> torch.Tensor:
+        """The logits, still held here (raw logprobs read them before the sampler takes them)."""
+        assert self._tensor is not None, "the sampler has taken these logits already"
+        return self._tensor
+
+    def take(self) -> torch.Tensor:
+        """The logits; this holder lets go of them (once only)."""
+        tensor = self.peek()
+        self._tensor = None
+        return tensor
+
+
+def _peek(logits: torch.Tensor | HandedLogits) -> torch.Tensor:
+    return logits.peek() if isinstance(logits, HandedLogits) else logits
+
+
 @dataclass(frozen=True)
 class SamplerOutput:
     """One sampled token per row, and its logprobs where the row asked for them."""
@@ -101,19 +129,22 @@ class Sampler:
         self.generator = generator
         self.chunk_bytes = chunk_bytes
 
-    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor | HandedLogits, batch: SamplingBatch) -> SamplerOutput:
         """logits: [N, V] float32 (modified in place) or the LM head's dtype (see `sample`)."""
-        raw = raw_logprobs(logits, batch)
+        raw = raw_logprobs(_peek(logits), batch)
         sampled = self.sample(logits, batch)  # [N] int64
         token_ids = sampled.tolist()
         if raw is None:
             return SamplerOutput(token_ids, [None] * batch.num_rows)
         return SamplerOutput(token_ids, gather_logprobs(raw, sampled, batch.num_logprobs))
 
-    def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    def sample(self, logits: torch.Tensor | HandedLogits, batch: SamplingBatch) -> torch.Tensor:
         """[N] int64 token ids left on the device (no host sync). logits [N, V]: float32, modified in
         place, or the LM head's dtype, read as they are where `reads_lm_head_logits` says so and
-        converted to float32 otherwise. Logprobs, if wanted, must be taken before (see `__call__`)."""
+        converted to float32 otherwise (handed over: the copy replaces them, see `HandedLogits`).
+        Logprobs, if wanted, must be taken before (see `__call__`)."""
+        if isinstance(logits, HandedLogits):
+            logits = logits.take()  # this frame's name is now the only reference
         assert logits.dim() == 2 and logits.shape[0] == batch.num_rows, logits.shape
         fused_available = gumbel_sample_supported(logits.device)
         if not reads_lm_head_logits(batch, fused_available):

@@ -34,7 +34,7 @@ from conveyor.sampling_params import SamplingParams
 from conveyor.worker.cuda_graphs import CudaGraphRunner
 from conveyor.worker.input_batch import HostStaging, prepare_host_batch
 from conveyor.worker.request_state import BlockTable, RequestState
-from conveyor.worker.sampler import Sampler
+from conveyor.worker.sampler import HandedLogits, Sampler
 from conveyor.worker.sampling_metadata import (
     SamplingRequest,
     VocabInfo,
@@ -134,7 +134,7 @@ def run_eager_step(runner: WarmupRunner, step: EagerStep) -> None:
     host = prepare_host_batch(states, scheduled, runner.block_size)
     inputs = runner.staging.device_batch(host, runner.block_size)
     hidden = runner.model(inputs.input_ids, inputs.positions, runner.kv_caches, inputs.attention)  # [T, H]
-    runner.model.compute_logits(hidden[inputs.logits_indices])
+    runner.model.lm_head_logits(hidden[inputs.logits_indices])  # what a real step calls (no float32 copy)
 
 
 def sampler_variants() -> list[SamplingParams]:
@@ -163,9 +163,12 @@ def warm_up_sampler(runner: WarmupRunner) -> None:
             runner.sampler(logits, build_sampling_batch(requests, runner.vocab, runner.device))
 
 
-PROFILE_SAMPLING = SamplingParams(temperature=1.0, top_p=0.9)
+PROFILE_SAMPLING = SamplingParams(temperature=1.0, top_p=0.9, repetition_penalty=1.1)
 """The memory profile's dummy sampling: the staged path's heaviest variant. Top-p alone sorts the whole
-vocabulary (K = V: values and int64 ids per logit) and keeps the shared noise [R, V] for the batch."""
+vocabulary (K = V: values and int64 ids per logit) and keeps the shared noise [R, V] for the batch; the
+penalty is an edit, and a batch with one edited row needs the float32 copy of every row's logits (4 B/logit
+beside the noise), so the profile takes that path: on the unedited one, which reads the bf16 logits, its
+peak would be 0.245 GiB below a real full batch with one penalised request (1,024 x 128,256)."""
 
 
 def max_sampling_rows(scheduler_config: SchedulerConfig, num_speculative_tokens: int) -> int:
@@ -182,10 +185,11 @@ def profile_sampling_requests(num_rows: int) -> list[SamplingRequest]:
 
 @torch.inference_mode()
 def warm_up_full_sampler(runner: WarmupRunner) -> None:
-    """The profile's sampler step again, at its full row count, on logits in the model's dtype (the chunked
-    staged path's noise and temporaries, and on the CPU the float32 copy, are what it reserved)."""
+    """The profile's sampler step again, at its full row count, on logits in the model's dtype handed over as
+    the profile hands them (the float32 copy, the chunked staged path's noise and temporaries are what it
+    reserved)."""
     num_rows = max_sampling_rows(runner.scheduler_config, runner.num_speculative_tokens)
-    logits = torch.zeros(num_rows, runner.vocab_size, dtype=runner.dtype, device=runner.device)  # [N, V]
+    logits = HandedLogits(torch.zeros(num_rows, runner.vocab_size, dtype=runner.dtype, device=runner.device))
     runner.sampler(logits, build_sampling_batch(profile_sampling_requests(num_rows), runner.vocab, runner.device))
 
 

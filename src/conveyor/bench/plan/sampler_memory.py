@@ -15,9 +15,11 @@ copy of the LM head's logits and the shared generator's exponential noise [rows,
 every token). Fitted with the two constants below to one sampler call's peak on an H200 (beyond the LM
 head's bf16 logits; benchmarks/gpu/sampler_memory.py on this code, 2026-12-06): 0.5378 GiB at
 256 × 128,256, 1.2684 GiB at 1,024 × 128,256, 0.5811 GiB at 256 × 151,936, 1.4503 GiB at 1,024 × 151,936
-(docs/performance.md, "Sampler memory"); the model is within 0.2% of each. Since the staged path reads the
-LM head's bf16 logits chunk by chunk on CUDA (no edits: the profile's step), the engine holds only the noise,
-4 of these 8 bytes: the plan stays conservative by rows x V x 4 until the H200 figures are measured again."""
+(docs/performance.md, "Sampler memory"); the model is within 0.2% of each. The engine's profile holds
+both again (2026-12-07, branch samplermem): its requests edit their logits, as one penalised request of a
+real full batch does, so the sampler makes the float32 copy; the LM head's bf16 logits are handed over and
+freed once copied, so they are not counted here either (the stage's figure in the start-up line is this
+plus ~0.03 GiB, the cuBLAS workspace the forward allocated: inferred, 32 MiB on Hopper)."""
 SAMPLER_STAGED_BYTES_PER_LOGIT = 48
 """Bytes per logit of the staged path's temporaries (scaled copy, top-p's full sort: values and int64
 ids, softmax, cumulative sum, masks) -- for the rows of one chunk only (worker/sampler_staged.py). A whole

@@ -26,7 +26,7 @@ from conveyor.core.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogpr
 from conveyor.model.loader import LoadedModel, ModelNotFoundError, load_model
 from conveyor.worker.input_batch import HostBatch, prepare_host_batch
 from conveyor.worker.request_state import RequestState
-from conveyor.worker.sampler import Sampler, gather_logprobs, raw_logprobs
+from conveyor.worker.sampler import HandedLogits, Sampler, gather_logprobs, raw_logprobs
 from conveyor.worker.sampling_metadata import SamplingBatch, SamplingRequest, VocabInfo, build_sampling_batch
 from conveyor.worker.spec_decode.draft_model_proposer import DraftModelProposer, DraftParams
 from conveyor.worker.spec_decode.ngram_proposer import NgramParams, NgramProposer
@@ -136,7 +136,8 @@ class SpecDecoder:
         rows = self.target.forward(host)  # launched after the sampler inputs' host-to-device copies
         if sampling_batch is None:
             return Verified([], None)
-        result = self.target.sampler(self.target.lm_head_logits(rows), sampling_batch)  # logits [S, V]
+        # logits [S, V], handed over: the sampler's float32 copy, where it makes one, replaces them
+        result = self.target.sampler(HandedLogits(self.target.lm_head_logits(rows)), sampling_batch)
         token_ids = [[token_id] for token_id in result.sampled_token_ids]
         if sampling_batch.max_num_logprobs is None:
             return Verified(token_ids, None)
