@@ -246,8 +246,7 @@ class ModelRunner:
         request_ids = [state.request_id for state in batch]
         if sampling_batch is None:
             return StepHandle.done(ModelRunnerOutput(sampled_token_ids={request_id: [] for request_id in request_ids}))
-        # [S, V] in the LM head's dtype, handed over: the sampler makes the float32 copy only where it needs
-        # one, and that copy then replaces them (no local here keeps the bf16 logits alive beside it)
+        # [S, V] in the LM head's dtype, handed over: a float32 copy the sampler makes replaces them
         logits = HandedLogits(self.model.lm_head_logits(rows))
         del rows
         if sampling_batch.max_num_logprobs is not None:  # logprobs are read on the host: finish now
