@@ -146,6 +146,9 @@ def test_each_tensor_parallel_rank_quantizes_its_own_shard(tmp_path: pathlib.Pat
         assert ((back - expected).abs() <= expected.abs() * 2.0**-4 + down.weight_scale * 2.0**-10).all()
 
 
+# torch 2.13's CPU `_scaled_mm` takes ~0.46 s a call on a 2-vCPU Xeon (2026-12-07; far less on the AMD EPYC
+# this was written on): 120 projections x 8 prompts come to ~280 s alone, past the 300 s default under load.
+@pytest.mark.timeout(900)
 def test_the_embedded_gguf_quantizes_to_fp8_from_bf16() -> None:
     """The only real weights CI ships: SmolLM2's GGUF dequantized to bf16, then its 120 projections in
     FP8 (what benchmarks/gpu/real_weights.py --fp8 serves on CUDA). Eight prompts' prefill logits, the

@@ -170,10 +170,15 @@ def test_min_tokens_masks_eos_and_stop_ids_until_reached() -> None:
     assert sample(logits, [reached]) == [7]
 
 
-def test_min_tokens_with_ignore_eos_does_not_mask_eos() -> None:
+def test_min_tokens_masks_eos_even_with_ignore_eos() -> None:
+    # vLLM 0.24 adds every EOS id to `_all_stop_token_ids` whatever ignore_eos says
+    # (`update_from_generation_config`), and its min_tokens processor masks that set: ignore_eos only stops
+    # EOS from ending the request, it does not let min_tokens' outputs be EOS.
     logits = torch.tensor([[0, 0, 0, 5.0, 0, 0, 0, 9.0]])
     request = make_request(temperature=0.0, min_tokens=3, ignore_eos=True, stop_token_ids=(3,))
-    assert sample(logits, [request]) == [7]  # vLLM: ignore_eos removes EOS from the stop set
+    assert sample(logits, [request]) not in ([7], [3])
+    reached = make_request(output=[1, 1, 1], temperature=0.0, min_tokens=3, ignore_eos=True)
+    assert sample(logits, [reached]) == [7]
 
 
 def test_logprobs_are_raw_with_rank_and_top() -> None:

@@ -147,7 +147,7 @@ class VocabInfo:
     vocab_size: int
     """Columns of the logits."""
     eos_token_ids: frozenset[int]
-    """Masked while min_tokens is not reached (unless the request sets ignore_eos, as vLLM does)."""
+    """Masked while min_tokens is not reached, with or without ignore_eos (as vLLM 0.24 masks them)."""
 
 
 def build_sampling_batch(
@@ -228,10 +228,8 @@ def _min_tokens_pairs(
         params = request.params
         if request.num_output_tokens >= params.min_tokens:
             continue
-        stop_ids = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            stop_ids |= vocab.eos_token_ids
-        stop_ids = {t for t in stop_ids if t < vocab.vocab_size}
+        # every EOS id, ignore_eos or not: vLLM's min_tokens masks `_all_stop_token_ids`, which holds them all
+        stop_ids = {t for t in set(params.stop_token_ids) | vocab.eos_token_ids if t < vocab.vocab_size}
         rows.extend([row] * len(stop_ids))
         tokens.extend(sorted(stop_ids))
     if not rows:
