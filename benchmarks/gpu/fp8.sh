@@ -19,7 +19,8 @@
 # with nothing cached from the one before but Triton's / torch.compile's kernel caches (no prefix cache:
 # every nano256 prompt is random ids, and offline.py turns prefix caching off).
 # Real weights (issue 37's greedy agreement): SmolLM2's GGUF travels in three pieces (`bash benchmarks/gpu/fp8.sh
-# pieces` here: .peers/g1, g2 45 MB, g3 8.4 MB, each beside one call's other carries), and each of those calls
+# pieces` here: .peers/g1, g2 33 MB, g3 32.4 MB: the tracked tree is 22.6 MB and run's carry 64 MiB, so a piece
+# travels with at most ~44 MB of other carries), and each of those calls
 # begins `bash benchmarks/gpu/fp8.sh gguf` (the call that brings the last piece assembles and checks the file).
 # Then `bash benchmarks/gpu/fp8.sh greedy`: real_weights.py --fp8 (bf16 / FP8 weights / FP8 KV / both vs
 # transformers float32, transformers from the machine's image).
@@ -49,8 +50,8 @@ case $step in
   pieces)  # here: the embedded GGUF in three pieces under .peers/g1..g3
     g=$(python3 -c 'from conveyor.model.loader import embedded_gguf_path as p; print(p())')
     for i in 1 2 3; do mkdir -p .peers/g$i; done
-    head -c 45000000 "$g" > .peers/g1/gguf.1; tail -c +45000001 "$g" | head -c 45000000 > .peers/g2/gguf.2
-    tail -c +90000001 "$g" > .peers/g3/gguf.3; cat .peers/g?/gguf.? | sha256sum; sha256sum "$g" ;;
+    head -c 33000000 "$g" > .peers/g1/gguf.1; tail -c +33000001 "$g" | head -c 33000000 > .peers/g2/gguf.2
+    tail -c +66000001 "$g" > .peers/g3/gguf.3; cat .peers/g?/gguf.? | sha256sum; sha256sum "$g" ;;
   gguf)  # on the device, in each call that carries a piece; the last one assembles SmolLM2's file
     mkdir -p /tmp/stage /tmp/gguf; for f in .peers/g?/gguf.?; do [ -f "$f" ] && cp "$f" /tmp/stage/; done
     if [ -f /tmp/stage/gguf.1 ] && [ -f /tmp/stage/gguf.2 ] && [ -f /tmp/stage/gguf.3 ]; then
