@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import statistics
 from dataclasses import dataclass
 
 from conveyor.core.step_log import StepRecord
@@ -50,6 +51,11 @@ class CalibratedStepTime:
     per_gemm_step_s: float = 0.0
     """Added to a step computing more than GEMM_STEP_ROWS tokens (step_model.py); 0 off the CPU. Last, so that
     positional callers of the fields above keep their meaning."""
+    front_end_in_s: tuple[float, ...] = ()
+    """Quantiles (evenly spaced, ascending, >= 0) of a request's time from send to the scheduler (HTTP,
+    tokenizing, the hop to the engine core), fitted by bench/measure/front_end.py; () for none."""
+    front_end_out_s: float = 0.0
+    """Time from a step's end to its chunk at the client (detokenizing, SSE); 0 for files without it."""
 
     def __post_init__(self) -> None:
         for name in TERMS:
@@ -61,6 +67,10 @@ class CalibratedStepTime:
         if len(self.spread) == 1 or any(not (math.isfinite(q) and q > 0) for q in self.spread) \
                 or list(self.spread) != sorted(self.spread):
             raise ValueError("calibration step_spread must be two or more ascending numbers > 0")
+        if len(self.front_end_in_s) == 1 or list(self.front_end_in_s) != sorted(self.front_end_in_s) \
+                or any(not (math.isfinite(d) and d >= 0) for d in self.front_end_in_s) \
+                or not (math.isfinite(self.front_end_out_s) and self.front_end_out_s >= 0):
+            raise ValueError("calibration front_end: in_delay_s two or more ascending numbers >= 0, out_s >= 0")
 
     def batch_time_s(self, record: StepRecord) -> float:
         rows = record.num_prefill_tokens + record.num_decode_tokens
@@ -78,10 +88,11 @@ class CalibratedStepTime:
         fitted = self.batch_time_s(record) - self.between_steps_s
         if not self.spread:
             return self.batch_time_s(record)
-        position = min(max(u, 0.0), 1.0) * (len(self.spread) - 1)
-        low = min(int(position), len(self.spread) - 2)
-        ratio = self.spread[low] + (position - low) * (self.spread[low + 1] - self.spread[low])
-        return fitted * ratio + self.between_steps_s
+        return fitted * _interpolate(self.spread, u) + self.between_steps_s
+
+    def in_delay_s(self, u: float) -> float:
+        """A request's way in at quantile `u` (0..1) of the fitted front end; 0 without one."""
+        return _interpolate(self.front_end_in_s, u) if self.front_end_in_s else 0.0
 
     def describe(self) -> str:
         return (f"calibrated ({self.label}): {self.per_step_s * 1e3:.3g} ms + {self.per_seq_s * 1e6:.3g} us/seq + "
@@ -89,7 +100,16 @@ class CalibratedStepTime:
                 f"us/decode token + {self.per_context_token_s * 1e9:.3g} ns/context token + "
                 f"{self.per_multi_row_step_s * 1e3:.3g} ms/multi-row step + "
                 + (f"{self.per_gemm_step_s * 1e3:.3g} ms/GEMM step + " if self.per_gemm_step_s else "")
-                + f"{self.between_steps_s * 1e3:.3g} ms between steps")
+                + f"{self.between_steps_s * 1e3:.3g} ms between steps"
+                + (f"; front end: in {statistics.fmean(self.front_end_in_s) * 1e3:.3g} ms mean, out "
+                   f"{self.front_end_out_s * 1e3:.3g} ms" if self.front_end_in_s else ""))
+
+
+def _interpolate(quantiles: tuple[float, ...], u: float) -> float:
+    """The value at `u` (0..1) of evenly spaced quantiles, linear between them."""
+    position = min(max(u, 0.0), 1.0) * (len(quantiles) - 1)
+    low = min(int(position), len(quantiles) - 2)
+    return quantiles[low] + (position - low) * (quantiles[low + 1] - quantiles[low])
 
 
 def read_calibration(path: str, hardware: str | None = None) -> CalibratedStepTime:
@@ -118,4 +138,18 @@ def read_calibration(path: str, hardware: str | None = None) -> CalibratedStepTi
     spread = entry.get("step_spread", [])
     if not isinstance(spread, list) or not all(isinstance(q, (int, float)) and not isinstance(q, bool) for q in spread):
         raise ValueError(f"--calibration {path}: step_spread must be a list of numbers")
-    return CalibratedStepTime(**numbers, spread=tuple(float(q) for q in spread), label=label)
+    delays, out_s = _front_end(entry.get("front_end"), path)
+    return CalibratedStepTime(**numbers, spread=tuple(float(q) for q in spread), label=label,
+                              front_end_in_s=delays, front_end_out_s=out_s)
+
+
+def _front_end(value: object, path: str) -> tuple[tuple[float, ...], float]:
+    """The entry's fitted front end (bench/measure/front_end.py): in-delay quantiles, out; none in older files."""
+    if value is None:
+        return (), 0.0
+    delays = value.get("in_delay_s") if isinstance(value, dict) else None
+    out = value.get("out_s") if isinstance(value, dict) else None
+    if not isinstance(delays, list) or not all(isinstance(d, (int, float)) and not isinstance(d, bool) for d in delays) \
+            or not isinstance(out, (int, float)) or isinstance(out, bool):
+        raise ValueError(f"--calibration {path}: front_end needs in_delay_s (numbers) and out_s (a number)")
+    return tuple(float(d) for d in delays), float(out)

@@ -1,19 +1,14 @@
 """A trace replayed through the real scheduler on a virtual clock: the engine's half of `simulate --trace`.
 
-The workload is a list of `SimRequest`s (token ids, output length, due time, cancellation, session turn)
-that the caller built from a trace; this module knows nothing of trace files or run directories (those are
-bench's, and core may not import bench). Each request enters the real `Scheduler` when it is due, so its
-KV blocks come from the real block pool, its prompt is looked up in the real prefix cache (requests that
-share leading tokens share full blocks), and the pool running dry preempts as it would on the server.
-The fake runner (core/fake_runner.py) samples tokens; each step advances the clock by the step-time
-model's price of that step's batch (drawn around it from a calibration's measured spread, with a seeded
-generator, so like steps differ as on the engine and percentiles of the gaps keep its shape). With async
-scheduling the replay runs the engine's pipeline (engine/engine_core.py AsyncEngineCore): the next step is
-scheduled as the one in flight starts, before that one's output is applied, so a request due during a step
-waits for the step after next, and the blocks and seat of a request that ends with a step go to the step
-after next (past capacity, where every admission waits for an end, that step is part of each wait). A
-request streams one chunk per step that gave it tokens, as the server sends one SSE chunk per engine step,
-so TTFT, ITL and E2E are measured as the client would.
+The workload is `SimRequest`s (token ids, output length, due time, cancellation, session turn) built by the
+caller (core may not import bench's traces). Each request enters the real `Scheduler`, so its KV blocks come
+from the real block pool and prefix cache, and a dry pool preempts as on the server. Each step advances the
+clock by the step-time model's price of its batch (drawn from a calibration's spread, seeded, when asked).
+With async scheduling the replay runs AsyncEngineCore's pipeline: the next step is scheduled as the one in
+flight starts, so a request due during a step waits for the step after next, and what an ending request
+frees goes to the step after next. A request streams one chunk per step that gave it tokens, as the server
+sends one SSE chunk per step. A calibration's front end (bench/measure/front_end.py) delays each request's
+way in to the scheduler (drawn) and each chunk's way out to the client, so TTFT is the client's.
 
 What the client does is played here too: a request cancelled after S seconds or N chunks is aborted at the
 first step boundary past that point (the server notices a closed stream between steps too); a session turn
@@ -170,8 +165,8 @@ class _Run:
     config: TraceSimConfig
     scheduler: Scheduler
     clock: VirtualClock
-    due: list[tuple[float, int, SimRequest, list[int]]]
-    """Heap of (due time, tie-break, request, history prefix) not yet sent."""
+    due: list[tuple[float, int, SimRequest, list[int], float]]
+    """Heap of (when it reaches the scheduler, tie-break, request, history prefix, due time) not yet sent."""
     later_turns: dict[tuple[str, int], SimRequest]
     in_flight: dict[str, _InFlight] = field(default_factory=dict)
     blocked: collections.deque[_InFlight] = field(default_factory=collections.deque)
@@ -190,6 +185,8 @@ class _Run:
         ("steps", "preemptions", "queries", "hits", "prompt", "generation"), 0))
     rng: random.Random = field(default_factory=random.Random)
     """Draws each step's quantile of the calibration's spread (seeded from the config)."""
+    front_rng: random.Random = field(default_factory=random.Random)
+    """Draws each request's way in through the front end (apart, so step draws do not move with it)."""
 
 
 def simulate_trace(requests: list[SimRequest], config: TraceSimConfig) -> TraceSimResult:
@@ -199,10 +196,10 @@ def simulate_trace(requests: list[SimRequest], config: TraceSimConfig) -> TraceS
     runner = FakeModelRunner(config.cache.block_size)
     run = _Run(config, scheduler, clock, [], {
         (r.session_id, r.turn): r for r in requests if r.due_s is None and r.session_id and r.turn},
-        rng=random.Random(config.seed))
+        rng=random.Random(config.seed), front_rng=random.Random(f"front-end-{config.seed}"))
     for request in requests:
         if request.due_s is not None:
-            heapq.heappush(run.due, (request.due_s, next(run.order), request, []))
+            _push_due(run, request.due_s, request, [])
     run.free_slots = config.max_concurrency or 0
     while run.due or run.blocked or run.launched or scheduler.has_unfinished_requests():
         if not scheduler.has_unfinished_requests() and not run.blocked and run.launched is None:
@@ -225,7 +222,7 @@ def _send_due(run: _Run) -> None:
     A request due during a step is sent at its due time: the server receives it then, and it waits for
     the next schedule at a step boundary as it would there (with async scheduling, for the step after next)."""
     while run.due and run.due[0][0] <= run.clock.now_s:
-        due_s, _, request, history = heapq.heappop(run.due)
+        _, _, request, history, due_s = heapq.heappop(run.due)
         run.blocked.append(_InFlight(request, due_s, history + list(request.input_token_ids)))
     cap = run.config.max_concurrency
     # Slots only free up between boundaries, so those free after the last sends were free all along: the
@@ -343,17 +340,18 @@ def _next_event_s(run: _Run) -> float:
 def _collect(run: _Run, outputs: EngineCoreOutputs) -> None:
     """Record the step's chunks, end what finished, and close the streams that reached their chunk limit."""
     now_s = run.clock.now_s
+    seen_s = now_s + getattr(run.config.step_time, "front_end_out_s", 0.0)  # when the client reads it
     for request_id, token_ids in zip(outputs.req_ids, outputs.new_token_ids):
-        _chunk(run.in_flight[request_id], token_ids, now_s)
+        _chunk(run.in_flight[request_id], token_ids, now_s, seen_s)
     for finished in outputs.finished_outputs:
         flight = run.in_flight[finished.request_id]
-        _chunk(flight, finished.new_token_ids, now_s)
+        _chunk(flight, finished.new_token_ids, now_s, seen_s)
         error = _ERRORS.get(finished.finish_reason) if finished.finish_reason else None
         closed_s = _closed_at(flight)
         if closed_s is not None and closed_s <= now_s:  # the client gave up before the last chunk came
             _end(run, flight, CANCELLED, closed_s, finished)
         else:
-            _end(run, flight, FAILED if error else COMPLETED, now_s, finished, error)
+            _end(run, flight, FAILED if error else COMPLETED, seen_s, finished, error)
     for request_id in outputs.req_ids:
         flight = run.in_flight[request_id]
         limit = flight.request.cancel_after_tokens
@@ -367,11 +365,11 @@ def _closed_at(flight: _InFlight) -> float | None:
     return None if cancel_s is None else flight.sent_s + cancel_s
 
 
-def _chunk(flight: _InFlight, token_ids: list[int], now_s: float) -> None:
-    """A chunk the client reads, unless it closed the stream during the step (it is aborted next)."""
+def _chunk(flight: _InFlight, token_ids: list[int], now_s: float, seen_s: float) -> None:
+    """A chunk the client reads at `seen_s`, unless it closed the stream during the step (it is aborted next)."""
     closed_s = _closed_at(flight)
     if token_ids and (closed_s is None or now_s < closed_s):
-        flight.chunk_times_s.append(now_s)
+        flight.chunk_times_s.append(seen_s)
         flight.output_token_ids.extend(token_ids)
 
 
@@ -392,4 +390,11 @@ def _end(run: _Run, flight: _InFlight, status: str, end_s: float, final: EngineC
     if following is not None:
         history = flight.prompt + flight.output_token_ids
         due_s = end_s + following.think_time_s  # may be before now (a cancel by timer): sent then, as the client
-        heapq.heappush(run.due, (due_s, next(run.order), following, history))
+        _push_due(run, due_s, following, history)
+
+
+def _push_due(run: _Run, due_s: float, request: SimRequest, history: list[int]) -> None:
+    """The request is sent at `due_s` and reaches the scheduler after its way in through the front end."""
+    model = run.config.step_time
+    delay_s = model.in_delay_s(run.front_rng.random()) if isinstance(model, CalibratedStepTime) else 0.0
+    heapq.heappush(run.due, (due_s + delay_s, next(run.order), request, history, due_s))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
+from dataclasses import replace
 
 from conveyor.bench.measure.calibration import (
     COST_FLAGS,
@@ -22,6 +23,8 @@ from conveyor.bench.measure.calibration import (
     run_paces,
     write_calibration,
 )
+from conveyor.bench.measure.front_end import FrontEndError, fit_front_end, read_front_end_run
+from conveyor.bench.measure.step_log import read_step_log_file
 from conveyor.bench.measure.step_model import TERMS
 
 
@@ -50,6 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fit sums of K consecutive steps of each log; K > 1 stops an async engine's log, "
                              "whose records can carry part of the next step's time, from mispricing both "
                              "neighbours (default: 8 for runs served with async scheduling, else 1: each step)")
+    parser.add_argument("--front-end", nargs=3, action="append", default=[],
+                        metavar=("STEP_LOG", "TRACE", "CLIENT_JSON"),
+                        help="repeatable: fit the front end's share of TTFT (bench/measure/front_end.py) from a run's "
+                             "step log, the trace it sent and the client's result JSON (its mean_ttft_ms)")
     parser.add_argument("--out", required=True,
                         help="calibration file to write; an entry with the same key is replaced, others kept")
 
@@ -58,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.fit_window is not None and args.fit_window < 1:
             raise CalibrationError(f"--fit-window must be >= 1 (got {args.fit_window})")
-        calibration = _calibration(args)
+        calibration = _with_front_end(_calibration(args), args.front_end)
         write_calibration(pathlib.Path(args.out), calibration)
         paces = describe_paces(calibration)
     except CalibrationError as error:
@@ -93,6 +100,19 @@ def _calibration(args: argparse.Namespace) -> Calibration:
     return calibrate_step_logs(key, paths, [pathlib.Path(p) for p in args.held_out_step_log], args.fit_window)
 
 
+def _with_front_end(calibration: Calibration, given: list[list[str]]) -> Calibration:
+    """The calibration with its front end fitted from each --front-end STEP_LOG TRACE CLIENT_JSON."""
+    if not given:
+        return calibration
+    async_scheduling = dict(calibration.key.configuration).get("async_scheduling", "").lower() == "true"
+    try:
+        runs = [read_front_end_run(read_step_log_file(pathlib.Path(log)), pathlib.Path(trace), pathlib.Path(client),
+                                   async_scheduling) for log, trace, client in given]
+        return replace(calibration, front_end=fit_front_end(runs))
+    except (FrontEndError, OSError, ValueError) as error:
+        raise CalibrationError(f"--front-end: {error}") from None
+
+
 def _server_flags(given: list[str]) -> dict[str, str]:
     """--server-flag KEY=VALUE pairs, each KEY one of COST_FLAGS."""
     flags = {}
@@ -122,6 +142,11 @@ def describe(calibration: Calibration) -> str:
         lines.append(f"held out, {held_out.num_steps} steps of {len(calibration.held_out_runs)} run(s): R² "
                      f"{held_out.r2:.3f}, relative error median {held_out.median_rel_error:.1%}, "
                      f"p95 {held_out.p95_rel_error:.1%}")
+    if calibration.front_end is not None:
+        front = calibration.front_end
+        lines.append(f"front end, {front.num_requests} requests: in {sum(front.in_delay_s) / len(front.in_delay_s) * 1e3:.3g} "
+                     f"ms mean (p90 {front.in_delay_s[round(0.9 * (len(front.in_delay_s) - 1))] * 1e3:.3g} ms), "
+                     f"out {front.out_s * 1e3:.3g} ms")
     return "\n".join(lines)
 
 

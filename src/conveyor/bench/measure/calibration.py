@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from conveyor.bench.jsonvalue import JSON, Fields
+from conveyor.bench.measure.front_end import FrontEnd
 from conveyor.bench.measure.rundirs import RunDirError, load_run
 from conveyor.bench.measure.step_log import STEP_LOG_FILE, read_step_log, read_step_log_file
 from conveyor.bench.measure.step_model import (
@@ -114,6 +115,8 @@ class Calibration:
     """Consecutive steps per fitted sum (`bench calibrate --fit-window`; 1: each step, as files without it)."""
     spread: tuple[float, ...] = ()
     """step_model.step_spread of the fitted steps (`step_spread` in the file; () in files from before it)."""
+    front_end: FrontEnd | None = None
+    """The front end's share of TTFT (bench/measure/front_end.py; None: not fitted, as files from before it)."""
 
     def to_json(self) -> dict[str, JSON]:
         value: dict[str, JSON] = {"key": self.key.to_json(), "coefficients": dict(self.coefficients.to_json()),
@@ -124,6 +127,8 @@ class Calibration:
             value["fit_window"] = self.fit_window
         if self.spread:
             value["step_spread"] = list(self.spread)
+        if self.front_end is not None:
+            value["front_end"] = self.front_end.to_json()
         return value
 
     @classmethod
@@ -140,13 +145,14 @@ class Calibration:
         if not isinstance(window, int) or isinstance(window, bool) or window < 1:
             raise CalibrationError(f"{where}: fit_window must be an integer >= 1")
         spread = _spread(value.get("step_spread", []), where)
+        front_end = value.get("front_end")
         try:
             return cls(CalibrationKey.from_json(key, where + ".key"),
                        StepTimeCoefficients.from_json(coefficients, where + ".coefficients"),
                        FitError.from_json(fit, where + ".fit"), tuple(str(r) for r in runs),
                        FitError.from_json(held_out, where + ".held_out") if isinstance(held_out, dict) else None,
                        tuple(str(r) for r in held_out_runs) if isinstance(held_out_runs, list) else (), window,
-                       spread)
+                       spread, None if front_end is None else FrontEnd.from_json(front_end, where))
         except ValueError as error:
             raise CalibrationError(str(error)) from None
 
