@@ -16,6 +16,7 @@ from conveyor.bench.measure.calibration import (
     calibrate,
     write_calibration,
 )
+from conveyor.bench.measure.front_end import FrontEnd
 from conveyor.bench.measure.step_model import FitError, StepSample, StepTimeCoefficients
 from conveyor.core import simulate_cli
 from conveyor.core.simulate import (
@@ -172,3 +173,20 @@ def test_a_spread_must_be_ascending_positive_quantiles(tmp_path: pathlib.Path) -
     path.write_text(text)
     with pytest.raises(ValueError, match="step_spread"):
         read_calibration(str(path))
+
+
+def test_a_fitted_front_end_is_read_and_a_file_without_one_has_none(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "calib.json"
+    coefficients = StepTimeCoefficients(0.01, 2e-5, 3e-5, 4e-5, 5e-9)
+    write_calibration(path, dataclasses.replace(entry("cpu", coefficients),
+                                                front_end=FrontEnd((0.0, 0.002, 0.05), 0.018, 480)))
+    model = read_calibration(str(path))
+    assert model.front_end_in_s == (0.0, 0.002, 0.05) and model.front_end_out_s == 0.018
+    assert model.in_delay_s(0.25) == pytest.approx(0.001) and model.in_delay_s(1.0) == 0.05
+    assert "front end" in model.describe()
+    write_calibration(path, entry("cpu", coefficients))  # replaces it: an entry as written before the front end
+    assert "front_end" not in path.read_text()
+    old = read_calibration(str(path))
+    assert old.front_end_in_s == () and old.front_end_out_s == 0.0 and old.in_delay_s(0.9) == 0.0
+    with pytest.raises(ValueError, match="ascending"):
+        CalibratedStepTime(0.01, 0.0, 0.0, 0.0, 0.0, front_end_in_s=(0.02, 0.01))

@@ -162,3 +162,26 @@ def test_a_calibrated_spread_draws_like_steps_apart_around_the_fitted_price() ->
     exact = replace(model, spread=())
     flat = simulate_trace(workload, replace(CONFIG, step_time=exact)).outcomes[0].chunk_times_s
     assert [b - a for a, b in itertools.pairwise(flat)] == pytest.approx([0.011] * 199)
+
+
+def test_a_fitted_front_end_delays_the_way_in_and_every_chunk_out() -> None:
+    # The same request as above (0.511, 0.522, ... without a front end). A way in of exactly 25 ms reaches
+    # the scheduler at 0.525; a way out of 7 ms reaches the client 7 ms after each step's end.
+    model = CalibratedStepTime(0.01, 0.0, 0.0, 0.0, 0.0, between_steps_s=0.001, front_end_in_s=(0.025, 0.025),
+                               front_end_out_s=0.007)
+    (outcome,) = simulate_trace([request("a", 0.5, list(range(100, 132)), output_len=4)],
+                                replace(CONFIG, step_time=model)).outcomes
+    assert outcome.chunk_times_s == pytest.approx((0.543, 0.554, 0.565, 0.576))
+    assert outcome.sent_s == 0.5 and outcome.end_s == pytest.approx(0.576)  # sent when due: TTFT is 43 ms
+
+
+def test_the_way_in_is_drawn_per_request_from_its_quantiles() -> None:
+    # Way-in quantiles 0 .. 100 ms: ten requests each due 1 s apart (an idle engine) start 0-100 ms late,
+    # not all alike; the step draws are untouched (no spread), and one seed gives one replay.
+    model = CalibratedStepTime(0.01, 0.0, 0.0, 0.0, 0.0, front_end_in_s=(0.0, 0.05, 0.1))
+    workload = [request(f"r{i}", float(i), list(range(100, 132)), output_len=1) for i in range(10)]
+    firsts = [o.chunk_times_s[0] - o.sent_s for o in simulate_trace(workload, replace(CONFIG, step_time=model)).outcomes]
+    assert all(0.01 - 1e-9 <= ttft <= 0.11 + 1e-9 for ttft in firsts)
+    assert max(firsts) - min(firsts) > 0.02
+    again = [o.chunk_times_s[0] - o.sent_s for o in simulate_trace(workload, replace(CONFIG, step_time=model)).outcomes]
+    assert again == firsts
