@@ -39,9 +39,11 @@ CALIBRATION = Calibration(H100_KEY, StepTimeCoefficients(0.010, 2e-5, 3e-5, 4e-5
 def test_h100_to_h200_scales_memory_terms_by_bandwidth_only() -> None:
     scale = HardwareScale(find_gpu("H100"), find_gpu("H200"))
     assert scale.bandwidth_ratio == pytest.approx(3.35 / 4.8) and scale.compute_ratio == 1.0
-    scaled = scale_step_time(CalibratedStepTime(0.010, 2e-5, 3e-5, 4e-5, 5e-9, between_steps_s=6e-4, label="h100"), scale)
+    scaled = scale_step_time(CalibratedStepTime(0.010, 2e-5, 3e-5, 4e-5, 5e-9, between_steps_s=6e-4, label="h100",
+                                                front_end_in_s=(0.0, 0.01), front_end_out_s=0.02), scale)
     assert scaled.per_step_s == pytest.approx(0.010 * 3.35 / 4.8)
     assert scaled.between_steps_s == 6e-4  # the host loop's, not the GPU's
+    assert (scaled.front_end_in_s, scaled.front_end_out_s) == ((0.0, 0.01), 0.02)  # the API server's, too
     assert scaled.per_context_token_s == pytest.approx(5e-9 * 3.35 / 4.8)
     assert (scaled.per_seq_s, scaled.per_prefill_token_s, scaled.per_decode_token_s) == (2e-5, 3e-5, 4e-5)
 

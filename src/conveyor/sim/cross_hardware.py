@@ -108,6 +108,7 @@ def scale_step_time(model: CalibratedStepTime, scale: HardwareScale, work: Model
         per_context_token_s=_split(model.per_context_token_s, kv_s, bandwidth),
         per_multi_row_step_s=model.per_multi_row_step_s * bandwidth, per_gemm_step_s=model.per_gemm_step_s * bandwidth,
         between_steps_s=model.between_steps_s,
+        front_end_in_s=model.front_end_in_s, front_end_out_s=model.front_end_out_s,  # the host's, not the GPU's
         label=f"{model.label}, scaled {scale.source.name} -> {scale.target.name}"
               + (" above the roofline floors" if work else ""))
 
