@@ -100,8 +100,8 @@ class FrontEnd:
 def match_prefills(steps: Sequence[LoggedStep], prompt_lens: Sequence[int]) -> tuple[list[int], list[int]]:
     """Each request's first prefill step and its first-token step (indices into `steps`), first come, first
     served; requests the log never finished are left out (both lists stop there). A step ends a request's
-    prompt unless it ran at the token budget with tokens to spare (a chunk); the server re-tokenizes and its
-    prefix cache hits, so a prompt's logged length is not matched exactly."""
+    prompt unless it ran at the token budget (taken as the largest step logged) short of the prompts (a
+    chunk); the server re-tokenizes and its prefix cache hits, so a logged length is not matched exactly."""
     budget = max((s.num_prefill_tokens + s.num_decode_tokens for s in steps), default=0)
     first: list[int] = []
     last: list[int] = []
