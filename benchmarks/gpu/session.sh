@@ -18,7 +18,8 @@
 #   bash benchmarks/gpu/session.sh spec-phases      the same, split into phases (each boundary syncs: attribution only)
 #   bash benchmarks/gpu/session.sh spec-tests       the speculative-decoding GPU tests, SmolLM2's included (after gguf)
 #   bash benchmarks/gpu/session.sh sampler          the fused sampler's GPU tests, then staged vs fused per shape
-# Results: JSON lines in $OUT/results.jsonl (offline), vbench_*.json / logs in $OUT (online).
+# Results: JSON lines in $OUT/results.jsonl (offline); online: one $OUT/online_TAG.tgz (client JSONs and logs,
+# step logs, metrics, the server log), since a device call returns at most 8 files.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
@@ -101,7 +102,10 @@ case $step in
 print("structured:", repr(t), t in ("yes","no"), "" if t is not None else r)' \
         "$OUT/structured_$tag.json"
     fi
-    stop_server $pid ;;
+    stop_server $pid
+    # A device call returns at most 8 files from $OUT and three rates write 12: they come back as one tar.
+    (cd "$OUT" && ls | grep -E "_${tag}(_r[^.]*)?\.(json|jsonl|log|txt)$" | tar czf "online_$tag.tgz" --remove-files -T -)
+    echo "$OUT/online_$tag.tgz" ;;
   gguf)
     mkdir -p /tmp/gguf && cat /tmp/stage/gguf.a /tmp/stage/gguf.b > /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
     (cd /tmp/gguf && sha256sum -c "$OLDPWD/.peers/h200/gguf.sha256") ;;
