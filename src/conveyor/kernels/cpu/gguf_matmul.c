@@ -88,7 +88,9 @@ INLINE void tile(const float* x, int64_t K, const void* qs, const float* d, cons
     for (int r = 0; r < rows; r++) {
       const float* xb = x + (b * rows + r) * QK;  /* packed: [K/32][rows][32] */
       v16f x0 = load16(xb), x1 = load16(xb + 16);
+#ifdef __AVX512F__  /* a 64-byte vector fits one zmm register; on AVX2 it spans two, and "+v" is impossible */
       if (cols > 1) __asm__("" : "+v"(x0), "+v"(x1));  /* keep them in registers: one load, not one per column */
+#endif
       for (int j = 0; j < cols; j++) {
         if (cols * rows == 1) acc[j][r] += lo[j] * x0 + hi[j] * x1;  /* one accumulator: keep its chain short */
         else acc[j][r] += lo[j] * x0, acc[j][r] += hi[j] * x1;
