@@ -11,9 +11,8 @@ sends one SSE chunk per step. A calibration's front end (bench/measure/front_end
 way in to the scheduler (drawn) and each chunk's way out to the client, so TTFT is the client's.
 
 What the client does is played here too: a request cancelled after S seconds or N chunks is aborted at the
-first step boundary past that point (the server notices a closed stream between steps too); a session turn
-is due when the previous turn ended plus its think time, and its prompt is the previous prompt, the
-tokens the previous turn actually produced, then its own input, as the load generator builds it.
+first step boundary past that point (as the server notices a closed stream); a session turn is due when the
+previous turn ended plus its think time, with the previous prompt, that turn's tokens, then its own input.
 """
 
 from __future__ import annotations
@@ -340,7 +339,8 @@ def _next_event_s(run: _Run) -> float:
 def _collect(run: _Run, outputs: EngineCoreOutputs) -> None:
     """Record the step's chunks, end what finished, and close the streams that reached their chunk limit."""
     now_s = run.clock.now_s
-    seen_s = now_s + getattr(run.config.step_time, "front_end_out_s", 0.0)  # when the client reads it
+    model = run.config.step_time  # a calibration's front end delays each chunk on its way out
+    seen_s = now_s + (model.front_end_out_s if isinstance(model, CalibratedStepTime) else 0.0)
     for request_id, token_ids in zip(outputs.req_ids, outputs.new_token_ids):
         _chunk(run.in_flight[request_id], token_ids, now_s, seen_s)
     for finished in outputs.finished_outputs:
