@@ -78,7 +78,11 @@ def timed_step(core, sync: Callable[[], None]) -> tuple[float, tuple[int, int]]:
     return time.perf_counter() - tick, (stats.num_prompt_tokens, stats.num_generation_tokens)
 
 
-def measure(core, args: argparse.Namespace, sync: Callable[[], None]) -> tuple[list[float], list[float], set[tuple[str, int, int]]]:
+Batch = tuple[str, int, int]
+"""A timed step's kind and batch: ("decode" | "mixed", prompt tokens, generated tokens)."""
+
+
+def measure(core, args: argparse.Namespace, sync: Callable[[], None]) -> tuple[list[float], list[float], set[Batch]]:
     """Fill D running requests, then alternate: a decode step, a mixed step (one new P-token prompt).
     Also returns the batches the steps ran, so a run that did not build the intended ones says so."""
     rng = random.Random(args.seed)
@@ -88,7 +92,7 @@ def measure(core, args: argparse.Namespace, sync: Callable[[], None]) -> tuple[l
         core.step()
     decode_s: list[float] = []
     mixed_s: list[float] = []
-    batches: set[tuple[str, int, int]] = set()
+    batches: set[Batch] = set()
     for repeat in range(args.repeats):
         seconds, batch = timed_step(core, sync)
         decode_s.append(seconds)
