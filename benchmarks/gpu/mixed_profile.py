@@ -54,7 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.prefill + args.decodes > args.max_num_batched_tokens:
         parser.error("--prefill plus --decodes must fit in --max-num-batched-tokens (one chunk, one step)")
     # The fields offline.engine_config reads, at offline.py's defaults where this script has no flag.
-    extra = dict(quantization="none", gemm_backend="torch", max_num_seqs=min(1024, args.max_num_batched_tokens), block_size=16, kv_cache_dtype="auto",
+    extra = dict(quantization="none", gemm_backend="torch", max_num_seqs=min(1024, args.max_num_batched_tokens),
+                 block_size=16, kv_cache_dtype="auto",
                  async_scheduling=False, enforce_eager=False, speculative_config=None, tensor_parallel_size=1)
     for key, value in extra.items():
         setattr(args, key, value)
