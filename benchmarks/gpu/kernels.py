@@ -8,7 +8,7 @@ context token read once) over time, prefill by causal attention FLOPs over time.
 kernel's tile shape. Prints one JSON line per case ("KERNEL {...}") and a table. `--kv-dtype fp8` stores the
 caches in e4m3 (bytes counted at one per element); `--decode-only` runs the decode cases and their sweep.
 
-    python benchmarks/gpu/kernels.py [--quick] [--decode-only] [--kv-dtype bf16|fp8]
+    python benchmarks/gpu/kernels.py [--quick] [--decode-only | --mixed-only] [--kv-dtype bf16|fp8]
 """
 
 from __future__ import annotations
@@ -172,16 +172,40 @@ def mixed_and_store(rows: list[dict]) -> None:
     rows.append(report("store_kv 16384 tokens kvh=8", ms, (16384 * 8 * HEAD_DIM * 2 * 2 * 2, 0.0)))
 
 
+def online_mixed(rows: list[dict]) -> None:
+    """The online Llama-3.1-8B mixed step of mixed_profile.py: 55 decodes of ~1,516 keys and one 1,200-token
+    chunk with no cached prefix; each launch alone, and the chunk's prefill tile swept."""
+    heads = (32, 8)
+    query_lens, seq_lens = [1] * 55 + [1200], [1516] * 55 + [1200]
+    query, caches, batch = make_batch(query_lens, seq_lens, heads)
+    ms = time_ms(lambda: unified_attention(query, caches[0], caches[1], batch, 0.088))
+    rows.append(report("online mixed 55 decodes x 1516 + 1200-token chunk", ms,
+                       attention_cost(query_lens, seq_lens, heads)))
+    for name, part in (("decodes", slice(0, 55)), ("chunk", slice(55, 56))):
+        q_lens, s_lens = query_lens[part], seq_lens[part]
+        inputs = make_batch(q_lens, s_lens, heads)
+        cost = attention_cost(q_lens, s_lens, heads)
+        ms = time_ms(lambda: unified_attention(inputs[0], inputs[1][0], inputs[1][1], inputs[2], 0.088))
+        rows.append(report(f"  online mixed, its {name} alone", ms, cost))
+        if name == "chunk":
+            sweep_prefill(rows, inputs, cost, heads)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer cases")
     parser.add_argument("--decode-only", action="store_true", help="only the decode cases and their sweep")
+    parser.add_argument("--mixed-only", action="store_true", help="only the online mixed step (mixed_profile.py's)")
     parser.add_argument("--kv-dtype", choices=sorted(KV_DTYPES), default="bf16", help="the decode caches' dtype")
     args = parser.parse_args()
     torch.manual_seed(0)
     rows: list[dict] = []
-    decode_cases(rows, args.quick, KV_DTYPES[args.kv_dtype])
-    if not args.decode_only:
+    if args.mixed_only:
+        online_mixed(rows)
+    else:
+        decode_cases(rows, args.quick, KV_DTYPES[args.kv_dtype])
+    if not (args.decode_only or args.mixed_only):
+        online_mixed(rows)
         long_context_cases(rows)
         prefill_cases(rows)
         mixed_and_store(rows)

@@ -11,7 +11,14 @@ diagonal, with the causal and bounds masks. The grid is (num_tokens // BLOCK_Q +
 depends only on token and sequence counts, never on the values of query lengths, so the launch is
 CUDA-graph capturable. Sequence i's query blocks start at program `query_start_loc[i] // BLOCK_Q + i`
 (this never overlaps the next sequence's); a program finds its sequence by binary search over
-`query_start_loc` and exits if it falls in the gap after the sequence's last block. An FP8 cache
+`query_start_loc` and exits if it falls in the gap after the sequence's last block.
+
+HEAVY_FIRST_NOTE: within a sequence the programs take its query blocks last to first. Under the causal
+mask block b reads b + 1 tiles' worth of keys (plus the cached context), so the last block is the heaviest,
+and the GPU starts blocks roughly in program order: in query order the heaviest blocks of the last KV
+head started last and ran alone at the end of the launch (one 1,200-token chunk is 75 blocks x 8 KV heads,
+~2 waves on 132 SMs). Longest first is the classic fix for that tail (as FlashAttention orders causal
+blocks); the results are unchanged, only which program computes which block. An FP8 cache
 (KV_FP8) is converted tile by tile right after its load to the query's dtype (exact: e4m3 and e5m2 fit
 in bf16 and fp16), so the dot products stay bf16/fp16 ones, and the per-tensor scales are folded out of
 the loop: k_scale into the softmax scale (q.(k s_k) = s_k q.k), v_scale into the output (sum p v s_v =
@@ -80,8 +87,11 @@ def _program_block(query_start_loc_ptr, num_seqs, BLOCK_Q: tl.constexpr, ROWS: t
     if ROWS == 1:
         active = q_len == 1
     else:
-        q_block = q_block_id - (q_start // BLOCK_Q + seq)
-        active = q_block * BLOCK_Q < q_len
+        # Heaviest first (HEAVY_FIRST_NOTE): the sequence's first program takes its last query block.
+        local = q_block_id - (q_start // BLOCK_Q + seq)
+        num_blocks = tl.cdiv(q_len, BLOCK_Q)
+        active = local < num_blocks
+        q_block = num_blocks - 1 - local
         if ROWS == 2:
             active = active & (q_len != 1)
     return seq, q_block, q_start, q_len, active
