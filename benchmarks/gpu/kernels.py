@@ -8,7 +8,7 @@ context token read once) over time, prefill by causal attention FLOPs over time.
 kernel's tile shape. Prints one JSON line per case ("KERNEL {...}") and a table. `--kv-dtype fp8` stores the
 caches in e4m3 (bytes counted at one per element); `--decode-only` runs the decode cases and their sweep.
 
-    python benchmarks/gpu/kernels.py [--quick] [--decode-only | --mixed-only] [--kv-dtype bf16|fp8]
+    python benchmarks/gpu/kernels.py [--quick] [--decode-only | --mixed-only] [--order] [--kv-dtype bf16|fp8]
 """
 
 from __future__ import annotations
@@ -172,6 +172,19 @@ def mixed_and_store(rows: list[dict]) -> None:
     rows.append(report("store_kv 16384 tokens kvh=8", ms, (16384 * 8 * HEAD_DIM * 2 * 2 * 2, 0.0)))
 
 
+def decode_order_cases(rows: list[dict]) -> None:
+    """One decode batch of 256 in three program orders: as drawn, longest first, shortest first. The GPU
+    starts programs roughly in order, so longest first is the classic cure for a launch's tail."""
+    rng = random.Random(0)
+    drawn = [rng.randint(100, 2048) for _ in range(256)]
+    for model, heads in (("qwen3-0.6b", (16, 8)), ("llama-3.1-8b", (32, 8))):
+        for order, seq_lens in (("drawn", drawn), ("longest first", sorted(drawn, reverse=True)),
+                                ("shortest first", sorted(drawn))):
+            query, caches, batch = make_batch([1] * 256, seq_lens, heads)
+            ms = time_ms(lambda: unified_attention(query, caches[0], caches[1], batch, 0.088))
+            rows.append(report(f"decode order {model} S=256 {order}", ms, attention_cost([1] * 256, seq_lens, heads)))
+
+
 def online_mixed(rows: list[dict]) -> None:
     """The online Llama-3.1-8B mixed step of mixed_profile.py: 55 decodes of ~1,516 keys and one 1,200-token
     chunk with no cached prefix; each launch alone, and the chunk's prefill tile swept."""
@@ -196,10 +209,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer cases")
     parser.add_argument("--decode-only", action="store_true", help="only the decode cases and their sweep")
     parser.add_argument("--mixed-only", action="store_true", help="only the online mixed step (mixed_profile.py's)")
+    parser.add_argument("--order", action="store_true", help="also a decode batch in three program orders")
     parser.add_argument("--kv-dtype", choices=sorted(KV_DTYPES), default="bf16", help="the decode caches' dtype")
     args = parser.parse_args()
     torch.manual_seed(0)
     rows: list[dict] = []
+    if args.order:
+        decode_order_cases(rows)
     if args.mixed_only:
         online_mixed(rows)
     else:
