@@ -15,7 +15,7 @@ import os
 
 import pytest
 import torch
-from test_gumbel_sample import CHI_SQUARE_999, PROBS, chi_square, tempered
+from sampling_stats import CHI_SQUARE_999, PROBS, chi_square, tempered
 
 from conveyor.kernels.cdf_sample import (
     BLOCK,
