@@ -44,6 +44,12 @@ def _row_uniform(seed_ptr, row, U_MAX: tl.constexpr):
 
 
 @triton.jit
+def _log2_scale(temperature, LOG2_E: tl.constexpr):
+    """log2(e) / T, the factor from logits to x: IEEE-rounded, as torch divides, so the reference scales alike."""
+    return tl.math.div_rn(LOG2_E, temperature)
+
+
+@triton.jit
 def _tile_logits(row_ptr, tile, vocab_size, BLOCK: tl.constexpr):
     """Tile `tile`'s logits in float32, [BLOCK]; columns past the vocabulary read -inf."""
     cols = tile * BLOCK + tl.arange(0, BLOCK)
@@ -69,7 +75,7 @@ def _cdf_tile_kernel(logits_ptr, temperature_ptr, tile_max_ptr, tile_sum_ptr, ti
     temperature = tl.load(temperature_ptr + row)
     slot = row * num_tiles + tile
     if temperature > 0.0:
-        m, s = _tile_mass(logits * (LOG2_E / temperature))
+        m, s = _tile_mass(logits * _log2_scale(temperature, LOG2_E))
         tl.store(tile_max_ptr + slot, m)
         tl.store(tile_sum_ptr + slot, s)
     else:  # padding (-inf) sits after every real column, so a tie keeps the lowest real one
@@ -131,8 +137,8 @@ def _cdf_pick_kernel(logits_ptr, temperature_ptr, seed_ptr, tile_max_ptr, tile_s
     if temperature > 0.0:
         u = _row_uniform(seed_ptr, row, U_MAX)
         tile, rest, row_max = _pick_tile(tile_max_ptr, tile_sum_ptr, base, num_tiles, u, TILES_PAD)
-        col = _column_in_tile(logits_ptr + row * stride_row, tile, rest, row_max, LOG2_E / temperature,
-                              vocab_size, BLOCK)
+        col = _column_in_tile(logits_ptr + row * stride_row, tile, rest, row_max,
+                              _log2_scale(temperature, LOG2_E), vocab_size, BLOCK)
         tl.store(out_ptr + row, col.to(tl.int64))
     else:
         tl.store(out_ptr + row, _greedy_token(tile_max_ptr, tile_col_ptr, base, num_tiles, TILES_PAD).to(tl.int64))
