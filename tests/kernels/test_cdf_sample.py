@@ -188,6 +188,34 @@ def test_interpreted_uniforms_are_per_row_and_per_seed() -> None:
     assert (first != cdf_uniforms(64, seed_on("cpu", 2))).all()
 
 
+PASS_SIGNATURES = {
+    "_cdf_tile_kernel": ({"logits_ptr": "*bf16", "temperature_ptr": "*fp32", "tile_max_ptr": "*fp32",
+                          "tile_sum_ptr": "*fp32", "tile_col_ptr": "*i32", "vocab_size": "i32", "stride_row": "i32",
+                          "num_tiles": "i32"}, {"BLOCK": BLOCK}),
+    "_cdf_pick_kernel": ({"logits_ptr": "*bf16", "temperature_ptr": "*fp32", "seed_ptr": "*i64",
+                          "tile_max_ptr": "*fp32", "tile_sum_ptr": "*fp32", "tile_col_ptr": "*i32", "out_ptr": "*i64",
+                          "vocab_size": "i32", "stride_row": "i32", "num_tiles": "i32"},
+                         {"BLOCK": BLOCK, "TILES_PAD": 64, "U_MAX": UNIFORM_MAX}),
+}
+"""Both passes' arguments for bf16 logits at V = 151,936 (38 tiles), as `cdf_sample` launches them."""
+
+
+@pytest.mark.skipif(not HAS_TRITON or os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="needs Triton's compiler (no GPU), which the interpreter replaces")
+@pytest.mark.parametrize("name", list(PASS_SIGNATURES))
+def test_kernels_compile_for_an_h100_without_a_gpu(name: str) -> None:
+    # the interpreter accepts what the compiler may not (a block where a scalar goes): lower to PTX too
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    from conveyor.kernels import cdf_sample as module
+    signature, constants = PASS_SIGNATURES[name]
+    constants = {**constants, "LOG2_E": module.LOG2_E}
+    source = ASTSource(getattr(module, name), {**signature, **dict.fromkeys(constants, "constexpr")}, constants)
+    ptx = compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    assert "ex2.approx" in ptx and "div.rn.f32" in ptx
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("vocab_size", [128256, 151936])
