@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """The sampler's per-step cost: the staged path (float32 copy of the LM head's bf16 logits, divide,
-softmax, exponential noise, argmax) against the fused Gumbel-max kernel reading the bf16 logits.
+softmax, exponential noise, argmax) against the fused path's inverse-CDF kernels (kernels/cdf_sample.py)
+reading the bf16 logits.
 
 Every row does plain temperature sampling (the fused path's case). Times are CUDA events around one
 call each, warm-up calls excluded, median of --iters: `staged_ms` includes the `.float()` the runner
 paid before the fused path existed; `fused_ms` is `Sampler.sample` (seed draw + kernel launches),
-`kernel_ms` the kernel alone. Prints one JSON line per shape ("RESULT {...}").
+`kernel_ms` the two kernels alone. Prints one JSON line per shape ("RESULT {...}").
 
     python benchmarks/gpu/sampler_bench.py [--num-rows 1 64 256 1024] [--vocab-sizes 128256 151936]
     python benchmarks/gpu/sampler_bench.py --dry-run    # CPU: arguments, shapes, the reference path
@@ -20,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from conveyor.kernels.gumbel_sample import gumbel_sample, gumbel_sample_ref, gumbel_sample_supported
+from conveyor.kernels.cdf_sample import cdf_sample, cdf_sample_ref, cdf_sample_supported
 from conveyor.kernels.triton_compat import triton
 from conveyor.sampling_params import SamplingParams
 from conveyor.worker.sampler import Sampler, SamplingPath, sampling_path, staged_sample
@@ -42,7 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--temperature must be > 0 (temperature 0 is greedy: one argmax, nothing to compare)")
     if args.iters < 1 or args.warmup < 0:
         parser.error("--iters must be >= 1 and --warmup >= 0")
-    if not args.dry_run and not (torch.cuda.is_available() and gumbel_sample_supported(torch.device("cuda"))):
+    if not args.dry_run and not (torch.cuda.is_available() and cdf_sample_supported(torch.device("cuda"))):
         parser.error("needs CUDA and Triton: run on the GPU, or pass --dry-run to check the script on the CPU")
     return args
 
@@ -82,8 +83,8 @@ def measure(num_rows: int, vocab_size: int, args: argparse.Namespace) -> dict[st
     seed = torch.zeros(1, dtype=torch.int64, device=device)
     staged = median_ms(lambda: staged_sample(logits.float(), random, generator), args.iters, args.warmup)
     fused = median_ms(lambda: sampler.sample(logits, batch), args.iters, args.warmup)
-    kernel = median_ms(lambda: gumbel_sample(logits, random.temperature, seed), args.iters, args.warmup)
-    greedy = gumbel_sample(logits, torch.zeros(num_rows, device=device), seed)
+    kernel = median_ms(lambda: cdf_sample(logits, random.temperature, seed), args.iters, args.warmup)
+    greedy = cdf_sample(logits, torch.zeros(num_rows, device=device), seed)
     return {
         "num_rows": num_rows, "vocab_size": vocab_size, "temperature": args.temperature,
         "staged_ms": round(staged, 4), "fused_ms": round(fused, 4), "kernel_ms": round(kernel, 4),
@@ -100,9 +101,9 @@ def dry_run(num_rows: int, vocab_size: int, args: argparse.Namespace) -> dict[st
     assert batch.random is not None and sampling_path(batch, False) is SamplingPath.STAGED
     generator = torch.Generator().manual_seed(0)
     staged = staged_sample(logits.float(), batch.random, generator)
-    uniform = torch.rand(num_rows, vocab_size, generator=generator)
-    fused = gumbel_sample_ref(logits, batch.random.temperature, uniform)
-    greedy = gumbel_sample_ref(logits, torch.zeros(num_rows), uniform)
+    uniform = torch.rand(num_rows, generator=generator)
+    fused = cdf_sample_ref(logits, batch.random.temperature, uniform)
+    greedy = cdf_sample_ref(logits, torch.zeros(num_rows), uniform)
     assert staged.shape == fused.shape == (num_rows,) and int(fused.max()) < vocab_size
     assert torch.equal(greedy, logits.argmax(dim=-1))
     return {"num_rows": num_rows, "vocab_size": vocab_size, "temperature": args.temperature, "dry_run": True}

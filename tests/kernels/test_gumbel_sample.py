@@ -3,12 +3,9 @@ reference on its own uniforms, is exact argmax at temperature 0 and follows the 
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import pathlib
-
 import pytest
 import torch
+from sampling_stats import CHI_SQUARE_999, PROBS, chi_square, tempered
 
 from conveyor.kernels.gumbel_sample import (
     gumbel_sample,
@@ -19,24 +16,6 @@ from conveyor.kernels.gumbel_sample import (
 from conveyor.kernels.triton_compat import HAS_TRITON
 
 gpu = pytest.mark.skipif(not (torch.cuda.is_available() and HAS_TRITON), reason="needs CUDA and Triton")
-
-CHI_SQUARE_999 = {3: 16.27, 7: 24.32}
-"""The chi-square distribution's 99.9th percentile by degrees of freedom: a correct sampler fails a
-fixed-seed test at most 1 time in 1000 seeds, a wrong distribution (any bias over ~1%) nearly always."""
-PROBS = torch.tensor([0.30, 0.22, 0.16, 0.12, 0.09, 0.06, 0.04, 0.01])
-"""A softmax(logits) over a vocabulary of 8, with no token rare enough to starve its bin."""
-
-
-def chi_square(tokens: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson's statistic of the drawn tokens against the expected probabilities (all > 0)."""
-    counts = torch.bincount(tokens.cpu(), minlength=probs.numel()).double()
-    expected = probs.double() * tokens.numel()
-    return float(((counts - expected) ** 2 / expected).sum())
-
-
-def tempered(probs: torch.Tensor, temperature: float) -> torch.Tensor:
-    """softmax(log(probs) / T): what a draw at temperature T follows."""
-    return torch.softmax(probs.log() / temperature, dim=-1)
 
 
 @pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
@@ -95,23 +74,6 @@ def test_kernel_is_cuda_only() -> None:
     if not HAS_TRITON:
         with pytest.raises(RuntimeError, match="needs Triton"):
             gumbel_sample(torch.zeros(1, 8), torch.ones(1), torch.zeros(1, dtype=torch.int64))
-
-
-def test_sampler_bench_dry_run_checks_shapes_and_flags(capsys: pytest.CaptureFixture[str]) -> None:
-    path = pathlib.Path(__file__).parents[2] / "benchmarks" / "gpu" / "sampler_bench.py"
-    spec = importlib.util.spec_from_file_location("sampler_bench", path)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    bench.main(["--dry-run", "--num-rows", "1", "5", "--vocab-sizes", "8", "5000", "--temperature", "0.7"])
-    rows = [json.loads(line.removeprefix("RESULT ")) for line in capsys.readouterr().out.splitlines()]
-    assert [(r["num_rows"], r["vocab_size"]) for r in rows] == [(1, 8), (5, 8), (1, 5000), (5, 5000)]
-    for bad in (["--dry-run", "--temperature", "0"], ["--dry-run", "--num-rows", "0"]):
-        with pytest.raises(SystemExit):
-            bench.parse_args(bad)
-    if not torch.cuda.is_available():
-        with pytest.raises(SystemExit):
-            bench.parse_args([])  # a timed run needs the GPU
 
 
 def device_seed(seed: int) -> torch.Tensor:

@@ -172,7 +172,7 @@ STAGED_WITHOUT_EDITS = ("top_k", "top_p", "top_k with top_p, some rows without",
 
 def as_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """The dispatch a CUDA device with the fused kernel gets (none of these cases reaches the kernel)."""
-    monkeypatch.setattr("conveyor.worker.sampler.gumbel_sample_supported", lambda device: True)
+    monkeypatch.setattr("conveyor.worker.sampler.cdf_sample_supported", lambda device: True)
 
 
 @pytest.mark.parametrize("name", STAGED_WITHOUT_EDITS)

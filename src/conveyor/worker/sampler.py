@@ -13,9 +13,10 @@ The pipeline follows vLLM V1, in this order:
    seeded row draws its noise from its own generator and unseeded rows share the runner's generator.
 
 The fused path: on CUDA with Triton, a batch whose random rows all do plain temperature sampling (no
-top-k, top-p, min-p) from the shared generator (no seed of their own) skips steps 4-5: one Gumbel-max
-kernel (kernels/gumbel_sample.py) draws every row, greedy rows at temperature 0, in one read of the
-logits. Without edits (2, 3, logit_bias, grammar) it reads the LM head's logits as they come (bf16),
+top-k, top-p, min-p) from the shared generator (no seed of their own) skips steps 4-5: the inverse-CDF
+kernels (kernels/cdf_sample.py: per-tile softmax masses, then one uniform a row picks a tile and a column
+in it) draw every row, greedy rows at temperature 0 (exact argmax), in one read of the logits and one
+tile a row. Without edits (2, 3, logit_bias, grammar) it reads the LM head's logits as they come (bf16),
 with no float32 copy; logprobs are taken in float32 either way. Everything else, and the CPU, takes
 the staged path, unchanged (seeded rows reproduce exactly as before).
 
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from conveyor.core.outputs import TokenLogprobs
-from conveyor.kernels.gumbel_sample import gumbel_sample, gumbel_sample_supported
+from conveyor.kernels.cdf_sample import cdf_sample, cdf_sample_supported
 from conveyor.worker.sampler_staged import (
     SAMPLER_CHUNK_BYTES,
     row_chunks,
@@ -58,13 +59,13 @@ class SamplingPath(enum.Enum):
     GREEDY = "greedy"
     """Every row greedy: one argmax."""
     FUSED = "fused"
-    """One Gumbel-max kernel for every row: plain temperature sampling, shared generator, CUDA + Triton."""
+    """The inverse-CDF kernels for every row: plain temperature sampling, shared generator, CUDA + Triton."""
     STAGED = "staged"
     """Temperature, min-p, top-k / top-p, then the exponential race (per-row generators for seeded rows)."""
 
 
 def sampling_path(batch: SamplingBatch, fused_available: bool) -> SamplingPath:
-    """The path for `batch`; fused_available: whether the Gumbel-max kernel runs on the logits' device."""
+    """The path for `batch`; fused_available: whether the fused kernels run on the logits' device."""
     random = batch.random
     if random is None:
         return SamplingPath.GREEDY
@@ -146,7 +147,7 @@ class Sampler:
         if isinstance(logits, HandedLogits):
             logits = logits.take()  # this frame's name is now the only reference
         assert logits.dim() == 2 and logits.shape[0] == batch.num_rows, logits.shape
-        fused_available = gumbel_sample_supported(logits.device)
+        fused_available = cdf_sample_supported(logits.device)
         if not reads_lm_head_logits(batch, fused_available):
             logits = logits.float()  # float32 logits: the same tensor, edited in place below
         if batch.grammar is not None:
@@ -167,7 +168,7 @@ class Sampler:
         return staged_sample(logits, batch.random, self.generator, self.chunk_bytes)
 
     def _fused_sample(self, logits: torch.Tensor, random: RandomSampling) -> torch.Tensor:
-        """[N] int64 from the Gumbel-max kernel: random rows at their temperature, greedy rows at 0."""
+        """[N] int64 from the inverse-CDF kernels: random rows at their temperature, greedy rows at 0."""
         temperature = random.temperature  # [N] when every row draws at random
         if random.rows is not None:  # greedy rows too: temperature 0 for them
             temperature = torch.zeros(logits.shape[0], dtype=torch.float32, device=logits.device)
@@ -175,7 +176,7 @@ class Sampler:
         # The seed is drawn on the device, from the shared generator: no host sync, and reproducible
         # from the runner's seed as the staged path's noise is.
         seed = torch.randint(SEED_BOUND, (1,), generator=self.generator, device=logits.device)
-        return gumbel_sample(logits.contiguous(), temperature, seed)
+        return cdf_sample(logits.contiguous(), temperature, seed)
 
 
 def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor,

@@ -7,7 +7,7 @@ mixed buckets use. What remains are the eager paths: steps larger than the large
 (every step under `--enforce-eager`), decode batches above the largest decode bucket, the split-KV
 reduction at each padded split count, and the sampler's optional stages (top-k/top-p, min-p,
 penalties, logprobs, seeded draws), whose CUDA modules load lazily on first use, and its fused
-Gumbel-max kernel, compiled once per logits dtype. Each of them runs
+inverse-CDF kernels (kernels/cdf_sample.py), compiled once per logits dtype. Each of them runs
 here once, on dummy requests, so that neither a server's first requests nor a benchmark's timed
 window wait for a compiler. The sampler also runs once at the full row count of the start-up memory
 profile (`profile_sampling_requests`, the profile's own batch), in row chunks as every staged batch:
@@ -240,8 +240,8 @@ def warm_up(runner: WarmupRunner) -> None:
     torch.cuda.synchronize()
 
 
-KERNEL_MODULES = ("add_rms_norm", "gumbel_sample", "qk_norm_rope", "rms_norm", "rotary", "silu_and_mul",
-                  "split_kv_attention", "store_kv", "unified_attention")
+KERNEL_MODULES = ("add_rms_norm", "cdf_sample", "gumbel_sample", "qk_norm_rope", "rms_norm", "rotary",
+                  "silu_and_mul", "split_kv_attention", "store_kv", "unified_attention")
 """The modules of conveyor.kernels that define Triton kernels."""
 
 
