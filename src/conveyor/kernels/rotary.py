@@ -29,7 +29,7 @@ def _rotate_rows(ptr, stride_t, stride_h, token, cos, sin, cos_rot, sin_rot,
 @triton.jit
 def rotate_halves(x1, x2, cos, sin, cos_rot, sin_rot, dtype):
     """Float32 halves (x1, x2) of head rows -> the rotated halves in `dtype`; qk_norm_rope.py calls this
-    same code so that its bits match this kernel's."""
+    same code so that its rounding steps are this kernel's."""
     # out1 = x1*cos1 + (-x2)*sin1 ; out2 = x2*cos2 + x1*sin2, each product rounded like eager torch
     out1 = ((x1 * cos).to(dtype).to(tl.float32) + (-x2 * sin).to(dtype).to(tl.float32)).to(dtype)
     out2 = ((x2 * cos_rot).to(dtype).to(tl.float32) + (x1 * sin_rot).to(dtype).to(tl.float32)).to(dtype)
