@@ -20,29 +20,8 @@ element may so differ by a bf16 ulp; the GPU tests hold it to the unfused kernel
 import torch
 
 from conveyor.kernels.rms_norm import rms_norm_ref, scale_row
-from conveyor.kernels.rotary import rotary_ref, rotate_halves
+from conveyor.kernels.rotary import load_cos_sin, load_halves, rotary_ref, rotate_halves, store_halves, token_warps
 from conveyor.kernels.triton_compat import tl, triton
-
-
-@triton.jit
-def _load_halves(ptr, stride_h, NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HALF: tl.constexpr):
-    """A token's head rows at ptr -> their halves x1, x2 [HEADS_PAD, HALF] (zeros past NUM_HEADS)."""
-    heads = tl.arange(0, HEADS_PAD)[:, None]
-    dims = tl.arange(0, HALF)[None, :]
-    base = ptr + heads * stride_h + dims
-    mask = heads < NUM_HEADS
-    return tl.load(base, mask=mask, other=0.0), tl.load(base + HALF, mask=mask, other=0.0)
-
-
-@triton.jit
-def _store_halves(ptr, stride_h, x1, x2, NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HALF: tl.constexpr):
-    """x1, x2 [HEADS_PAD, HALF] -> the first NUM_HEADS head rows at ptr."""
-    heads = tl.arange(0, HEADS_PAD)[:, None]
-    dims = tl.arange(0, HALF)[None, :]
-    base = ptr + heads * stride_h + dims
-    mask = heads < NUM_HEADS
-    tl.store(base, x1, mask=mask)
-    tl.store(base + HALF, x2, mask=mask)
 
 
 @triton.jit
@@ -69,22 +48,13 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, q_weight_ptr, k_weight_ptr, cos_ptr, sin_
     q_ptr += token * stride_q_t
     k_ptr += token * stride_k_t
     # every load of the token is issued before any store: one HBM round trip, not one per block
-    q1, q2 = _load_halves(q_ptr, stride_q_h, NUM_Q_HEADS, Q_PAD, HALF)  # [Q_PAD, HALF] each
-    k1, k2 = _load_halves(k_ptr, stride_k_h, NUM_K_HEADS, K_PAD, HALF)  # [K_PAD, HALF] each
-    dims = tl.arange(0, HALF)[None, :]
-    cs = token * stride_cs + dims  # [1, HALF]: loaded once for all of the token's rows
-    cos, sin = tl.load(cos_ptr + cs).to(tl.float32), tl.load(sin_ptr + cs).to(tl.float32)
-    cos_rot, sin_rot = tl.load(cos_ptr + HALF + cs).to(tl.float32), tl.load(sin_ptr + HALF + cs).to(tl.float32)
+    q1, q2 = load_halves(q_ptr, stride_q_h, NUM_Q_HEADS, Q_PAD, HALF)  # [Q_PAD, HALF] each
+    k1, k2 = load_halves(k_ptr, stride_k_h, NUM_K_HEADS, K_PAD, HALF)  # [K_PAD, HALF] each
+    cos, sin, cos_rot, sin_rot = load_cos_sin(cos_ptr, sin_ptr, token * stride_cs, HALF)  # once a token
     q1, q2 = _norm_rope_rows(q1, q2, q_weight_ptr, cos, sin, cos_rot, sin_rot, eps, HEAD_DIM, HALF)
     k1, k2 = _norm_rope_rows(k1, k2, k_weight_ptr, cos, sin, cos_rot, sin_rot, eps, HEAD_DIM, HALF)
-    _store_halves(q_ptr, stride_q_h, q1, q2, NUM_Q_HEADS, Q_PAD, HALF)
-    _store_halves(k_ptr, stride_k_h, k1, k2, NUM_K_HEADS, K_PAD, HALF)
-
-
-def token_warps(rows: int, head_dim: int) -> int:
-    """Warps for a program that holds `rows` (padded) head rows of `head_dim`: 4 up to 4,096 elements (32 a
-    thread, e.g. Qwen3-0.6B's 16 + 8 rows of 128), 8 above, so the float32 halves stay in registers."""
-    return 4 if rows * head_dim <= 4096 else 8
+    store_halves(q_ptr, stride_q_h, q1, q2, NUM_Q_HEADS, Q_PAD, HALF)
+    store_halves(k_ptr, stride_k_h, k1, k2, NUM_K_HEADS, K_PAD, HALF)
 
 
 def qk_norm_rope_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
