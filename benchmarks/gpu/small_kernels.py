@@ -25,7 +25,12 @@ profile's before: qk_norm_rope_ 5.3 at T=256, rotary_ 5.4 and store_kv 2.6 at T=
   rotary_ (llama-3.1-8b)      T=1 2.5 -> 2.3,  T=55 5.4 -> 3.0,  T=256 8 -> 4.5,    T=1024 16 -> 10
   store_kv (either)           T=1 2.3 -> 2.0,  T=55 2.6 -> 2.2,  T=256 3.5 -> 3.0,  T=1024 6 -> 5.5
 i.e. qk_norm_rope_ from ~0.6 to ~1.0 TB/s at T=256 (a launch's ~2 µs floor dominates at these sizes)
-and to ~1.8 TB/s at T=1024; store_kv gains only the slot's round trip.
+and to ~1.8 TB/s at T=1024; store_kv gains only the slot's round trip. Why, from the PTX of both trees
+compiled for sm_90 on a CPU (Triton 3.9; tests/kernels/test_small_kernels_sm90.py holds the after):
+the old qk_norm_rope_ program made 2-byte scalar accesses (one element a thread, cos/sin per row);
+the old rotary_ issued k's loads after q's stores (two round trips a program); the old store_kv
+loaded K/V only after branching on the slot. After, each issues all of its loads, in 16-byte vectors,
+before its first store.
 """
 
 from __future__ import annotations
