@@ -185,4 +185,4 @@ def test_gpu_bf16_without_fp_fusion_is_near_the_unfused_kernels_bits(shape: tupl
     q, k, _ = case.fused()
     for out, separate in zip((q, k), unfused, strict=True):
         assert (out != separate).float().mean().item() < 1e-3
-        assert torch.allclose(out.float(), separate.float(), rtol=2**-7, atol=2**-7)
+        assert torch.allclose(out.float(), separate.float(), rtol=2**-6, atol=2**-6)
