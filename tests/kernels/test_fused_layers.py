@@ -1,7 +1,11 @@
 """Fused RMSNorm / rotary / SiLU-and-mul: references equal the eager layers (CPU); kernels are within
-one bf16 rounding of the references (GPU)."""
+one bf16 rounding of the references (GPU); the rotary kernel equals its reference under Triton's
+interpreter (TRITON_INTERPRET=1 with triton importable; see test_qk_norm_rope.py) in float32 and fp16,
+whose casts the interpreter rounds as the GPU does (bf16 it truncates)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -12,6 +16,8 @@ from conveyor.kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref
 from conveyor.kernels.triton_compat import HAS_TRITON
 
 gpu = pytest.mark.skipif(not (torch.cuda.is_available() and HAS_TRITON), reason="needs CUDA and Triton")
+interpreted = pytest.mark.skipif(not HAS_TRITON or os.environ.get("TRITON_INTERPRET") != "1",
+                                 reason="needs Triton's interpreter: TRITON_INTERPRET=1")
 
 
 def test_references_match_the_eager_layers() -> None:
@@ -45,16 +51,36 @@ def test_rms_norm_kernel(shape: tuple[int, ...]) -> None:
     _ulp_close(rms_norm(x, weight, 1e-6), rms_norm_ref(x, weight, 1e-6))
 
 
+def _qkv_rope(num_tokens: int, heads: tuple[int, int], head_dim: int, dtype: torch.dtype, device: str = "cpu",
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(qkv [T, (H + 2 kvh) d], q [T, H, d] and k [T, kvh, d] strided views of it, cos, sin [T, d])."""
+    qkv = torch.randn(num_tokens, (heads[0] + 2 * heads[1]) * head_dim, device=device).to(dtype)
+    q = qkv[:, : heads[0] * head_dim].view(num_tokens, heads[0], head_dim)
+    k = qkv[:, heads[0] * head_dim : (heads[0] + heads[1]) * head_dim].view(num_tokens, heads[1], head_dim)
+    angles = torch.rand(num_tokens, head_dim // 2, device=device) * 100
+    return qkv, q, k, torch.cat([angles.cos()] * 2, -1).to(dtype), torch.cat([angles.sin()] * 2, -1).to(dtype)
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("num_tokens", [1, 7])
+@pytest.mark.parametrize("heads", [(32, 8), (6, 3), (5, 1)])
+def test_interpreted_rotary_kernel_equals_the_reference(dtype: torch.dtype, num_tokens: int,
+                                                        heads: tuple[int, int]) -> None:
+    qkv, q, k, cos, sin = _qkv_rope(num_tokens, heads, 64, dtype)
+    q_ref, k_ref = rotary_ref(q, cos, sin), rotary_ref(k, cos, sin)
+    v_before = qkv[:, (heads[0] + heads[1]) * 64 :].clone()
+    rotary_(q, k, cos, sin)
+    assert torch.equal(q, q_ref) and torch.equal(k, k_ref)
+    assert torch.equal(qkv[:, (heads[0] + heads[1]) * 64 :], v_before)
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("heads", [(16, 8), (32, 8), (8, 8)])
 def test_rotary_kernel_matches_eager(heads: tuple[int, int]) -> None:
-    num_tokens, head_dim = 37, 128
-    qkv = torch.randn(num_tokens, (heads[0] + 2 * heads[1]) * head_dim, device="cuda").to(torch.bfloat16)
-    q = qkv[:, : heads[0] * head_dim].view(num_tokens, heads[0], head_dim)
-    k = qkv[:, heads[0] * head_dim : (heads[0] + heads[1]) * head_dim].view(num_tokens, heads[1], head_dim)
-    angles = torch.rand(num_tokens, head_dim // 2, device="cuda") * 100
-    cos, sin = torch.cat([angles.cos()] * 2, -1).bfloat16(), torch.cat([angles.sin()] * 2, -1).bfloat16()
+    head_dim = 128
+    qkv, q, k, cos, sin = _qkv_rope(37, heads, head_dim, torch.bfloat16, "cuda")
     q_ref, k_ref = rotary_ref(q, cos, sin), rotary_ref(k, cos, sin)
     v_before = qkv[:, (heads[0] + heads[1]) * head_dim :].clone()
     rotary_(q, k, cos, sin)

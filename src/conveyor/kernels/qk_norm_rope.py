@@ -2,57 +2,59 @@
 
 The model: Qwen3 normalizes every head row of q [T, H, d] and k [T, kvh, d] over d (weights [d] shared by
 the heads of q, another for k), then rotates it (rotate_half convention, cos/sin [T, d] per token).
-Unfused that is three launches per layer: rms_norm.py's kernel for q, again for k, rotary.py's for
-both. Here one program per (token, head row) -- q's heads first, then k's -- computes the row's
-float32 statistic with rms_norm.py's helper over the whole row (the same block and warp count, so the
-same reduction order), scales and rounds to the dtype, times the weight and rounds again (what the
-norm kernel stores), then rotates the two halves with rotary.py's helper (its rounding steps) and
-writes the row back in place. The result equals the two kernels in sequence bit for bit.
+Unfused that is three launches per layer: rms_norm.py's kernel for q, again for k, rotary.py's for both.
+
+The grid: one program per token. It loads all of the token's q and k head rows as two 2D blocks
+[HEADS_PAD, d/2] per half (rows past the head count masked), and the token's cos/sin once, before it
+stores anything; then, per row, the float32 statistic rsqrt(mean(x^2) + eps) over d, the scaled row
+rounded to the dtype, times the weight and rounded again (what the norm kernel stores), rotated with
+rotary.py's `rotate_halves` (its rounding steps); then it writes both blocks back in place.
+
+The invariants: the rounding sequence is the eager torch one, `qk_norm_rope_ref` (the truth the tests
+hold the kernel to). It is not that reference, nor the unfused kernels, bit for bit: the float32 sum of
+squares is reduced in another order, and on a GPU the compiler contracts products into FMAs, which skip
+a rounding (the H100 showed both kernels' bf16 rows differing; docs/performance.md, "fused-tests"). An
+element may so differ by a bf16 ulp; the GPU tests hold it to the unfused kernels' accuracy.
 """
 
 import torch
 
-from conveyor.kernels.rms_norm import inv_rms, rms_norm_ref, row_launch, scale_row
-from conveyor.kernels.rotary import rotary_ref, rotate_halves
+from conveyor.kernels.rms_norm import rms_norm_ref, scale_row
+from conveyor.kernels.rotary import load_cos_sin, load_halves, rotary_ref, rotate_halves, store_halves, token_warps
 from conveyor.kernels.triton_compat import tl, triton
 
 
 @triton.jit
-def _norm_rope_row(row_ptr, weight_ptr, cos_ptr, sin_ptr, num_cols, eps, HEAD_DIM: tl.constexpr,
-                   HALF: tl.constexpr):
-    """Normalize and rotate one head row [HEAD_DIM] at row_ptr in place; cos/sin point at its token's [d]."""
-    # the whole row loaded and summed exactly as rms_norm.py's kernel does (num_cols == HEAD_DIM, a runtime
-    # value there too): the same code gives the same float32 statistic
-    cols = tl.arange(0, HEAD_DIM)
-    x = tl.load(row_ptr + cols, mask=cols < num_cols, other=0.0)
-    inv = inv_rms(x.to(tl.float32), num_cols, eps)
-    dims = tl.arange(0, HALF)
-    x1 = tl.load(row_ptr + dims).to(tl.float32)
-    x2 = tl.load(row_ptr + HALF + dims).to(tl.float32)
+def _norm_rope_rows(x1, x2, weight_ptr, cos, sin, cos_rot, sin_rot, eps, HEAD_DIM: tl.constexpr,
+                    HALF: tl.constexpr):
+    """Halves [HEADS_PAD, HALF] of head rows (their dtype) -> normalized and rotated halves, same dtype;
+    cos/sin halves [1, HALF] float32, the weight [HEAD_DIM] at weight_ptr."""
+    dims = tl.arange(0, HALF)[None, :]
+    a, b = x1.to(tl.float32), x2.to(tl.float32)
+    mean_square = (tl.sum(a * a, 1) + tl.sum(b * b, 1)) / HEAD_DIM  # [HEADS_PAD]: a statistic per row
+    inv = tl.math.rsqrt(mean_square + eps)[:, None]  # [HEADS_PAD, 1]
     # the norm's output, rounded to the dtype as the norm kernel stores it
-    n1 = scale_row(x1, inv, tl.load(weight_ptr + dims), x.dtype).to(x.dtype).to(tl.float32)
-    n2 = scale_row(x2, inv, tl.load(weight_ptr + HALF + dims), x.dtype).to(x.dtype).to(tl.float32)
-    cos, sin = tl.load(cos_ptr + dims).to(tl.float32), tl.load(sin_ptr + dims).to(tl.float32)
-    cos_rot, sin_rot = tl.load(cos_ptr + HALF + dims).to(tl.float32), tl.load(sin_ptr + HALF + dims).to(tl.float32)
-    out1, out2 = rotate_halves(n1, n2, cos, sin, cos_rot, sin_rot, x.dtype)
-    tl.store(row_ptr + dims, out1)
-    tl.store(row_ptr + HALF + dims, out2)
+    n1 = scale_row(a, inv, tl.load(weight_ptr + dims), x1.dtype).to(x1.dtype).to(tl.float32)
+    n2 = scale_row(b, inv, tl.load(weight_ptr + HALF + dims), x1.dtype).to(x1.dtype).to(tl.float32)
+    return rotate_halves(n1, n2, cos, sin, cos_rot, sin_rot, x1.dtype)
 
 
 @triton.jit
 def _qk_norm_rope_kernel(q_ptr, k_ptr, q_weight_ptr, k_weight_ptr, cos_ptr, sin_ptr, stride_q_t, stride_q_h,
-                         stride_k_t, stride_k_h, stride_cs, num_q_heads, num_cols, eps,
+                         stride_k_t, stride_k_h, stride_cs, eps, NUM_Q_HEADS: tl.constexpr,
+                         NUM_K_HEADS: tl.constexpr, Q_PAD: tl.constexpr, K_PAD: tl.constexpr,
                          HEAD_DIM: tl.constexpr, HALF: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1).to(tl.int64)
-    cos_ptr += token * stride_cs
-    sin_ptr += token * stride_cs
-    if head < num_q_heads:
-        _norm_rope_row(q_ptr + token * stride_q_t + head * stride_q_h, q_weight_ptr, cos_ptr, sin_ptr, num_cols,
-                       eps, HEAD_DIM, HALF)
-    else:
-        _norm_rope_row(k_ptr + token * stride_k_t + (head - num_q_heads) * stride_k_h, k_weight_ptr, cos_ptr,
-                       sin_ptr, num_cols, eps, HEAD_DIM, HALF)
+    q_ptr += token * stride_q_t
+    k_ptr += token * stride_k_t
+    # every load of the token is issued before any store: one HBM round trip, not one per block
+    q1, q2 = load_halves(q_ptr, stride_q_h, NUM_Q_HEADS, Q_PAD, HALF)  # [Q_PAD, HALF] each
+    k1, k2 = load_halves(k_ptr, stride_k_h, NUM_K_HEADS, K_PAD, HALF)  # [K_PAD, HALF] each
+    cos, sin, cos_rot, sin_rot = load_cos_sin(cos_ptr, sin_ptr, token * stride_cs, HALF)  # once a token
+    q1, q2 = _norm_rope_rows(q1, q2, q_weight_ptr, cos, sin, cos_rot, sin_rot, eps, HEAD_DIM, HALF)
+    k1, k2 = _norm_rope_rows(k1, k2, k_weight_ptr, cos, sin, cos_rot, sin_rot, eps, HEAD_DIM, HALF)
+    store_halves(q_ptr, stride_q_h, q1, q2, NUM_Q_HEADS, Q_PAD, HALF)
+    store_halves(k_ptr, stride_k_h, k1, k2, NUM_K_HEADS, K_PAD, HALF)
 
 
 def qk_norm_rope_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
@@ -68,10 +70,14 @@ def qk_norm_rope_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_we
     assert head_dim % 2 == 0 and triton.next_power_of_2(head_dim) == head_dim, "head_dim a power of two"
     if q.shape[0] == 0:
         return
-    _, num_warps = row_launch(head_dim)  # rms_norm.py's launch for a row of d: the same reduction order
-    _qk_norm_rope_kernel[(q.shape[0], q.shape[1] + k.shape[1])](
+    # One program per token, not per (token, block of heads): at decode batches of 128+ tokens the grid
+    # already fills the SMs, and a token's rows (24 x 128 for Qwen3-0.6B) are a small block; at a few
+    # tokens the launch is one load round trip either way, and a split would reload cos/sin per block.
+    q_pad, k_pad = triton.next_power_of_2(q.shape[1]), triton.next_power_of_2(k.shape[1])
+    _qk_norm_rope_kernel[(q.shape[0],)](
         q, k, q_weight, k_weight, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0),
-        q.shape[1], head_dim, eps, HEAD_DIM=head_dim, HALF=head_dim // 2, num_warps=num_warps,
+        eps, NUM_Q_HEADS=q.shape[1], NUM_K_HEADS=k.shape[1], Q_PAD=q_pad, K_PAD=k_pad, HEAD_DIM=head_dim,
+        HALF=head_dim // 2, num_warps=token_warps(q_pad + k_pad, head_dim),
     )
 
 

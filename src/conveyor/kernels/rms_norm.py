@@ -13,8 +13,8 @@ from conveyor.kernels.triton_compat import tl, triton
 
 @triton.jit
 def inv_rms(x32, num_cols, eps):
-    """[BLOCK] float32 row (zeros past num_cols) -> rsqrt(mean(x^2) + eps); add_rms_norm.py and
-    qk_norm_rope.py call this same code so that their reduction tree, hence their bits, match this kernel's."""
+    """[BLOCK] float32 row (zeros past num_cols) -> rsqrt(mean(x^2) + eps); add_rms_norm.py calls
+    this same code so that its reduction tree, hence its bits, match this kernel's."""
     mean_square = tl.sum(x32 * x32, 0) / num_cols
     return tl.math.rsqrt(mean_square + eps)
 

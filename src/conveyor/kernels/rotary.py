@@ -1,8 +1,10 @@
 """Rotary position embedding of q and k in one launch (rotate_half convention).
 
-The model: one program per token rotates all its query and key heads: for each head row x = (x1, x2)
-over the two halves, out = x * cos + rotate_half(x) * sin with rotate_half(x) = (-x2, x1), cos/sin
-[T, d] given per token. Products and sum follow the eager torch expression's rounding steps, but
+The model: for each head row x = (x1, x2) over the two halves, out = x * cos + rotate_half(x) * sin
+with rotate_half(x) = (-x2, x1), cos/sin [T, d] given per token. The grid: one program per token (already
+so before 2026-12-07's look at it; a token's 40 x 128 rows at Llama-3.1-8B are a fair block, and 55
+decode tokens a program each); it loads all of its q and k head rows as [HEADS_PAD, d/2] blocks and its
+cos/sin once, before any store. Products and sum follow the eager torch expression's rounding steps, but
 the compiler may contract them into an FMA, so an element can differ from eager by one bf16 ulp. Eager torch needs ten launches
 per layer (five for q, five for k).
 """
@@ -13,23 +15,38 @@ from conveyor.kernels.triton_compat import tl, triton
 
 
 @triton.jit
-def _rotate_rows(ptr, stride_t, stride_h, token, cos, sin, cos_rot, sin_rot,
-                 NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HALF: tl.constexpr):
+def load_halves(ptr, stride_h, NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HALF: tl.constexpr):
+    """A token's head rows at ptr -> their halves x1, x2 [HEADS_PAD, HALF] (zeros past NUM_HEADS)."""
     heads = tl.arange(0, HEADS_PAD)[:, None]
     dims = tl.arange(0, HALF)[None, :]
+    base = ptr + heads * stride_h + dims
     mask = heads < NUM_HEADS
-    base = ptr + token * stride_t + heads * stride_h
-    x1 = tl.load(base + dims, mask=mask, other=0.0)
-    x2 = tl.load(base + HALF + dims, mask=mask, other=0.0)
-    out1, out2 = rotate_halves(x1.to(tl.float32), x2.to(tl.float32), cos, sin, cos_rot, sin_rot, x1.dtype)
-    tl.store(base + dims, out1, mask=mask)
-    tl.store(base + HALF + dims, out2, mask=mask)
+    return tl.load(base, mask=mask, other=0.0), tl.load(base + HALF, mask=mask, other=0.0)
+
+
+@triton.jit
+def store_halves(ptr, stride_h, x1, x2, NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HALF: tl.constexpr):
+    """x1, x2 [HEADS_PAD, HALF] -> the first NUM_HEADS head rows at ptr."""
+    heads = tl.arange(0, HEADS_PAD)[:, None]
+    dims = tl.arange(0, HALF)[None, :]
+    base = ptr + heads * stride_h + dims
+    mask = heads < NUM_HEADS
+    tl.store(base, x1, mask=mask)
+    tl.store(base + HALF, x2, mask=mask)
+
+
+@triton.jit
+def load_cos_sin(cos_ptr, sin_ptr, offset, HALF: tl.constexpr):
+    """A token's cos/sin row [d] at offset -> float32 halves (cos, sin, cos_rot, sin_rot), [1, HALF] each."""
+    cs = offset + tl.arange(0, HALF)[None, :]
+    cos, sin = tl.load(cos_ptr + cs).to(tl.float32), tl.load(sin_ptr + cs).to(tl.float32)
+    return cos, sin, tl.load(cos_ptr + HALF + cs).to(tl.float32), tl.load(sin_ptr + HALF + cs).to(tl.float32)
 
 
 @triton.jit
 def rotate_halves(x1, x2, cos, sin, cos_rot, sin_rot, dtype):
     """Float32 halves (x1, x2) of head rows -> the rotated halves in `dtype`; qk_norm_rope.py calls this
-    same code so that its bits match this kernel's."""
+    same code so that its rounding steps are this kernel's."""
     # out1 = x1*cos1 + (-x2)*sin1 ; out2 = x2*cos2 + x1*sin2, each product rounded like eager torch
     out1 = ((x1 * cos).to(dtype).to(tl.float32) + (-x2 * sin).to(dtype).to(tl.float32)).to(dtype)
     out2 = ((x2 * cos_rot).to(dtype).to(tl.float32) + (x1 * sin_rot).to(dtype).to(tl.float32)).to(dtype)
@@ -41,13 +58,24 @@ def _rotary_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, stride_q_t, stride_q_h, strid
                    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, Q_PAD: tl.constexpr, K_PAD: tl.constexpr,
                    HALF: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
-    dims = tl.arange(0, HALF)[None, :]
-    cos = tl.load(cos_ptr + token * stride_cs + dims).to(tl.float32)
-    sin = tl.load(sin_ptr + token * stride_cs + dims).to(tl.float32)
-    cos_rot = tl.load(cos_ptr + token * stride_cs + HALF + dims).to(tl.float32)
-    sin_rot = tl.load(sin_ptr + token * stride_cs + HALF + dims).to(tl.float32)
-    _rotate_rows(q_ptr, stride_q_t, stride_q_h, token, cos, sin, cos_rot, sin_rot, NUM_Q_HEADS, Q_PAD, HALF)
-    _rotate_rows(k_ptr, stride_k_t, stride_k_h, token, cos, sin, cos_rot, sin_rot, NUM_K_HEADS, K_PAD, HALF)
+    q_ptr += token * stride_q_t
+    k_ptr += token * stride_k_t
+    # every load of the token before any store (a store to q may alias k for all the compiler knows,
+    # so k's loads would otherwise wait behind it): one HBM round trip a program, not two
+    q1, q2 = load_halves(q_ptr, stride_q_h, NUM_Q_HEADS, Q_PAD, HALF)  # [Q_PAD, HALF] each
+    k1, k2 = load_halves(k_ptr, stride_k_h, NUM_K_HEADS, K_PAD, HALF)  # [K_PAD, HALF] each
+    cos, sin, cos_rot, sin_rot = load_cos_sin(cos_ptr, sin_ptr, token * stride_cs, HALF)
+    q1, q2 = rotate_halves(q1.to(tl.float32), q2.to(tl.float32), cos, sin, cos_rot, sin_rot, q1.dtype)
+    k1, k2 = rotate_halves(k1.to(tl.float32), k2.to(tl.float32), cos, sin, cos_rot, sin_rot, k1.dtype)
+    store_halves(q_ptr, stride_q_h, q1, q2, NUM_Q_HEADS, Q_PAD, HALF)
+    store_halves(k_ptr, stride_k_h, k1, k2, NUM_K_HEADS, K_PAD, HALF)
+
+
+def token_warps(rows: int, head_dim: int) -> int:
+    """Warps for a program that holds `rows` (padded) head rows of `head_dim` at once: 4 up to 4,096
+    elements (32 a thread, e.g. Qwen3-0.6B's 16 + 8 rows of 128), 8 above (Llama-3.1-8B's 32 + 8), so that
+    the float32 halves stay in registers."""
+    return 4 if rows * head_dim <= 4096 else 8
 
 
 def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
@@ -60,10 +88,11 @@ def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     assert head_dim % 2 == 0 and triton.next_power_of_2(head_dim) == head_dim, "head_dim a power of two"
     if q.shape[0] == 0:
         return
+    q_pad, k_pad = triton.next_power_of_2(q.shape[1]), triton.next_power_of_2(k.shape[1])
     _rotary_kernel[(q.shape[0],)](
         q, k, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0),
-        NUM_Q_HEADS=q.shape[1], NUM_K_HEADS=k.shape[1], Q_PAD=triton.next_power_of_2(q.shape[1]),
-        K_PAD=triton.next_power_of_2(k.shape[1]), HALF=head_dim // 2, num_warps=4,
+        NUM_Q_HEADS=q.shape[1], NUM_K_HEADS=k.shape[1], Q_PAD=q_pad, K_PAD=k_pad, HALF=head_dim // 2,
+        num_warps=token_warps(q_pad + k_pad, head_dim),
     )
 
 

@@ -2,7 +2,9 @@
 
 The model: every scheduled token t has a flat cache slot `slot_mapping[t] = block_id * block_size +
 offset`; its K row [num_kv_heads, head_dim] goes to `key_cache[block_id, offset]` and its V row to
-`value_cache[block_id, offset]`. One program per token copies all of its heads at once. A negative
+`value_cache[block_id, offset]`. One program per token copies all of its heads at once (the grid was
+already so at 2026-12-07's look at it: Llama-3.1-8B's 8 x 128 K and V elements a token, 8 a thread in one
+16-byte access; it loads them with the slot, before branching on it). A negative
 slot means "padding token" (CUDA-graph buckets pad the batch) and is skipped, so padded replays never
 touch real blocks. An FP8 cache (--kv-cache-dtype fp8) stores x / scale saturated to the format's
 range, as kernels/fp8_kv.py's `quantize_kv` does, so the kernel and the reference write the same bits.
@@ -23,18 +25,19 @@ def _store_kv_kernel(
     HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     KV_FP8: tl.constexpr, FP8_MAX: tl.constexpr,
 ):
-    token = tl.program_id(0)
+    token = tl.program_id(0).to(tl.int64)
+    heads = tl.arange(0, HEADS_PAD)[:, None]
+    dims = tl.arange(0, HEAD_DIM_PAD)[None, :]
+    mask = (heads < NUM_KV_HEADS) & (dims < HEAD_DIM)
+    # K, V and the slot loaded together, before the branch on the slot: one HBM round trip, not the slot's
+    # and then the rows' (a padding token's rows exist too: key/value are [T, kvh, d] over the padded T)
+    key = tl.load(key_ptr + token * stride_key_t + heads * stride_key_h + dims, mask=mask)
+    value = tl.load(value_ptr + token * stride_value_t + heads * stride_value_h + dims, mask=mask)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
     if slot < 0:  # padding token of a CUDA-graph bucket
         return
     block = slot // BLOCK_SIZE
     offset = slot % BLOCK_SIZE
-    heads = tl.arange(0, HEADS_PAD)[:, None]
-    dims = tl.arange(0, HEAD_DIM_PAD)[None, :]
-    mask = (heads < NUM_KV_HEADS) & (dims < HEAD_DIM)
-    token = token.to(tl.int64)
-    key = tl.load(key_ptr + token * stride_key_t + heads * stride_key_h + dims, mask=mask)
-    value = tl.load(value_ptr + token * stride_value_t + heads * stride_value_h + dims, mask=mask)
     k_dst = key_cache_ptr + block * stride_kc_b + offset * stride_kc_s + heads * stride_kc_h + dims
     v_dst = value_cache_ptr + block * stride_vc_b + offset * stride_vc_s + heads * stride_vc_h + dims
     if KV_FP8:  # saturate, as vLLM: a K outlier past the format's max must not become NaN

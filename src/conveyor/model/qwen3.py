@@ -33,7 +33,7 @@ class Qwen3Attention(LlamaAttention):
     def position_qk(self, q: torch.Tensor, k: torch.Tensor,
                     rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """q [T, H, d], k [T, kvh, d] normalized, then rotated: one in-place kernel (kernels/qk_norm_rope.py,
-        the same bits as the norm and rope kernels in sequence) where it applies, the two steps elsewhere."""
+        the norm and rope kernels' rounding steps) where it applies, the two steps elsewhere."""
         cos, sin = rope
         if self.fused_launches and self._fusable(q, k, cos):
             qk_norm_rope_(q, k, self.q_norm.weight, self.k_norm.weight, cos, sin, self.q_norm.eps)

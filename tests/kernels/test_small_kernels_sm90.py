@@ -1,0 +1,64 @@
+"""The per-token kernels compiled for sm_90 on the CPU (no GPU needed): vectorized 16-byte accesses, and
+every global load of a program issued before its first store, the property their docstrings claim (a
+store may alias a later load for all the compiler knows, so a load after a store waits a round trip).
+
+Compiled as a real launch sees the arguments: pointers and the strides of Qwen3-0.6B / Llama-3.1-8B
+rows (multiples of 16) with 16-divisibility, eps and the FP8 scales as floats. Needs triton importable
+and TRITON_INTERPRET off (see test_qk_norm_rope.py for installing it on a CPU-only checkout).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from typing import Any
+
+import pytest
+
+from conveyor.kernels import qk_norm_rope, rotary, store_kv
+from conveyor.kernels.triton_compat import HAS_TRITON
+
+pytestmark = pytest.mark.skipif(not HAS_TRITON or os.environ.get("TRITON_INTERPRET") == "1",
+                                reason="needs Triton without its interpreter (compiles, no GPU needed)")
+
+
+def global_accesses(kernel: Any, types: list[str], constants: dict[str, Any], num_warps: int) -> list[str]:
+    """The kernel's PTX for sm_90 -> its global accesses in program order, e.g. ["ld.v4.b32", "st.v4.b32"]."""
+    compiler, target = importlib.import_module("triton.compiler"), importlib.import_module("triton.backends.compiler")
+    signature = {**dict(zip(kernel.arg_names, types)), **{name: "constexpr" for name in constants}}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(types) if kind != "fp32"}
+    compiled = compiler.compile(compiler.ASTSource(kernel, signature, constants, aligned),
+                                target=target.GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    return [m.group(1) + m.group(2) for m in re.finditer(r"\b(ld|st)\.global((?:\.\w+)+)", compiled.asm["ptx"])]
+
+
+def _assert_loads_then_stores(accesses: list[str], vectors: int) -> None:
+    kinds = [access[:2] for access in accesses]
+    assert "st" in kinds and kinds.index("st") == len(kinds) - kinds.count("st"), " ".join(accesses)
+    assert sum(".v4." in access for access in accesses) >= vectors, " ".join(accesses)
+
+
+@pytest.mark.parametrize("heads", [(16, 8), (64, 8)])  # Qwen3-0.6B; a 64-head model (8 warps)
+def test_qk_norm_rope_loads_the_token_before_it_stores(heads: tuple[int, int]) -> None:
+    q_pad, k_pad = heads
+    constants = {"NUM_Q_HEADS": heads[0], "NUM_K_HEADS": heads[1], "Q_PAD": q_pad, "K_PAD": k_pad,
+                 "HEAD_DIM": 128, "HALF": 64}
+    accesses = global_accesses(qk_norm_rope._qk_norm_rope_kernel, ["*bf16"] * 6 + ["i32"] * 5 + ["fp32"],
+                               constants, rotary.token_warps(q_pad + k_pad, 128))
+    _assert_loads_then_stores(accesses, vectors=4)  # q's and k's halves in 16-byte vectors, loads and stores
+
+
+def test_rotary_loads_the_token_before_it_stores() -> None:
+    constants = {"NUM_Q_HEADS": 32, "NUM_K_HEADS": 8, "Q_PAD": 32, "K_PAD": 8, "HALF": 64}  # Llama-3.1-8B
+    accesses = global_accesses(rotary._rotary_kernel, ["*bf16"] * 4 + ["i32"] * 5, constants,
+                               rotary.token_warps(40, 128))
+    _assert_loads_then_stores(accesses, vectors=4)
+
+
+def test_store_kv_loads_the_rows_before_the_slot_decides() -> None:
+    constants = {"NUM_KV_HEADS": 8, "HEAD_DIM": 128, "HEADS_PAD": 8, "HEAD_DIM_PAD": 128, "BLOCK_SIZE": 16,
+                 "KV_FP8": False, "FP8_MAX": 0.0}
+    accesses = global_accesses(store_kv._store_kv_kernel, ["*bf16"] * 4 + ["*i64", "fp32", "fp32"] + ["i32"] * 10,
+                               constants, 4)
+    assert accesses == ["ld.v4.b32", "ld.v4.b32", "ld.b64", "st.v4.b32", "st.v4.b32"]  # K, V, then the slot
