@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# A lever's before and after in one call (issue 38), on one GPU machine: the "before" is a `git archive` of
+# src/ carried as .peers/src_before (`bash benchmarks/gpu/levers.sh before COMMIT`, here), the "after" this tree.
+#   carry .peers/c1/deps.tar.xz, .peers/c1/tok.tar.xz, .peers/src_before:
+#   bash benchmarks/gpu/levers.sh stage && bash benchmarks/gpu/levers.sh tests && bash benchmarks/gpu/levers.sh kernels
+#   bash benchmarks/gpu/levers.sh nano qwen3-0.6b 2      # nano256, before / after alternating, 2 of each
+#   bash benchmarks/gpu/levers.sh mixed                  # mixed_profile.py on both trees
+# Logs and results.jsonl (one RESULT line per run, in run order) under $OUT; a `tree` key says which tree.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+BEFORE=$PWD/.peers/src_before/src AFTER=$PWD/src
+
+tree_path() { if [ "$1" = before ]; then echo "$BEFORE"; else echo "$AFTER"; fi; }
+
+step=$1; shift
+case $step in
+  before)  # here, not on the device
+    rm -rf .peers/src_before && mkdir -p .peers/src_before && git archive "$1" src | tar -x -C .peers/src_before ;;
+  stage)
+    mkdir -p /tmp/site0 && tar -C /tmp/site0 -xJf .peers/c1/deps.tar.xz && tar -C /tmp -xJf .peers/c1/tok.tar.xz
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ;;
+  tests)  # the GPU tests of the kernels the levers touch, on this tree
+    PYTHONPATH=$AFTER:/tmp/site0 timeout -s KILL "${GUARD:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+      "${@:-tests/kernels}" tests/worker/test_sampler_gpu.py > "$OUT/gpu_tests.txt" 2>&1
+    echo "tests rc=$?"; tail -15 "$OUT/gpu_tests.txt" | cut -c1-250 ;;
+  kernels)  # microbenchmarks on both trees, before first
+    for t in before after; do
+      PYTHONPATH=$(tree_path $t):/tmp/site0 timeout 150 python3 benchmarks/gpu/kernels.py --mixed-only --order \
+        > "$OUT/kernels_$t.log" 2>&1; echo "kernels $t rc=$?"; grep -v KERNEL "$OUT/kernels_$t.log" | tail -22
+      for b in sampler_kernels small_kernels; do
+        [ -f benchmarks/gpu/$b.py ] || continue
+        PYTHONPATH=$(tree_path $t):/tmp/site0 timeout 120 python3 benchmarks/gpu/$b.py > "$OUT/${b}_$t.log" 2>&1
+        echo "$b $t rc=$?"; tail -12 "$OUT/${b}_$t.log" | cut -c1-200
+      done
+    done ;;
+  nano)  # MODEL_NAME REPEATS: nano256 (offline.py as fp8.sh runs it), before and after alternating
+    model=$1; reps=${2:-1}
+    for i in $(seq "$reps"); do for t in before after; do
+      PYTHONPATH=$(tree_path $t):/tmp/site0 timeout -s KILL "${GUARD:-240}" python3 benchmarks/gpu/offline.py \
+        --model benchmarks/models/$model --async-scheduling --max-num-seqs 1024 --max-num-batched-tokens 16384 \
+        --out "$OUT/nano_$t.jsonl" > "$OUT/nano_${model}_${t}_$i.log" 2>&1
+      echo "nano $model $t $i rc=$?"; grep -h RESULT "$OUT/nano_${model}_${t}_$i.log" | grep -o '"output_tok_s": [0-9.]*'
+    done; done ;;
+  mixed)
+    for t in before after; do
+      PYTHONPATH=$(tree_path $t):/tmp/site0 timeout 150 python3 benchmarks/gpu/mixed_profile.py \
+        --model benchmarks/models/llama-3.1-8b > "$OUT/mixed_$t.log" 2>&1
+      echo "mixed $t rc=$?"; tail -1 "$OUT/mixed_$t.log" | cut -c1-330
+    done ;;
+esac
+exit 0
