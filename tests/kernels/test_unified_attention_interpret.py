@@ -19,7 +19,12 @@ from kernel_fixtures import Shape, make_case, relative_error
 
 from conveyor.kernels.paged_batch import PagedBatch, paged_attention_ref
 from conveyor.kernels.triton_compat import HAS_TRITON
-from conveyor.kernels.unified_attention import UnifiedTile, unified_attention, unified_attention_with_tile
+from conveyor.kernels.unified_attention import (
+    UnifiedTile,
+    decode_order_of,
+    unified_attention,
+    unified_attention_with_tile,
+)
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON or os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="needs Triton's interpreter: TRITON_INTERPRET=1 with triton importable")
@@ -71,3 +76,30 @@ def test_a_padding_sequence_writes_zeros_and_leaves_the_rest() -> None:
     ref = paged_attention_ref(case.query, case.key_cache, case.value_cache, case.batch, scale)
     assert relative_error(out[:real], ref) <= 1e-5
     assert torch.equal(out[real:], torch.zeros_like(out[real:]))
+
+
+ORDERED = [
+    Shape(8, 2, 64, 16, query_lens=(1, 1, 1, 1, 1), context_lens=(40, 300, 7, 130, 0)),  # decode-only
+    Shape(8, 2, 64, 16, query_lens=(1, 70, 1, 1, 9), context_lens=(90, 0, 33, 200, 20)),  # mixed
+]
+
+
+@pytest.mark.parametrize("shape", ORDERED, ids=["decode", "mixed"])
+@pytest.mark.parametrize("order", ["longest first", "reversed", "identity"])
+def test_an_ordered_decode_launch_matches_the_reference(shape: Shape, order: str) -> None:
+    """DECODE_ORDER_NOTE: any permutation of the sequences gives every decode its own output."""
+    case = make_case(shape, dtype=torch.float32, seed=14)
+    num_seqs = len(shape.query_lens)
+    permutation = {"longest first": decode_order_of(case.batch.seq_lens),
+                   "reversed": torch.arange(num_seqs - 1, -1, -1), "identity": torch.arange(num_seqs)}[order]
+    scale = shape.head_dim**-0.5
+    out = unified_attention(case.query, case.key_cache, case.value_cache, case.batch, scale,
+                            decode_order=permutation)
+    ref = paged_attention_ref(case.query, case.key_cache, case.value_cache, case.batch, scale)
+    assert relative_error(out, ref) <= 1e-5
+
+
+def test_decode_order_of_puts_the_longest_first() -> None:
+    order = decode_order_of(torch.tensor([5, 90, 0, 17, 90], dtype=torch.int32))
+    assert sorted(order.tolist()) == [0, 1, 2, 3, 4]
+    assert torch.tensor([5, 90, 0, 17, 90])[order].tolist() == [90, 90, 17, 5, 0]

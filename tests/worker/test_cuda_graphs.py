@@ -183,3 +183,27 @@ def test_verification_steps_fit_mixed_graphs_with_all_their_logits_rows() -> Non
     verify_all = HostBatch(**{**_host([4, 4, 4]).__dict__, "logits_indices": np.arange(12)})  # 3 drafts each
     assert mixed_bucket(verify_all, plan.mixed_sizes(), geometry) == 16
     assert mixed_bucket(verify_all, plan.mixed_sizes(), fewer_rows) is None  # more rows than captured: eager
+
+
+def test_each_capture_gets_metadata_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a backend derives in the warm-up forward (`backend_plan`) must not leak into the capture: the
+    capture computes it again inside the graph, where replays recompute it and its memory is the graph's."""
+    import contextlib
+
+    from conveyor.worker.cuda_graphs import CudaGraphRunner
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: object())
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, pool=None: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, 0))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    seen: list[AttentionMetadata] = []
+
+    def forward(ids, positions, metadata):
+        assert metadata.backend_plan is None, "a capture saw the warm-up's plan"
+        metadata.backend_plan = "derived"
+        seen.append(metadata)
+        return torch.zeros(ids.shape[0], 4)
+
+    plan = GraphPlan(4, 16, 64, BLOCK, CUDAGraphMode.FULL, 16)
+    CudaGraphRunner(forward, plan, torch.device("cpu")).capture()
+    assert len(seen) > 2 and len({id(m) for m in seen}) == len(seen)  # `seen` keeps them alive: ids unique

@@ -131,17 +131,20 @@ class CudaGraphRunner:
         jobs = [(size, self.mixed_graphs, self.inputs.mixed_metadata) for size in self.mixed_sizes]
         jobs += [(size, self.decode_graphs, self.inputs.decode_metadata) for size in self.decode_sizes]
         for size, graphs, metadata_for in sorted(jobs, key=lambda job: -job[0]):
-            graphs[size] = self._capture_one(size, metadata_for(size), pool)
+            graphs[size] = self._capture_one(size, metadata_for, pool)
         torch.cuda.synchronize()
 
-    def _capture_one(self, size: int, metadata: AttentionMetadata,
+    def _capture_one(self, size: int, metadata_for: Callable[[int], AttentionMetadata],
                      pool: tuple[int, int]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         ids, positions = self.inputs.device_view("input_ids")[:size], self.inputs.device_view("positions")[:size]
-        self.forward(ids, positions, metadata)  # compile kernels, pick GEMM algorithms
+        self.forward(ids, positions, metadata_for(size))  # compile kernels, pick GEMM algorithms
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
+        # Fresh metadata for the capture: what a backend derived in the warm-up (its `backend_plan`, e.g.
+        # the triton backend's decode order) must be computed inside the graph, so that each replay
+        # recomputes it from the replayed inputs and its memory belongs to the graph's pool.
         with torch.cuda.graph(graph, pool=pool):
-            hidden = self.forward(ids, positions, metadata)
+            hidden = self.forward(ids, positions, metadata_for(size))
         return graph, hidden
 
     def run(self, host: HostBatch, patch_input_ids: Callable[[torch.Tensor], None]) -> torch.Tensor | None:
