@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu/levers.sh stage && bash benchmarks/gpu/levers.sh tests && bash benchmarks/gpu/levers.sh kernels
 #   bash benchmarks/gpu/levers.sh nano qwen3-0.6b 2      # nano256, before / after alternating, 2 of each
 #   bash benchmarks/gpu/levers.sh mixed                  # mixed_profile.py on both trees
+#   bash benchmarks/gpu/levers.sh gemm qwen3-0.6b 256    # cuBLAS vs triton_gemm's candidate tiles (this tree)
 # Logs and results.jsonl (one RESULT line per run, in run order) under $OUT; a `tree` key says which tree.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -42,6 +43,12 @@ case $step in
         --out "$OUT/nano_$t.jsonl" > "$OUT/nano_${model}_${t}_$i.log" 2>&1
       echo "nano $model $t $i rc=$?"; grep -h RESULT "$OUT/nano_${model}_${t}_$i.log" | grep -o '"output_tok_s": [0-9.]*'
     done; done ;;
+  gemm)  # MODEL_NAME ROWS...: cuBLAS against triton_gemm's tiles at each projection shape (fp8_gemm.py --configs)
+    model=$1; shift
+    PYTHONPATH=$AFTER:/tmp/site0 timeout -s KILL "${GUARD:-150}" python3 benchmarks/gpu/fp8_gemm.py --model "$model" \
+      --rows "$@" --configs > "$OUT/gemm_$model.log" 2>&1
+    echo "gemm $model rc=$?"; grep -v '^GEMMCFG' "$OUT/gemm_$model.log" | tail -8 | cut -c1-400
+    grep -h '"rank": 0,' "$OUT/gemm_$model.log" | cut -c1-300 ;;
   mixed)
     for t in before after; do
       PYTHONPATH=$(tree_path $t):/tmp/site0 timeout 150 python3 benchmarks/gpu/mixed_profile.py \
