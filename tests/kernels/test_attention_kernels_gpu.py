@@ -13,7 +13,7 @@ from conveyor.kernels.paged_batch import PagedBatch, paged_attention_ref
 from conveyor.kernels.split_kv_attention import SplitKVParams, split_kv_attention, split_kv_attention_ref
 from conveyor.kernels.store_kv import store_kv, store_kv_ref
 from conveyor.kernels.triton_compat import HAS_TRITON
-from conveyor.kernels.unified_attention import unified_attention
+from conveyor.kernels.unified_attention import decode_order_of, unified_attention
 
 pytestmark = [
     pytest.mark.gpu,
@@ -49,6 +49,18 @@ def test_unified_attention_matches_reference(shape: Shape, dtype: torch.dtype) -
     case = make_case(shape, dtype=dtype, device="cuda", seed=hash(shape) % 1000)
     scale = shape.head_dim**-0.5
     out = unified_attention(case.query, case.key_cache, case.value_cache, case.batch, scale)
+    ref = paged_attention_ref(case.query, case.key_cache, case.value_cache, case.batch, scale)
+    assert not out.isnan().any()
+    assert relative_error(out, ref) <= TOLERANCE
+
+
+@pytest.mark.parametrize("shape", _shapes()[::3], ids=_id)
+def test_unified_attention_with_a_decode_order_matches_reference(shape: Shape) -> None:
+    """The triton backend's launch: decode programs longest first (DECODE_ORDER_NOTE)."""
+    case = make_case(shape, dtype=torch.bfloat16, device="cuda", seed=hash(shape) % 1000 + 1)
+    scale = shape.head_dim**-0.5
+    order = decode_order_of(case.batch.seq_lens)
+    out = unified_attention(case.query, case.key_cache, case.value_cache, case.batch, scale, decode_order=order)
     ref = paged_attention_ref(case.query, case.key_cache, case.value_cache, case.batch, scale)
     assert not out.isnan().any()
     assert relative_error(out, ref) <= TOLERANCE
@@ -117,7 +129,7 @@ def test_store_kv_matches_reference(dtype: torch.dtype) -> None:
 def test_mixed_batch_split_launches_equal_one_launch(heads: tuple[int, int]) -> None:
     """A mixed batch runs as two launches (one-token sequences with the decode tile, the rest with 64-row
     blocks): every token is written once, and the result is the single launch's, decodes first or last."""
-    from conveyor.kernels.unified_attention import unified_attention_with_tile, unified_tile
+    from conveyor.kernels.unified_attention import decode_order_of, unified_attention_with_tile, unified_tile
 
     query_lens = (1,) * 40 + (300,) + (1,) * 9 + (17,)
     context_lens = tuple(random.Random(3).randint(0, 900) for _ in query_lens)
