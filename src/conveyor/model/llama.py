@@ -58,7 +58,7 @@ class LlamaAttention(nn.Module):
     """Fused qkv projection, rope, paged attention, output projection."""
 
     fused_launches = True
-    """The rope kernel also stores K/V where `stores_kv_in_rope` says so (`set_fused_launches` turns it off)."""
+    """Rope also stores K/V where `stores_kv_in_rope` says so (`set_fused_launches` turns it off)."""
 
     def __init__(self, config: ModelArchConfig, backend: AttentionBackend) -> None:
         super().__init__()
@@ -88,7 +88,7 @@ class LlamaAttention(nn.Module):
         return apply_rotary_qk(q, k, cos, sin)
 
     def _fusable(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor) -> bool:
-        """Whether `position_qk` runs as one in-place kernel (Qwen3: its own kernel's conditions)."""
+        """Whether `position_qk` is one kernel (a subclass changing it overrides this and `rope_and_store_kv_`)."""
         return rotary_fusable(q, k, cos)
 
     def stores_kv_in_rope(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
@@ -263,8 +263,8 @@ class LlamaForCausalLM(nn.Module):
         return self.fused_launches and use_fused_kernels(x)
 
     def set_fused_launches(self, enabled: bool) -> None:
-        """Turn the fusions across layer boundaries (residual add + norm, Qwen3's q/k norm + rope) on or
-        off, e.g. to compare with the separate kernels; the per-op fused kernels are not affected."""
+        """Turn the fusions across layer boundaries (residual add + norm, Qwen3's q/k norm + rope, rope + K/V
+        store) on or off, e.g. to compare with the separate kernels; the per-op fused kernels are not affected."""
         for module in self.modules():
             if hasattr(module, "fused_launches"):
                 module.fused_launches = enabled
