@@ -39,21 +39,48 @@ def _assert_loads_then_stores(accesses: list[str], vectors: int) -> None:
     assert sum(".v4." in access for access in accesses) >= vectors, " ".join(accesses)
 
 
+CACHES = [None, "*bf16", "*fp8e4nv"]
+"""The rope kernels' variants: no K/V store (today's launch), a store into a bf16 or an FP8 e4m3 cache."""
+
+
+def _kv_store(cache: str | None) -> tuple[list[str], dict[str, Any]]:
+    """The argument types and constexprs `store_kv.kv_store_args` gives a rope kernel (16-token blocks)."""
+    types = ["*bf16", "*i64", cache or "*bf16", cache or "*bf16", "fp32", "fp32"] + ["i32"] * 8
+    fp8 = cache == "*fp8e4nv"
+    return types, {"BLOCK_SIZE": 16, "KV_FP8": fp8, "FP8_MAX": 448.0 if fp8 else 0.0, "STORE_KV": cache is not None}
+
+
+@pytest.mark.parametrize("cache", CACHES, ids=["no-store", "bf16-cache", "fp8-cache"])
 @pytest.mark.parametrize("heads", [(16, 8), (64, 8)])  # Qwen3-0.6B; a 64-head model (8 warps)
-def test_qk_norm_rope_loads_the_token_before_it_stores(heads: tuple[int, int]) -> None:
+def test_qk_norm_rope_loads_the_token_before_it_stores(heads: tuple[int, int], cache: str | None) -> None:
     q_pad, k_pad = heads
+    store_types, store_constants = _kv_store(cache)
     constants = {"NUM_Q_HEADS": heads[0], "NUM_K_HEADS": heads[1], "Q_PAD": q_pad, "K_PAD": k_pad,
-                 "HEAD_DIM": 128, "HALF": 64}
-    accesses = global_accesses(qk_norm_rope._qk_norm_rope_kernel, ["*bf16"] * 6 + ["i32"] * 5 + ["fp32"],
-                               constants, rotary.token_warps(q_pad + k_pad, 128))
+                 "HEAD_DIM": 128, "HALF": 64, **store_constants}
+    accesses = global_accesses(qk_norm_rope._qk_norm_rope_kernel,
+                               ["*bf16"] * 6 + ["i32"] * 5 + ["fp32"] + store_types, constants,
+                               rotary.token_warps(q_pad + k_pad, 128))
     _assert_loads_then_stores(accesses, vectors=4)  # q's and k's halves in 16-byte vectors, loads and stores
+    _assert_stores_kv(accesses, cache)
 
 
-def test_rotary_loads_the_token_before_it_stores() -> None:
-    constants = {"NUM_Q_HEADS": 32, "NUM_K_HEADS": 8, "Q_PAD": 32, "K_PAD": 8, "HALF": 64}  # Llama-3.1-8B
-    accesses = global_accesses(rotary._rotary_kernel, ["*bf16"] * 4 + ["i32"] * 5, constants,
+@pytest.mark.parametrize("cache", CACHES, ids=["no-store", "bf16-cache", "fp8-cache"])
+def test_rotary_loads_the_token_before_it_stores(cache: str | None) -> None:
+    store_types, store_constants = _kv_store(cache)
+    constants = {"NUM_Q_HEADS": 32, "NUM_K_HEADS": 8, "Q_PAD": 32, "K_PAD": 8, "HALF": 64,  # Llama-3.1-8B
+                 **store_constants}
+    accesses = global_accesses(rotary._rotary_kernel, ["*bf16"] * 4 + ["i32"] * 5 + store_types, constants,
                                rotary.token_warps(40, 128))
     _assert_loads_then_stores(accesses, vectors=4)
+    _assert_stores_kv(accesses, cache)
+
+
+def _assert_stores_kv(accesses: list[str], cache: str | None) -> None:
+    """With a store: the slot's 8-byte load, and K and V stored to the cache (4 stores more than q and k's 4,
+    at least: the halves of K and of V); without, neither."""
+    stores = [access for access in accesses if access.startswith("st")]
+    assert ("ld.b64" in accesses) == (cache is not None), " ".join(accesses)
+    assert (len(stores) >= 8) == (cache is not None), " ".join(accesses)
 
 
 def test_store_kv_loads_the_rows_before_the_slot_decides() -> None:

@@ -1,4 +1,5 @@
-"""The fused launches across layer boundaries (residual add + norm, Qwen3's q/k norm + rope): a tiny Llama gives
+"""The fused launches across layer boundaries (residual add + norm, Qwen3's q/k norm + rope, the rope kernels'
+K/V store, which alone gives the same logits bit for bit: test_cuda_rope_stores_kv_as_write_kv_would): a tiny Llama gives
 identical logits with them and with the separate kernels on CUDA (bf16, CUDA graphs and eager); a tiny Qwen3's
 stay within bf16 rounding of them (the fused q/k norm's row sum is compiled with another reduction tree: the
 H100 said so on 2026-12-07), compared on the same inputs; on the CPU the residual-stream stack equals the
@@ -27,8 +28,10 @@ from conveyor.worker.model_runner import ModelRunner
 CUDA = torch.cuda.is_available()
 
 
-def _runner(directory: pathlib.Path, hf_config: dict, device: str, fused: bool, eager: bool) -> ModelRunner:
-    """A runner on the tiny model with the fused launches on or off before any CUDA graph is captured."""
+def _runner(directory: pathlib.Path, hf_config: dict, device: str, fused: bool, eager: bool,
+            kv_in_rope: bool = True) -> ModelRunner:
+    """A runner on the tiny model with the fused launches on or off before any CUDA graph is captured
+    (`kv_in_rope=False`: all on but the rope kernels' K/V store)."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(hf_config))
     runner = ModelRunner(
@@ -39,6 +42,9 @@ def _runner(directory: pathlib.Path, hf_config: dict, device: str, fused: bool, 
     )
     sharpen(runner.model)
     runner.model.set_fused_launches(fused)
+    if not kv_in_rope:
+        for layer in runner.model.model.layers:
+            layer.self_attn.stores_kv_in_rope = lambda *args: False
     runner.initialize_kv_cache()
     return runner
 
@@ -80,6 +86,37 @@ def test_cuda_fused_logits_equal_the_separate_kernels(tmp_path: pathlib.Path, na
     errors = [float((a.float() - b.float()).norm() / b.float().norm()) for a, b in zip(got, want, strict=True)]
     print(f"{name} {eager=}: logits relative error max {max(errors):.2e}")
     assert max(errors) <= 2e-2
+
+
+def _count_write_kv(runner: ModelRunner, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A one-element list counting the calls of the attention backend's `write_kv` from now on."""
+    backend = runner.model.model.layers[0].self_attn.attn.backend
+    calls, write_kv = [0], backend.write_kv
+
+    def counted(*args: object) -> None:
+        calls[0] += 1
+        write_kv(*args)
+
+    monkeypatch.setattr(backend, "write_kv", counted)
+    return calls
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_cuda_rope_stores_kv_as_write_kv_would(tmp_path: pathlib.Path, name: str, eager: bool,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rope kernel's K/V store (one launch fewer a layer) against rope then `write_kv`, everything else fused
+    alike: the same cache bytes, so the same logits bit for bit, with and without CUDA graphs; and no
+    `write_kv` call is left on the fused path (eager prefill steps included)."""
+    fused = _runner(tmp_path / name, TINY_MODELS[name], "cuda", fused=True, eager=eager)
+    separate = _runner(tmp_path / name, TINY_MODELS[name], "cuda", fused=True, eager=eager, kv_in_rope=False)
+    fused_calls, separate_calls = _count_write_kv(fused, monkeypatch), _count_write_kv(separate, monkeypatch)
+    want, tokens = run_mixed_steps(separate)
+    got, _ = run_mixed_steps(fused, forced=tokens)
+    assert fused_calls[0] == 0 < separate_calls[0]
+    _assert_same(got, want)
 
 
 def _record_lifetimes(runner: ModelRunner) -> list[int]:

@@ -8,6 +8,10 @@ already so at 2026-12-07's look at it: Llama-3.1-8B's 8 x 128 K and V elements a
 slot means "padding token" (CUDA-graph buckets pad the batch) and is skipped, so padded replays never
 touch real blocks. An FP8 cache (--kv-cache-dtype fp8) stores x / scale saturated to the format's
 range, as kernels/fp8_kv.py's `quantize_kv` does, so the kernel and the reference write the same bits.
+
+The rope kernels (rotary.py, qk_norm_rope.py) can store the step's K/V themselves, one launch fewer a
+layer: `kv_store_args` gives them the arguments and `store_kv_rows` is the store both they and this
+kernel run, so the cache bytes are the same whichever launch wrote them.
 """
 
 import torch
@@ -40,11 +44,19 @@ def _store_kv_kernel(
     offset = slot % BLOCK_SIZE
     k_dst = key_cache_ptr + block * stride_kc_b + offset * stride_kc_s + heads * stride_kc_h + dims
     v_dst = value_cache_ptr + block * stride_vc_b + offset * stride_vc_s + heads * stride_vc_h + dims
+    store_kv_rows(key, value, k_dst, v_dst, mask, k_scale, v_scale, KV_FP8, FP8_MAX)
+
+
+@triton.jit
+def store_kv_rows(key, value, k_dst, v_dst, mask, k_scale, v_scale, KV_FP8: tl.constexpr, FP8_MAX: tl.constexpr):
+    """Blocks of K and V rows (any same shape, their dtype) -> the caches at the pointer blocks k_dst / v_dst
+    where `mask`; an FP8 cache gets x / scale saturated to +-FP8_MAX. The rope kernels store through this
+    same code (kv_store_args), so a fused store writes store_kv's bits."""
     if KV_FP8:  # saturate, as vLLM: a K outlier past the format's max must not become NaN
         key = tl.minimum(tl.maximum(key.to(tl.float32) / k_scale, -FP8_MAX), FP8_MAX)
         value = tl.minimum(tl.maximum(value.to(tl.float32) / v_scale, -FP8_MAX), FP8_MAX)
-    tl.store(k_dst, key.to(key_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_dst, value.to(value_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(k_dst, key.to(k_dst.dtype.element_ty), mask=mask)
+    tl.store(v_dst, value.to(v_dst.dtype.element_ty), mask=mask)
 
 
 def _check_inputs(key, value, key_cache, value_cache, slot_mapping) -> None:
@@ -92,3 +104,25 @@ def store_kv_ref(
     num_kv_heads, head_dim = key_cache.shape[2:]
     key_cache.view(-1, num_kv_heads, head_dim)[slots] = quantize_kv(key[keep], key_cache.dtype, scales.k_scale)
     value_cache.view(-1, num_kv_heads, head_dim)[slots] = quantize_kv(value[keep], value_cache.dtype, scales.v_scale)
+
+
+def kv_store_args(
+    key: torch.Tensor, value: torch.Tensor | None, key_cache: torch.Tensor | None, value_cache: torch.Tensor | None,
+    slot_mapping: torch.Tensor | None, scales: KVScales = UNIT_KV_SCALES,
+) -> tuple[list[object], dict[str, object]]:
+    """What a rope kernel needs to also store its rotated key [T, kvh, d] and `value` [T, kvh, d] as
+    `store_kv` would: (its 14 runtime arguments, its constexprs). All of value, the caches and slot_mapping,
+    or none of them (STORE_KV off, key standing in for the unused pointers)."""
+    given = [x is not None for x in (value, key_cache, value_cache, slot_mapping)]
+    assert all(given) or not any(given), "value, key_cache, value_cache and slot_mapping come together"
+    if value is None or key_cache is None or value_cache is None or slot_mapping is None:
+        unused: list[object] = [key] * 4 + [1.0, 1.0] + [0] * 8
+        return unused, {"BLOCK_SIZE": 1, "KV_FP8": False, "FP8_MAX": 0.0, "STORE_KV": False}
+    _check_inputs(key, value, key_cache, value_cache, slot_mapping)
+    kv_fp8 = is_fp8(key_cache.dtype)
+    args: list[object] = [
+        value, slot_mapping, key_cache, value_cache, scales.k_scale, scales.v_scale, value.stride(0), value.stride(1),
+        *key_cache.stride()[:3], *value_cache.stride()[:3],
+    ]
+    return args, {"BLOCK_SIZE": key_cache.shape[1], "KV_FP8": kv_fp8,
+                  "FP8_MAX": torch.finfo(key_cache.dtype).max if kv_fp8 else 0.0, "STORE_KV": True}

@@ -14,6 +14,10 @@ With --kv-cache-dtype fp8 the cache tensors are float8 and each `Attention` laye
 `KVScales` (vLLM's k_scale / v_scale, 1.0 unless calibrated): backends quantize on write (x / scale)
 and dequantize on read (x * scale) with them (kernels/fp8_kv.py).
 
+A backend in `STORE_KV_BACKENDS` writes with kernels/store_kv.py's `store_kv`; where `Attention.accepts_kv_from_rope`
+holds (CUDA, that layout, this layer's heads) the model's rope kernel may store the step's K/V itself with the
+same code, one launch fewer a layer, and passes `kv_stored=True` so that `forward` skips `write_kv`.
+
 Backends are named in `ATTENTION_BACKENDS` (name -> "module:Class") and imported on demand, so a
 new backend (e.g. "triton" in attention_triton.py) is a new file plus one line here.
 """
@@ -44,6 +48,11 @@ ATTENTION_BACKENDS: dict[str, str] = {
     "cpu": "conveyor.model.attention_cpu:CPUAttentionBackend",
 }
 """Registered backend names -> "module:Class" (a constant; classes take no constructor arguments)."""
+
+
+STORE_KV_BACKENDS = frozenset({"triton"})
+"""Backends whose `write_kv` is `store_kv(key, value, kv_cache[0], kv_cache[1], slot_mapping, scales=kv_scales)`:
+a rope kernel that stores K/V through store_kv.py's code (kernels/rotary.py, qk_norm_rope.py) writes its bytes."""
 
 
 def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
@@ -325,6 +334,18 @@ class Attention(nn.Module):
         self.kv_scales = kv_scales
         """This layer's per-tensor K/V scales for an FP8 cache (vLLM's default 1.0: no calibration)."""
 
+    def accepts_kv_from_rope(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+        """Whether a rope kernel may store this step's key/value [T, kvh, d] in place of `write_kv` (the caller
+        then passes kv_stored=True): a `STORE_KV_BACKENDS` backend, CUDA tensors, the cache [2, nb, bs, kvh, d]
+        of this layer's heads with rows contiguous in d, and a cache dtype of key's or FP8 (the torch and CPU
+        backends, and anything else, keep `write_kv`)."""
+        heads = (self.num_kv_heads, self.head_dim)
+        return (self.backend.name in STORE_KV_BACKENDS and key.is_cuda and value.is_cuda and kv_cache.is_cuda
+                and kv_cache.dim() == 5 and kv_cache.shape[0] == 2 and tuple(kv_cache.shape[3:]) == heads
+                and tuple(key.shape[1:]) == tuple(value.shape[1:]) == heads and key.dtype == value.dtype
+                and key.stride(-1) == value.stride(-1) == kv_cache.stride(-1) == 1
+                and (kv_cache.dtype == key.dtype or is_fp8(kv_cache.dtype)))
+
     def forward(
         self,
         query: torch.Tensor,
@@ -332,12 +353,15 @@ class Attention(nn.Module):
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
+        kv_stored: bool = False,
     ) -> torch.Tensor:
-        """query [T, H*d], key/value [T, kvh*d] -> [T, H*d]; writes this step's K/V first."""
+        """query [T, H*d], key/value [T, kvh*d] -> [T, H*d]; writes this step's K/V first, unless `kv_stored`
+        (a rope kernel already stored them, where `accepts_kv_from_rope` allowed it)."""
         num_tokens = query.shape[0]
-        key = key.view(num_tokens, self.num_kv_heads, self.head_dim)
-        value = value.view(num_tokens, self.num_kv_heads, self.head_dim)
-        self.backend.write_kv(key, value, kv_cache, metadata.slot_mapping, self.kv_scales)
+        if not kv_stored:
+            key = key.view(num_tokens, self.num_kv_heads, self.head_dim)
+            value = value.view(num_tokens, self.num_kv_heads, self.head_dim)
+            self.backend.write_kv(key, value, kv_cache, metadata.slot_mapping, self.kv_scales)
         query = query.view(num_tokens, self.num_heads, self.head_dim)
         out = self.backend.forward(query, kv_cache, metadata, self.scale, self.kv_scales)
         return out.reshape(num_tokens, self.num_heads * self.head_dim)

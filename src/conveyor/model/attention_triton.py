@@ -1,6 +1,7 @@
 """The "triton" attention backend: our paged kernels behind the `AttentionBackend` protocol.
 
-K/V of the step go to the cache with `store_kv` (negative slots = CUDA-graph padding, skipped). A batch
+K/V of the step go to the cache with `store_kv` (negative slots = CUDA-graph padding, skipped), or, where
+the model's rope kernel stored them with the same code (attention.py's STORE_KV_BACKENDS), not again. A batch
 that is all decodes and too small to fill the GPU (num_seqs * num_kv_heads programs under two waves)
 with contexts long enough to split runs the split-KV kernel; everything else, mixed prefill/decode
 batches included, runs the unified kernel (two launches for a mixed batch: see unified_attention.py).

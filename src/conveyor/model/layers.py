@@ -134,8 +134,7 @@ def apply_rotary_qk(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`apply_rotary` on q [T, H, d] and k [T, kvh, d]; on CUDA one in-place kernel for both."""
-    head_dim = q.shape[-1]
-    if use_fused_kernels(q) and q.dtype == k.dtype == cos.dtype and head_dim & (head_dim - 1) == 0:
+    if rotary_fusable(q, k, cos):
         rotary_(q, k, cos, sin)
         return q, k
     if use_cpu_kernels(q) and k.dtype == cos.dtype == torch.float32 and _heads_contiguous(q) and _heads_contiguous(k):
@@ -143,6 +142,12 @@ def apply_rotary_qk(
         rotary_cpu_(k, cos, sin)
         return q, k
     return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+
+def rotary_fusable(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor) -> bool:
+    """Whether rope of q [T, H, d] and k [T, kvh, d] runs as kernels/rotary.py's one in-place `rotary_`."""
+    head_dim = q.shape[-1]
+    return use_fused_kernels(q) and q.dtype == k.dtype == cos.dtype and head_dim & (head_dim - 1) == 0
 
 
 def _heads_contiguous(x: torch.Tensor) -> bool:

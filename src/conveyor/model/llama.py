@@ -6,6 +6,8 @@ it never sees padding or a batch dimension, so prefill chunks and decodes share 
 calls `compute_logits` on those only (the LM head is the largest matmul for small models).
 Weights arrive under Hugging Face names through `load_weights`, which packs q/k/v and gate/up
 into the fused projections; every loader (safetensors, GGUF, dummy) feeds it the same way.
+Where rope is one kernel and the attention backend writes with `store_kv` (LlamaAttention's
+`stores_kv_in_rope`, the one place that decides), the rope kernel also stores the step's K/V, same bytes.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from conveyor.kernels.rotary import rotary_
 from conveyor.model.attention import Attention, AttentionBackend
 from conveyor.model.attention_metadata import AttentionMetadata
 from conveyor.model.layers import (
@@ -27,6 +30,7 @@ from conveyor.model.layers import (
     RotaryEmbedding,
     apply_rotary_qk,
     linear,
+    rotary_fusable,
     use_fused_kernels,
 )
 from conveyor.model.llama_cpu_stack import LlamaCPUStack
@@ -52,6 +56,9 @@ _LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
 
 class LlamaAttention(nn.Module):
     """Fused qkv projection, rope, paged attention, output projection."""
+
+    fused_launches = True
+    """Rope also stores K/V where `stores_kv_in_rope` says so (`set_fused_launches` turns it off)."""
 
     def __init__(self, config: ModelArchConfig, backend: AttentionBackend) -> None:
         super().__init__()
@@ -80,17 +87,35 @@ class LlamaAttention(nn.Module):
         cos, sin = rope
         return apply_rotary_qk(q, k, cos, sin)
 
+    def _fusable(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor) -> bool:
+        """Whether `position_qk` is one kernel (a subclass changing it overrides this and `rope_and_store_kv_`)."""
+        return rotary_fusable(q, k, cos)
+
+    def stores_kv_in_rope(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+                          kv_cache: torch.Tensor) -> bool:
+        """The one decision: rope stores this step's K/V (`rope_and_store_kv_`), not `write_kv`, where the fused
+        launches are on, rope is one kernel (`_fusable`) and the attention takes it (`accepts_kv_from_rope`)."""
+        return self.fused_launches and self._fusable(q, k, cos) and self.attn.accepts_kv_from_rope(k, v, kv_cache)
+
+    def rope_and_store_kv_(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                           kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """`position_qk` in place plus k, v [T, kvh, d] into kv_cache at slot_mapping [T]: one kernel (rotary.py)."""
+        rotary_(q, k, *rope, value=v, key_cache=kv_cache[0], value_cache=kv_cache[1], slot_mapping=slot_mapping,
+                kv_scales=self.attn.kv_scales)
+
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
-        """x [T, hidden], rope = (cos, sin) [T, d] -> [T, hidden]."""
+        """x [T, hidden], rope = (cos, sin) [T, d] -> [T, hidden]; q [T, H, d], k and v [T, kvh, d] are views."""
         num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.shard_sizes(), dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = self.position_qk(q, k, rope)
-        out = self.attn(q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v, kv_cache, metadata)
+        q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in self.qkv_proj(x).split(self.shard_sizes(), dim=-1))
+        if kv_stored := self.stores_kv_in_rope(q, k, v, rope[0], kv_cache):
+            self.rope_and_store_kv_(q, k, v, rope, kv_cache, metadata.slot_mapping)
+        else:
+            q, k = self.position_qk(q, k, rope)
+        out = self.attn(q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v.reshape(num_tokens, -1), kv_cache,
+                        metadata, kv_stored=kv_stored)
         return self.o_proj(out)
 
 
@@ -238,8 +263,8 @@ class LlamaForCausalLM(nn.Module):
         return self.fused_launches and use_fused_kernels(x)
 
     def set_fused_launches(self, enabled: bool) -> None:
-        """Turn the fusions across layer boundaries (residual add + norm, Qwen3's q/k norm + rope) on or
-        off, e.g. to compare with the separate kernels; the per-op fused kernels are not affected."""
+        """Turn the fusions across layer boundaries (residual add + norm, Qwen3's q/k norm + rope, rope + K/V
+        store) on or off, e.g. to compare with the separate kernels; the per-op fused kernels are not affected."""
         for module in self.modules():
             if hasattr(module, "fused_launches"):
                 module.fused_launches = enabled

@@ -19,7 +19,8 @@ class Qwen3Attention(LlamaAttention):
     """LlamaAttention with per-head q_norm / k_norm (weights [head_dim], shared by all heads)."""
 
     fused_launches = True
-    """Norm and rope of q/k in one launch where the fused kernels run (`LlamaForCausalLM.set_fused_launches`)."""
+    """Norm and rope of q/k in one launch where the fused kernels run, which also stores K/V where the attention
+    allows it (LlamaAttention's `stores_kv_in_rope`); `LlamaForCausalLM.set_fused_launches` turns both off."""
 
     def __init__(self, config: ModelArchConfig, backend: AttentionBackend) -> None:
         super().__init__(config, backend)
@@ -39,6 +40,14 @@ class Qwen3Attention(LlamaAttention):
             qk_norm_rope_(q, k, self.q_norm.weight, self.k_norm.weight, cos, sin, self.q_norm.eps)
             return q, k
         return super().position_qk(q, k, rope)
+
+    def rope_and_store_kv_(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                           kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """`position_qk` in place, and k (normalized, rotated) and v [T, kvh, d] into kv_cache at slot_mapping
+        [T], one launch (kernels/qk_norm_rope.py); only where `stores_kv_in_rope` said so."""
+        qk_norm_rope_(q, k, self.q_norm.weight, self.k_norm.weight, *rope, self.q_norm.eps, value=v,
+                      key_cache=kv_cache[0], value_cache=kv_cache[1], slot_mapping=slot_mapping,
+                      kv_scales=self.attn.kv_scales)
 
     def _fusable(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor) -> bool:
         head_dim = q.shape[-1]
