@@ -96,3 +96,12 @@ def test_num_splits_fill_the_gpu_only_when_needed() -> None:
     assert choose_num_splits(num_seqs=256, num_kv_heads=8, max_seq_len=2048, num_sms=132) == 1
     assert choose_num_splits(num_seqs=2, num_kv_heads=8, max_seq_len=4096, num_sms=132) == 16
     assert choose_num_splits(num_seqs=2, num_kv_heads=8, max_seq_len=300, num_sms=132) == 1
+
+
+def test_decode_order_of_puts_the_longest_first() -> None:
+    """The triton backend's decode order (DECODE_ORDER_NOTE): a permutation, longest context first."""
+    from conveyor.kernels.unified_attention import decode_order_of
+
+    order = decode_order_of(torch.tensor([5, 90, 0, 17, 90], dtype=torch.int32))
+    assert sorted(order.tolist()) == [0, 1, 2, 3, 4]
+    assert torch.tensor([5, 90, 0, 17, 90])[order].tolist() == [90, 90, 17, 5, 0]

@@ -97,9 +97,3 @@ def test_an_ordered_decode_launch_matches_the_reference(shape: Shape, order: str
                             decode_order=permutation)
     ref = paged_attention_ref(case.query, case.key_cache, case.value_cache, case.batch, scale)
     assert relative_error(out, ref) <= 1e-5
-
-
-def test_decode_order_of_puts_the_longest_first() -> None:
-    order = decode_order_of(torch.tensor([5, 90, 0, 17, 90], dtype=torch.int32))
-    assert sorted(order.tolist()) == [0, 1, 2, 3, 4]
-    assert torch.tensor([5, 90, 0, 17, 90])[order].tolist() == [90, 90, 17, 5, 0]
