@@ -6,6 +6,7 @@
 #   bash benchmarks/gpu/levers.sh nano qwen3-0.6b 2      # nano256, before / after alternating, 2 of each
 #   bash benchmarks/gpu/levers.sh mixed                  # mixed_profile.py on both trees
 #   bash benchmarks/gpu/levers.sh gemm qwen3-0.6b 256    # cuBLAS vs triton_gemm's candidate tiles (this tree)
+#   bash benchmarks/gpu/levers.sh probe --rows 256 64    # splitk_probe.py (this tree)
 # Logs and results.jsonl (one RESULT line per run, in run order) under $OUT; a `tree` key says which tree.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -40,7 +41,8 @@ case $step in
     for i in $(seq "$reps"); do for t in before after; do
       PYTHONPATH=$(tree_path $t):/tmp/site0 timeout -s KILL "${GUARD:-240}" python3 benchmarks/gpu/offline.py \
         --model benchmarks/models/$model --async-scheduling --max-num-seqs 1024 --max-num-batched-tokens 16384 \
-        --out "$OUT/nano_$t.jsonl" > "$OUT/nano_${model}_${t}_$i.log" 2>&1
+        --out "$OUT/nano_$t.jsonl" --step-times-out "$OUT/steps_${model}_${t}_$i.jsonl" \
+        > "$OUT/nano_${model}_${t}_$i.log" 2>&1
       echo "nano $model $t $i rc=$?"; grep -h RESULT "$OUT/nano_${model}_${t}_$i.log" | grep -o '"output_tok_s": [0-9.]*'
     done; done ;;
   gemm)  # MODEL_NAME ROWS...: cuBLAS against triton_gemm's tiles at each projection shape (fp8_gemm.py --configs)
@@ -49,6 +51,10 @@ case $step in
       --rows "$@" --configs > "$OUT/gemm_$model.log" 2>&1
     echo "gemm $model rc=$?"; grep -v '^GEMMCFG' "$OUT/gemm_$model.log" | tail -8 | cut -c1-400
     grep -h '"rank": 0,' "$OUT/gemm_$model.log" | cut -c1-300 ;;
+  probe)  # split-K o/down projections reduced in add_rms_norm, against cuBLAS, in CUDA graphs (this tree)
+    PYTHONPATH=$AFTER:/tmp/site0 timeout -s KILL "${GUARD:-200}" python3 benchmarks/gpu/splitk_probe.py "$@" \
+      > "$OUT/splitk_probe.log" 2>&1
+    echo "probe rc=$?"; cut -c1-330 "$OUT/splitk_probe.log" | tail -20 ;;
   mixed)
     for t in before after; do
       PYTHONPATH=$(tree_path $t):/tmp/site0 timeout 150 python3 benchmarks/gpu/mixed_profile.py \

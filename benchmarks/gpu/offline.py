@@ -30,7 +30,7 @@ import pathlib
 import random
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from conveyor.config import (
     CacheConfig,
@@ -95,6 +95,21 @@ class RunTotals:
     num_steps: int
     spec_decoding: SpecDecodingStats | None
     """Speculative decoding's counters summed over the steps (None: off, or nothing drafted)."""
+    steps: tuple[StepTime, ...]
+    """One record a step, in step order."""
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One step of the timed run, for step_gap.py: when it returned, and what the scheduler ran in it.
+    Under async scheduling a step returns once the step before it is done on the GPU, so the gaps between
+    returns are the GPU's step times in steady state."""
+
+    t_s: float
+    """Seconds from the first submission to this step's return."""
+    num_running_reqs: int
+    num_scheduled_tokens: int
+    num_prompt_tokens: int
 
 
 def run_requests(core, prompts: list[list[int]], params: list[SamplingParams], tag: str) -> RunTotals:
@@ -103,15 +118,18 @@ def run_requests(core, prompts: list[list[int]], params: list[SamplingParams], t
     start = time.perf_counter()
     for index, (prompt, sp) in enumerate(zip(prompts, params)):
         core.add_request(Request(f"{tag}{index}", list(prompt), sp, time.monotonic(), eos_token_id=eos))
-    num_tokens = num_steps = 0
+    num_tokens = 0
     spec: SpecDecodingStats | None = None
+    steps: list[StepTime] = []
     while core.has_unfinished_requests():
         result = core.step()
-        num_steps += 1
+        stats = result.stats
+        steps.append(StepTime(time.perf_counter() - start, stats.num_running_reqs, stats.num_scheduled_tokens,
+                              stats.num_prompt_tokens))
         num_tokens += sum(len(out.new_token_ids) for out in result.outputs)
-        if result.stats.spec_decoding is not None:
-            spec = result.stats.spec_decoding.merged(spec)
-    return RunTotals(time.perf_counter() - start, num_tokens, num_steps, spec)
+        if stats.spec_decoding is not None:
+            spec = stats.spec_decoding.merged(spec)
+    return RunTotals(time.perf_counter() - start, num_tokens, len(steps), spec, tuple(steps))
 
 
 def spec_fields(args: argparse.Namespace, spec: SpecDecodingStats | None) -> dict:
@@ -186,6 +204,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--profile-after-steps", type=int, default=40)
     parser.add_argument("--profile-out", default=None)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--step-times-out", default=None,
+                        help="write the timed run's steps here, one JSON line each (benchmarks/gpu/step_gap.py)")
     return parser.parse_args()
 
 
@@ -223,6 +243,8 @@ def main() -> int:
         "tensor_parallel_size": args.tensor_parallel_size,
         "gpu": _gpu_name(), "versions": _versions(), **spec_fields(args, timed.spec_decoding),
     }
+    if args.step_times_out:
+        pathlib.Path(args.step_times_out).write_text("".join(json.dumps(asdict(t)) + "\n" for t in timed.steps))
     if args.profile_steps:
         result.update(profile_steps(core, args))
     core.shutdown()
