@@ -127,33 +127,17 @@ def test_async_scheduling_gives_the_synchronous_outputs(shared, params) -> None:
     assert shared[0]._pending is None  # the last step in flight was collected
 
 
-def load_transformers_model():
-    """The same GGUF in transformers (dequantized by its own code; no accelerate needed)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    path = tokenizer_path(ModelConfig())
-    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
-    model.load_state_dict(tensors, strict=False)  # lm_head is tied to the embedding
-    return model.eval()
-
-
-def test_matches_transformers_greedy(shared) -> None:
-    pytest.importorskip("transformers")
+def test_matches_transformers_greedy(shared, hf_smollm2) -> None:
     import torch
 
-    model = load_transformers_model()
     prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
                "The three primary colors are"]
     ours = make_llm(shared).generate(prompts, SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True))
     for prompt, result in zip(prompts, ours):
         input_ids = torch.tensor([result.prompt_token_ids])
         with torch.inference_mode():
-            generated = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=32,
-                                       do_sample=False, pad_token_id=2, eos_token_id=None)
+            generated = hf_smollm2.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=32,
+                                            do_sample=False, pad_token_id=2, eos_token_id=None)
         assert result.output_token_ids == generated[0, input_ids.shape[1]:].tolist(), prompt
 
 

@@ -39,32 +39,17 @@ def prompt_ids() -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def hf_model():
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    path = embedded_gguf_path()
-    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-    config._attn_implementation = "eager"
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
-    assert set(missing) <= {"lm_head.weight"} and not unexpected  # lm_head is tied to the embedding
-    return model.eval()
-
-
-@pytest.fixture(scope="module")
 def our_model():
     return load_model(ModelConfig(quantization=Quantization.NONE), "cpu", torch.float32).module
 
 
 @pytest.mark.slow
-def test_greedy_tokens_and_logits_match_transformers(hf_model, our_model, prompt_ids) -> None:
+def test_greedy_tokens_and_logits_match_transformers(hf_smollm2, our_model, prompt_ids) -> None:
     ours, our_logits = greedy_generate(our_model, prompt_ids, NUM_NEW_TOKENS, chunk_size=7)
     for ids, tokens, logits in zip(prompt_ids, ours, our_logits):
         with torch.no_grad():
             # An explicit mask: otherwise generate() masks every prompt token equal to pad_token_id.
-            out = hf_model.generate(
+            out = hf_smollm2.generate(
                 torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                 max_new_tokens=NUM_NEW_TOKENS, do_sample=False,
                 output_logits=True, return_dict_in_generate=True, pad_token_id=2, eos_token_id=None,

@@ -47,13 +47,18 @@ SMOLLM2 = EngineConfig(
     device=DeviceConfig(num_threads=1),
     check_invariants=True,
 )
+SMOLLM2_TOKENS = 8
+"""Generated per prompt: enough for the 16 prompts (5-120 tokens) to outgrow the 26-block pool (3 preemptions
+at 8, none at 4; both runs assert some); 16 only cost more steps, each an all-reduce per layer on 2 cores."""
+
+
 @pytest.fixture(scope="module")
 def smollm2_reference() -> tuple[dict[str, list[int]], int]:
     """One rank, the same number of blocks as the 2-rank engine below gets from its memory budget."""
     blocks = kv_capacity(shape_per_rank(load_shape(SMOLLM2_SHAPE), 2), 13_000_000, 16, "float32").num_blocks
     config = dataclasses.replace(SMOLLM2, cache=dataclasses.replace(SMOLLM2.cache, num_blocks_override=blocks))
     core = build_engine_core(config)
-    return generate(core, prompts(16, 49152), max_tokens=16)
+    return generate(core, prompts(16, 49152), max_tokens=SMOLLM2_TOKENS)
 
 
 def test_smollm2_on_two_ranks_matches_one_rank(smollm2_reference: tuple[dict[str, list[int]], int]) -> None:
@@ -64,7 +69,7 @@ def test_smollm2_on_two_ranks_matches_one_rank(smollm2_reference: tuple[dict[str
         # conveyor plan --tensor-parallel-size 2 --kv-cache-memory 13000000: rank 0 caches 2 of the 3 KV heads.
         planned = kv_capacity(shape_per_rank(load_shape(SMOLLM2_SHAPE), 2), 13_000_000, 16, "float32")
         assert core.limits.num_kv_blocks == planned.num_blocks == 26
-        outputs, num_preemptions = generate(core, prompts(16, 49152), max_tokens=16)
+        outputs, num_preemptions = generate(core, prompts(16, 49152), max_tokens=SMOLLM2_TOKENS)
     finally:
         core.shutdown()
     assert num_preemptions > 0
