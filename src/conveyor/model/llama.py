@@ -8,6 +8,8 @@ Weights arrive under Hugging Face names through `load_weights` (model/llama_weig
 q/k/v and gate/up into the fused projections; every loader (safetensors, GGUF, dummy) feeds it the same way.
 Where rope is one kernel and the attention backend writes with `store_kv` (LlamaAttention's
 `stores_kv_in_rope`, the one place that decides), the rope kernel also stores the step's K/V, same bytes.
+In the residual-stream form, o_proj and down_proj may hand the next norm split-K partial sums instead of
+their output (`Linear.partial_sums` decides; kernels/splitk_linear.py): the norm's launch adds them up.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from torch import nn
 
 from conveyor.kernels.rotary import rotary_
+from conveyor.kernels.splitk_linear import PartialSums
 from conveyor.model.attention import Attention, AttentionBackend
 from conveyor.model.attention_metadata import AttentionMetadata
 from conveyor.model.layers import (
@@ -29,6 +32,7 @@ from conveyor.model.layers import (
     apply_rotary_qk,
     linear,
     rotary_fusable,
+    split_k_partials,
     use_fused_kernels,
 )
 from conveyor.model.llama_cpu_stack import LlamaCPUStack
@@ -88,9 +92,10 @@ class LlamaAttention(nn.Module):
 
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor,
-        metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        """x [T, hidden], rope = (cos, sin) [T, d] -> [T, hidden]; q [T, H, d], k and v [T, kvh, d] are views."""
+        metadata: AttentionMetadata, partial_sums: bool = False,
+    ) -> torch.Tensor | PartialSums:
+        """x [T, hidden], rope = (cos, sin) [T, d] -> [T, hidden]; q [T, H, d], k and v [T, kvh, d] are views.
+        With `partial_sums` (the caller's next norm takes them) o_proj's split-K partials where it allows them."""
         num_tokens = x.shape[0]
         q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in self.qkv_proj(x).split(self.shard_sizes(), dim=-1))
         if kv_stored := self.stores_kv_in_rope(q, k, v, rope[0], kv_cache):
@@ -99,6 +104,8 @@ class LlamaAttention(nn.Module):
             q, k = self.position_qk(q, k, rope)
         out = self.attn(q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v.reshape(num_tokens, -1), kv_cache,
                         metadata, kv_stored=kv_stored)
+        if partial_sums and (sums := split_k_partials(self.o_proj, out)) is not None:
+            return sums
         return self.o_proj(out)
 
 
@@ -108,8 +115,9 @@ class ResidualStream:
     update: a (delta, residual) tuple passed and returned would stay alive in the caller's names through
     the whole next layer, two [T, hidden] tensors more at its MLP (mutable on purpose: only lifetimes)."""
 
-    delta: torch.Tensor | None
-    """What the next norm adds: the previous layer's MLP output, or the embeddings before the first layer."""
+    delta: torch.Tensor | PartialSums | None
+    """What the next norm adds: the previous layer's MLP output (maybe as down_proj's split-K partials), or the
+    embeddings before the first layer."""
     residual: torch.Tensor | None = None
     """The stream before `delta` (None before the first layer)."""
 
@@ -146,14 +154,15 @@ class LlamaDecoderLayer(nn.Module):
         delta, stream.delta = stream.delta, None
         assert delta is not None, "the stream holds the previous layer's output"
         if stream.residual is None:  # the first layer: the stream is the embeddings, nothing to add yet
+            assert isinstance(delta, torch.Tensor), "the embeddings"
             hidden, stream.residual = self.input_layernorm(delta), delta
         else:
             hidden, stream.residual = self.input_layernorm.add_and_norm(delta, stream.residual)
         del delta
-        attn_out = self.self_attn(hidden, rope, kv_cache, metadata)
+        attn_out = self.self_attn(hidden, rope, kv_cache, metadata, partial_sums=True)
         hidden, stream.residual = self.post_attention_layernorm.add_and_norm(attn_out, stream.residual)
         del attn_out
-        stream.delta = self.mlp(hidden)
+        stream.delta = self.mlp(hidden, partial_sums=True)
 
 
 class LlamaModel(nn.Module):
@@ -247,7 +256,7 @@ class LlamaForCausalLM(LlamaCheckpoint):
 
     def set_fused_launches(self, enabled: bool) -> None:
         """Turn the fusions across layer boundaries (residual add + norm, Qwen3's q/k norm + rope, rope + K/V
-        store) on or off, e.g. to compare with the separate kernels; the per-op fused kernels are not affected."""
+        store, split-K o/down projections summed in the next norm) on or off, e.g. to compare with the separate kernels; the per-op fused kernels are not affected."""
         for module in self.modules():
             if hasattr(module, "fused_launches"):
                 module.fused_launches = enabled
