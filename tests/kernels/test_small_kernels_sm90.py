@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from conveyor.kernels import qk_norm_rope, rotary, splitk_linear, store_kv
+from conveyor.kernels import add_rms_norm, qk_norm_rope, rms_norm, rotary, splitk_linear, store_kv
 from conveyor.kernels.triton_compat import HAS_TRITON
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON or os.environ.get("TRITON_INTERPRET") == "1",
@@ -113,3 +113,15 @@ def test_splitk_linear_compiles_for_qwen3s_projections(silu: bool) -> None:
     assert re.search(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 0x10\b", ptx), "no 16-byte async copy"
     assert re.findall(r"\bst\.global[.\w]*", ptx) and set(re.findall(r"\bst\.global[.\w]*", ptx)) == {"st.global.v4.b32"}
     assert ("ex2" in ptx) == silu  # the SwiGLU's exp only in the down projection's variant
+
+
+@pytest.mark.parametrize("partials", [False, True], ids=["rows", "splitk-partials"])
+def test_add_rms_norm_compiles_with_and_without_partials(partials: bool) -> None:
+    """add_rms_norm's kernel at Qwen3-0.6B's width (1,024): with split-K partials x is float32 and the loop over
+    the splits adds one more 16-byte load in its body; every access stays a 16-byte vector."""
+    types = ["*fp32" if partials else "*bf16"] + ["*bf16"] * 4 + ["i32"] * 3 + ["fp32"] + ["i32"] * 2
+    block, num_warps = rms_norm.row_launch(1024)
+    accesses = global_accesses(add_rms_norm._add_rms_norm_kernel, types, {"PARTIALS": partials, "BLOCK": block},
+                               num_warps)
+    assert all(".v4." in access for access in accesses), " ".join(accesses)
+    assert [access[:2] for access in accesses].count("ld") == (4 if partials else 3), " ".join(accesses)

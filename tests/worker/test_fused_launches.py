@@ -3,7 +3,8 @@ K/V store, which alone gives the same logits bit for bit: test_cuda_rope_stores_
 identical logits with them and with the separate kernels on CUDA (bf16, CUDA graphs and eager); a tiny Qwen3's
 stay within bf16 rounding of them (the fused q/k norm's row sum is compiled with another reduction tree: the
 H100 said so on 2026-12-07), compared on the same inputs; on the CPU the residual-stream stack equals the
-plain loop bit for bit."""
+plain loop bit for bit. The split-K o/down projections summed in the next norm are not cuBLAS's bits: they are
+off in the bit-for-bit comparisons and compared with cuBLAS's projections within bf16 rounding on their own."""
 
 from __future__ import annotations
 
