@@ -23,11 +23,14 @@ pytestmark = pytest.mark.skipif(not HAS_TRITON or os.environ.get("TRITON_INTERPR
                                 reason="needs Triton without its interpreter (compiles, no GPU needed)")
 
 
-def sm90_ptx(kernel: Any, types: list[str], constants: dict[str, Any], num_warps: int, num_stages: int = 3) -> str:
-    """The kernel's PTX for sm_90, compiled for 16-divisible pointers and integers."""
+def sm90_ptx(kernel: Any, types: list[str], constants: dict[str, Any], num_warps: int, num_stages: int = 3,
+             generic: tuple[str, ...] = ()) -> str:
+    """The kernel's PTX for sm_90, compiled for 16-divisible pointers and integers but those named in `generic`
+    (the kernel's `do_not_specialize`)."""
     compiler, target = importlib.import_module("triton.compiler"), importlib.import_module("triton.backends.compiler")
     signature = {**dict(zip(kernel.arg_names, types)), **{name: "constexpr" for name in constants}}
-    aligned = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(types) if kind != "fp32"}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(zip(kernel.arg_names, types))
+               if kind != "fp32" and name not in generic}
     compiled = compiler.compile(compiler.ASTSource(kernel, signature, constants, aligned),
                                 target=target.GPUTarget("cuda", 90, 32),
                                 options={"num_warps": num_warps, "num_stages": num_stages})
@@ -108,7 +111,7 @@ def test_splitk_linear_compiles_for_qwen3s_projections(silu: bool) -> None:
     assert plan is not None
     constants = {"SILU": silu, "BLOCK_M": plan.block_m, "BLOCK_N": plan.block_n, "BLOCK_K": plan.block_k}
     ptx = sm90_ptx(splitk_linear._splitk_kernel, ["*bf16", "*bf16", "*fp32"] + ["i32"] * 6, constants,
-                   plan.num_warps, plan.num_stages)
+                   plan.num_warps, plan.num_stages, generic=("M",))
     assert re.search(r"\bwgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16\b", ptx), "no bf16 wgmma"
     assert re.search(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 0x10\b", ptx), "no 16-byte async copy"
     assert re.findall(r"\bst\.global[.\w]*", ptx) and set(re.findall(r"\bst\.global[.\w]*", ptx)) == {"st.global.v4.b32"}

@@ -89,7 +89,9 @@ def splitk_plan(num_rows: int, n: int, k: int) -> SplitKPlan | None:
     return next(plan for max_k, plan in _PLANS if k <= max_k)
 
 
-@triton.jit
+# M (the step's rows) changes every step: specialized on "== 1" / "divisible by 16" it would compile new variants
+# mid-serving (worker/warmup.py); it only masks rows and offsets whole N-wide rows, so nothing is lost.
+@triton.jit(do_not_specialize=["M"])
 def _splitk_kernel(a_ptr, w_ptr, p_ptr, M, N, K, stride_am, stride_wn, k_per_split, SILU: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # a [M, K] (SILU: [M, 2K] = [gate | up]), w [N, K], p [S, M, N] float32: p[s] = a[:, Ks] @ w[:, Ks]^T
