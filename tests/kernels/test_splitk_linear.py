@@ -1,8 +1,9 @@
 """Split-K x @ W^T into float32 partials (kernels/splitk_linear.py), summed by add_rms_norm_partials.
 
-On the CPU the kernel runs under Triton's interpreter (TRITON_INTERPRET=1 with triton importable) in float32:
-its bf16 casts and dots are wrong there (the probe got garbage), so the bf16 cases are the GPU tests. Float32
-partials differ from torch's only in the dot's summation order (a few float32 ulps). The plan table and the
+On the CPU the kernel runs under Triton's interpreter (TRITON_INTERPRET=1 with triton importable) in float32,
+and in fp16 where the SwiGLU's roundings to the dtype must show: its bf16 casts and dots are wrong there (the
+probe got garbage), so the bf16 cases are the GPU tests. Float32 partials differ from torch's only in the dot's
+summation order (a few float32 ulps). The plan table and the
 torch references run everywhere; the sm_90 compile test needs triton without the interpreter.
 """
 
@@ -95,6 +96,18 @@ def test_interpreted_partials_equal_the_reference(shape: tuple[int, int, int], s
     assert got.partials.shape[0] <= splits  # fewer where K has fewer BLOCK_K steps than splits
     torch.testing.assert_close(got.partials, want.partials, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got.total(), _linear(a, weight, silu), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs Triton's interpreter: TRITON_INTERPRET=1")
+@pytest.mark.parametrize("silu", [False, True], ids=["plain", "swiglu"])
+def test_interpreted_fp16_rounds_the_swiglu_as_the_reference(silu: bool) -> None:
+    """fp16 (the interpreter rounds its casts right, unlike bf16): the SwiGLU's two roundings to the dtype matter
+    here, where float32 makes them no-ops; a rare silu may still round the other way (exp's last float32 bit)."""
+    a, weight = _operands(37, 80, 272, silu, torch.float16)
+    plan = _plan(4)
+    got, want = splitk_linear(a, weight, silu, plan), splitk_linear_ref(a, weight, silu, plan)
+    assert got.dtype == torch.float16 and got.partials.dtype == torch.float32
+    torch.testing.assert_close(got.partials, want.partials, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs Triton's interpreter: TRITON_INTERPRET=1")
