@@ -15,8 +15,14 @@ import os
 import pytest
 import torch
 
-from conveyor.kernels.add_rms_norm import add_rms_norm, add_rms_norm_ref
+from conveyor.kernels.add_rms_norm import (
+    add_rms_norm,
+    add_rms_norm_partials,
+    add_rms_norm_partials_ref,
+    add_rms_norm_ref,
+)
 from conveyor.kernels.rms_norm import rms_norm
+from conveyor.kernels.splitk_linear import PartialSums
 from conveyor.kernels.triton_compat import HAS_TRITON
 
 INTERPRET = HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
@@ -76,6 +82,24 @@ def test_interpreted_strided_rows_and_no_rows() -> None:
     _assert_bits_equal(add_rms_norm(x, residual, weight, EPS), add_rms_norm_ref(x, residual, weight, EPS))
     empty = torch.empty(0, 96, dtype=torch.float16)
     assert [t.shape for t in add_rms_norm(empty, empty, weight, EPS)] == [(0, 96), (0, 96)]
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs Triton's interpreter: TRITON_INTERPRET=1")
+@pytest.mark.parametrize("num_splits", [1, 3, 8])
+@pytest.mark.parametrize("num_cols", WIDTHS)
+def test_interpreted_partials_equal_the_kernel_on_their_total(num_cols: int, num_splits: int) -> None:
+    """The S float32 partials added in split order and rounded once, then the same add and norm: the bits of
+    `add_rms_norm` on `PartialSums.total()` (fp16: the interpreter rounds its casts correctly)."""
+    generator = torch.Generator().manual_seed(num_cols + num_splits)
+    partials = torch.randn(num_splits, 5, num_cols, generator=generator)  # [S, T, H] float32, not on a grid
+    x = PartialSums(partials, torch.float16)
+    residual = grid_rows(5, num_cols, torch.float16, 8)
+    weight = torch.randn(num_cols, generator=generator).to(torch.float16)
+    got = add_rms_norm_partials(x, residual, weight, EPS)
+    _assert_bits_equal(got, add_rms_norm(x.total(), residual, weight, EPS))
+    normed_ref, total_ref = add_rms_norm_partials_ref(x, residual, weight, EPS)
+    assert torch.equal(got[1], total_ref)  # torch's 16-bit add rounds the float32 sum once, as the kernel does
+    torch.testing.assert_close(got[0], normed_ref, rtol=1e-3, atol=1e-3)  # float32 statistics' order: an ulp
 
 
 @pytest.mark.gpu

@@ -16,21 +16,31 @@ from typing import Any
 
 import pytest
 
-from conveyor.kernels import qk_norm_rope, rotary, store_kv
+from conveyor.kernels import add_rms_norm, qk_norm_rope, rms_norm, rotary, splitk_linear, store_kv
 from conveyor.kernels.triton_compat import HAS_TRITON
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON or os.environ.get("TRITON_INTERPRET") == "1",
                                 reason="needs Triton without its interpreter (compiles, no GPU needed)")
 
 
-def global_accesses(kernel: Any, types: list[str], constants: dict[str, Any], num_warps: int) -> list[str]:
-    """The kernel's PTX for sm_90 -> its global accesses in program order, e.g. ["ld.v4.b32", "st.v4.b32"]."""
+def sm90_ptx(kernel: Any, types: list[str], constants: dict[str, Any], num_warps: int, num_stages: int = 3,
+             generic: tuple[str, ...] = ()) -> str:
+    """The kernel's PTX for sm_90, compiled for 16-divisible pointers and integers but those named in `generic`
+    (the kernel's `do_not_specialize`)."""
     compiler, target = importlib.import_module("triton.compiler"), importlib.import_module("triton.backends.compiler")
     signature = {**dict(zip(kernel.arg_names, types)), **{name: "constexpr" for name in constants}}
-    aligned = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(types) if kind != "fp32"}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(zip(kernel.arg_names, types))
+               if kind != "fp32" and name not in generic}
     compiled = compiler.compile(compiler.ASTSource(kernel, signature, constants, aligned),
-                                target=target.GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
-    return [m.group(1) + m.group(2) for m in re.finditer(r"\b(ld|st)\.global((?:\.\w+)+)", compiled.asm["ptx"])]
+                                target=target.GPUTarget("cuda", 90, 32),
+                                options={"num_warps": num_warps, "num_stages": num_stages})
+    return str(compiled.asm["ptx"])
+
+
+def global_accesses(kernel: Any, types: list[str], constants: dict[str, Any], num_warps: int) -> list[str]:
+    """The kernel's PTX for sm_90 -> its global accesses in program order, e.g. ["ld.v4.b32", "st.v4.b32"]."""
+    ptx = sm90_ptx(kernel, types, constants, num_warps)
+    return [m.group(1) + m.group(2) for m in re.finditer(r"\b(ld|st)\.global((?:\.\w+)+)", ptx)]
 
 
 def _assert_loads_then_stores(accesses: list[str], vectors: int) -> None:
@@ -89,3 +99,32 @@ def test_store_kv_loads_the_rows_before_the_slot_decides() -> None:
     accesses = global_accesses(store_kv._store_kv_kernel, ["*bf16"] * 4 + ["*i64", "fp32", "fp32"] + ["i32"] * 10,
                                constants, 4)
     assert accesses == ["ld.v4.b32", "ld.v4.b32", "ld.b64", "st.v4.b32", "st.v4.b32"]  # K, V, then the slot
+
+
+@pytest.mark.parametrize("silu", [False, True], ids=["o_proj", "down_proj"])
+def test_splitk_linear_compiles_for_qwen3s_projections(silu: bool) -> None:
+    """The split-K kernel for Qwen3-0.6B's o_proj (K 2,048) and down_proj (the SwiGLU on load, K 3,072) at
+    batch 256 with `splitk_plan`'s tile, warps and stages: sm_90's bf16 wgmma on tiles copied asynchronously in
+    16-byte pieces (the pipelined loop), float32 partials stored in 16-byte vectors only."""
+    n, k = (1024, 3072) if silu else (1024, 2048)
+    plan = splitk_linear.splitk_plan(256, n, k)
+    assert plan is not None
+    constants = {"SILU": silu, "BLOCK_M": plan.block_m, "BLOCK_N": plan.block_n, "BLOCK_K": plan.block_k}
+    ptx = sm90_ptx(splitk_linear._splitk_kernel, ["*bf16", "*bf16", "*fp32"] + ["i32"] * 6, constants,
+                   plan.num_warps, plan.num_stages, generic=("M",))
+    assert re.search(r"\bwgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16\b", ptx), "no bf16 wgmma"
+    assert re.search(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 0x10\b", ptx), "no 16-byte async copy"
+    assert re.findall(r"\bst\.global[.\w]*", ptx) and set(re.findall(r"\bst\.global[.\w]*", ptx)) == {"st.global.v4.b32"}
+    assert ("ex2" in ptx) == silu  # the SwiGLU's exp only in the down projection's variant
+
+
+@pytest.mark.parametrize("partials", [False, True], ids=["rows", "splitk-partials"])
+def test_add_rms_norm_compiles_with_and_without_partials(partials: bool) -> None:
+    """add_rms_norm's kernel at Qwen3-0.6B's width (1,024): with split-K partials x is float32 and the loop over
+    the splits adds one more 16-byte load in its body; every access stays a 16-byte vector."""
+    types = ["*fp32" if partials else "*bf16"] + ["*bf16"] * 4 + ["i32"] * 3 + ["fp32"] + ["i32"] * 2
+    block, num_warps = rms_norm.row_launch(1024)
+    accesses = global_accesses(add_rms_norm._add_rms_norm_kernel, types, {"PARTIALS": partials, "BLOCK": block},
+                               num_warps)
+    assert all(".v4." in access for access in accesses), " ".join(accesses)
+    assert [access[:2] for access in accesses].count("ld") == (4 if partials else 3), " ".join(accesses)

@@ -3,7 +3,7 @@
 cache layout, and a step whose K/V the rope stored skips `write_kv` and attends the same.
 
 CPU only: the decision reads tensors' device, dtype, shape and strides, so CPU tensors that say they are on
-CUDA (`_OnCuda`) stand in, and the fused kernel is replaced by its torch reference.
+CUDA (`OnCuda`) stand in, and the fused kernel is replaced by its torch reference.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from cuda_stand_in import OnCuda
 
 from conveyor.kernels.fp8_kv import UNIT_KV_SCALES
 from conveyor.kernels.qk_norm_rope import qk_norm_rope_store_kv_ref
@@ -37,18 +38,6 @@ class _NamedTriton(TorchAttentionBackend):
     name = "triton"
 
 
-class _OnCuda:
-    """A CPU tensor that says it is on CUDA: what the decision reads, no kernel runs."""
-
-    is_cuda = True
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self._tensor = tensor
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._tensor, name)
-
-
 def _decide(cls: type[LlamaAttention], *, backend: Any = None, cuda: bool = True, dtype: torch.dtype = torch.bfloat16,
             cache_dtype: torch.dtype | None = None, cache_heads: int = KV_HEADS, head_dim: int = HEAD_DIM,
             fused: bool = True) -> bool:
@@ -59,7 +48,7 @@ def _decide(cls: type[LlamaAttention], *, backend: Any = None, cuda: bool = True
     q, k, v = (t.unflatten(-1, (-1, head_dim)) for t in qkv.split(layer.shard_sizes(), dim=-1))
     cos = torch.zeros(3, head_dim, dtype=dtype)
     cache = torch.zeros(kv_cache_shape(BLOCKS, BLOCK_SIZE, cache_heads, head_dim), dtype=cache_dtype or dtype)
-    wrap = _OnCuda if cuda else (lambda t: t)
+    wrap = OnCuda if cuda else (lambda t: t)
     return layer.stores_kv_in_rope(*(wrap(t) for t in (q, k, v, cos, cache)))  # type: ignore[arg-type]
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conveyor.kernels.add_rms_norm import add_rms_norm
+from conveyor.kernels.add_rms_norm import add_rms_norm, add_rms_norm_partials
 from conveyor.kernels.cpu_build import cpu_kernels_available
 from conveyor.kernels.cpu_gemm import prefill_linear
 from conveyor.kernels.elementwise_cpu import rms_norm_cpu, rotary_cpu_, silu_and_mul_cpu
@@ -26,6 +26,7 @@ from conveyor.kernels.fp8_quant import FP8_DTYPE
 from conveyor.kernels.rms_norm import rms_norm
 from conveyor.kernels.rotary import rotary_
 from conveyor.kernels.silu_and_mul import silu_and_mul
+from conveyor.kernels.splitk_linear import PartialSums, splitk_linear, splitk_plan
 from conveyor.kernels.triton_compat import HAS_TRITON
 from conveyor.kernels.triton_gemm import triton_fp8_linear, triton_gemm
 from conveyor.model.registry import RopeScaling, RopeType
@@ -62,11 +63,18 @@ class RMSNorm(nn.Module):
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
 
-    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_and_norm(self, x: torch.Tensor | PartialSums,
+                     residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x, residual [T, hidden] -> (self(x + residual), x + residual): one launch where the fused
-        kernels run (kernels/add_rms_norm.py, the same bits as the add then `forward`), both steps elsewhere."""
-        if (use_fused_kernels(x) and x.dim() == 2 and x.dtype == residual.dtype == self.weight.dtype
-                and x.stride(-1) == 1 and residual.stride(-1) == 1):
+        kernels run (kernels/add_rms_norm.py, the same bits as the add then `forward`), both steps elsewhere.
+        x may be a split-K projection's partials (`Linear.partial_sums`): that launch adds them up too."""
+        fusable = (use_fused_kernels(residual) and residual.dim() == 2 and residual.dtype == self.weight.dtype
+                   and residual.stride(-1) == 1)
+        if isinstance(x, PartialSums):
+            if fusable and x.dtype == residual.dtype:
+                return add_rms_norm_partials(x, residual, self.weight, self.eps)
+            x = x.total()  # [T, hidden]
+        if fusable and x.dim() == 2 and x.dtype == residual.dtype and x.stride(-1) == 1:
             return add_rms_norm(x, residual, self.weight, self.eps)
         total = x + residual
         return self(total), total
@@ -185,9 +193,28 @@ class Linear(nn.Linear):
     """[] float32 static activation scale of an FP8 checkpoint's "static" scheme (None: dynamic)."""
     use_triton_gemm: bool = False
     """--gemm-backend triton: CUDA inputs take kernels/triton_gemm.py (`triton_linear`) where it can."""
+    tensor_parallel: bool = False
+    """A tensor-parallel shard (model/parallel_layers.py): its output is one rank's part, no split-K partials."""
+    fused_launches = True
+    """`partial_sums` may hand the next norm split-K partials (`set_fused_launches(False)` turns it off)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, self.weight_scale, self.input_scale, self.use_triton_gemm)
+
+    def partial_sums(self, x: torch.Tensor, silu: bool = False) -> PartialSums | None:
+        """The one decision of split-K (kernels/splitk_linear.py): x [M, K] (silu: gate_up [M, 2K], the SwiGLU
+        taken while loading) @ W^T as float32 partials that the caller's next `RMSNorm.add_and_norm` sums, or
+        None for the usual path. Taken where the fused launches are on, x is a CUDA 16-bit tensor of the
+        weight's dtype with contiguous rows, the projection is plain (no bias, no FP8 scales, not
+        --gemm-backend triton, no tensor-parallel shard: a row-parallel one's output is one rank's part of an
+        all-reduce) and `splitk_plan` has a plan for the shape."""
+        num_out, k = self.weight.shape
+        plain = (self.bias is None and self.weight_scale is None and self.input_scale is None
+                 and not self.use_triton_gemm and not self.tensor_parallel and self.weight.stride(1) == 1)
+        operand = (use_fused_kernels(x) and x.dtype == self.weight.dtype and x.dim() == 2
+                   and x.shape[1] == (2 * k if silu else k) and x.stride(1) == 1)
+        plan = splitk_plan(x.shape[0], num_out, k) if self.fused_launches and plain and operand else None
+        return None if plan is None else splitk_linear(x, self.weight, silu, plan)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -257,8 +284,12 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=False)
         self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, partial_sums: bool = False) -> torch.Tensor | PartialSums:
+        """x [T, hidden] -> [T, hidden]; with `partial_sums` (the caller's next norm takes them) the down
+        projection's split-K partials where `Linear.partial_sums` says so, the SwiGLU taken in its loads."""
         gate_up = self.gate_up_proj(x)  # [T, 2I]
+        if partial_sums and (sums := split_k_partials(self.down_proj, gate_up, silu=True)) is not None:
+            return sums
         if use_fused_kernels(gate_up):
             act = silu_and_mul(gate_up)  # [T, I]
             del gate_up  # not alive beside down_proj's output: the forward's peak is gate_up + act alone
@@ -267,3 +298,8 @@ class GatedMLP(nn.Module):
             return self.down_proj(silu_and_mul_cpu(gate_up))
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
+
+
+def split_k_partials(proj: nn.Module, x: torch.Tensor, silu: bool = False) -> PartialSums | None:
+    """`Linear.partial_sums` of proj, or None for a projection that is no `Linear` (a quantized one)."""
+    return proj.partial_sums(x, silu) if isinstance(proj, Linear) else None

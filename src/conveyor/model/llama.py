@@ -4,23 +4,24 @@ The model computes a flat batch of tokens from many sequences at once (see atten
 it never sees padding or a batch dimension, so prefill chunks and decodes share every matmul.
 `forward` returns hidden states for all tokens; the runner picks the rows it samples from and
 calls `compute_logits` on those only (the LM head is the largest matmul for small models).
-Weights arrive under Hugging Face names through `load_weights`, which packs q/k/v and gate/up
-into the fused projections; every loader (safetensors, GGUF, dummy) feeds it the same way.
+Weights arrive under Hugging Face names through `load_weights` (model/llama_weights.py), which packs
+q/k/v and gate/up into the fused projections; every loader (safetensors, GGUF, dummy) feeds it the same way.
 Where rope is one kernel and the attention backend writes with `store_kv` (LlamaAttention's
 `stores_kv_in_rope`, the one place that decides), the rope kernel also stores the step's K/V, same bytes.
+In the residual-stream form, o_proj and down_proj may hand the next norm split-K partial sums instead of
+their output (`Linear.partial_sums` decides; kernels/splitk_linear.py): the norm's launch adds them up.
 """
 
 from __future__ import annotations
 
 import functools
-import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from conveyor.kernels.rotary import rotary_
+from conveyor.kernels.splitk_linear import PartialSums
 from conveyor.model.attention import Attention, AttentionBackend
 from conveyor.model.attention_metadata import AttentionMetadata
 from conveyor.model.layers import (
@@ -31,28 +32,14 @@ from conveyor.model.layers import (
     apply_rotary_qk,
     linear,
     rotary_fusable,
+    split_k_partials,
     use_fused_kernels,
 )
 from conveyor.model.llama_cpu_stack import LlamaCPUStack
-from conveyor.model.parallel_layers import ShardedModule, VocabParallelEmbedding
-from conveyor.model.quantized import (
-    BlockFormat,
-    QuantizedEmbedding,
-    QuantizedLinear,
-    QuantizedWeight,
-)
+from conveyor.model.llama_weights import LlamaCheckpoint
+from conveyor.model.parallel_layers import VocabParallelEmbedding
+from conveyor.model.quantized import QuantizedEmbedding, QuantizedLinear
 from conveyor.model.registry import ModelArchConfig
-
-# HF projection name -> (fused parameter name, shard index within it).
-_FUSED_SHARDS = {
-    "q_proj": ("qkv_proj", 0),
-    "k_proj": ("qkv_proj", 1),
-    "v_proj": ("qkv_proj", 2),
-    "gate_proj": ("gate_up_proj", 0),
-    "up_proj": ("gate_up_proj", 1),
-}
-_LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
-
 
 class LlamaAttention(nn.Module):
     """Fused qkv projection, rope, paged attention, output projection."""
@@ -105,9 +92,10 @@ class LlamaAttention(nn.Module):
 
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor,
-        metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        """x [T, hidden], rope = (cos, sin) [T, d] -> [T, hidden]; q [T, H, d], k and v [T, kvh, d] are views."""
+        metadata: AttentionMetadata, partial_sums: bool = False,
+    ) -> torch.Tensor | PartialSums:
+        """x [T, hidden], rope = (cos, sin) [T, d] -> [T, hidden]; q [T, H, d], k and v [T, kvh, d] are views.
+        With `partial_sums` (the caller's next norm takes them) o_proj's split-K partials where it allows them."""
         num_tokens = x.shape[0]
         q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in self.qkv_proj(x).split(self.shard_sizes(), dim=-1))
         if kv_stored := self.stores_kv_in_rope(q, k, v, rope[0], kv_cache):
@@ -116,6 +104,8 @@ class LlamaAttention(nn.Module):
             q, k = self.position_qk(q, k, rope)
         out = self.attn(q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v.reshape(num_tokens, -1), kv_cache,
                         metadata, kv_stored=kv_stored)
+        if partial_sums and (sums := split_k_partials(self.o_proj, out)) is not None:
+            return sums
         return self.o_proj(out)
 
 
@@ -125,8 +115,9 @@ class ResidualStream:
     update: a (delta, residual) tuple passed and returned would stay alive in the caller's names through
     the whole next layer, two [T, hidden] tensors more at its MLP (mutable on purpose: only lifetimes)."""
 
-    delta: torch.Tensor | None
-    """What the next norm adds: the previous layer's MLP output, or the embeddings before the first layer."""
+    delta: torch.Tensor | PartialSums | None
+    """What the next norm adds: the previous layer's MLP output (maybe as down_proj's split-K partials), or the
+    embeddings before the first layer."""
     residual: torch.Tensor | None = None
     """The stream before `delta` (None before the first layer)."""
 
@@ -163,14 +154,15 @@ class LlamaDecoderLayer(nn.Module):
         delta, stream.delta = stream.delta, None
         assert delta is not None, "the stream holds the previous layer's output"
         if stream.residual is None:  # the first layer: the stream is the embeddings, nothing to add yet
+            assert isinstance(delta, torch.Tensor), "the embeddings"
             hidden, stream.residual = self.input_layernorm(delta), delta
         else:
             hidden, stream.residual = self.input_layernorm.add_and_norm(delta, stream.residual)
         del delta
-        attn_out = self.self_attn(hidden, rope, kv_cache, metadata)
+        attn_out = self.self_attn(hidden, rope, kv_cache, metadata, partial_sums=True)
         hidden, stream.residual = self.post_attention_layernorm.add_and_norm(attn_out, stream.residual)
         del attn_out
-        stream.delta = self.mlp(hidden)
+        stream.delta = self.mlp(hidden, partial_sums=True)
 
 
 class LlamaModel(nn.Module):
@@ -184,7 +176,7 @@ class LlamaModel(nn.Module):
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(LlamaCheckpoint):
     """Decoder-only LM over a paged KV cache; see the module docstring for the calling convention."""
 
     layer_cls: type[nn.Module] = LlamaDecoderLayer
@@ -264,7 +256,7 @@ class LlamaForCausalLM(nn.Module):
 
     def set_fused_launches(self, enabled: bool) -> None:
         """Turn the fusions across layer boundaries (residual add + norm, Qwen3's q/k norm + rope, rope + K/V
-        store) on or off, e.g. to compare with the separate kernels; the per-op fused kernels are not affected."""
+        store, split-K o/down projections summed in the next norm) on or off, e.g. to compare with the separate kernels; the per-op fused kernels are not affected."""
         for module in self.modules():
             if hasattr(module, "fused_launches"):
                 module.fused_launches = enabled
@@ -288,113 +280,3 @@ class LlamaForCausalLM(nn.Module):
         if isinstance(head, QuantizedLinear):
             return head(hidden)
         return linear(hidden, head.weight)  # CPU: (W @ h^T)^T, ~2x faster for a few rows
-
-    def block_format_plan(self, formats: dict[str, BlockFormat | None]) -> dict[str, BlockFormat]:
-        """Module name -> layout, for each Linear / Embedding whose every checkpoint shard (HF names in
-        `formats`) has the same block layout; a module with any float or mixed shard stays float."""
-        by_module: dict[str, set[BlockFormat | None]] = {}
-        for hf_name, block_format in formats.items():
-            module_name = self._module_of(hf_name)
-            if module_name is not None:
-                by_module.setdefault(module_name, set()).add(block_format)
-        return {
-            name: block_format
-            for name, found in by_module.items()
-            for block_format in found
-            if len(found) == 1 and block_format is not None
-            and isinstance(self.get_submodule(name), (nn.Linear, nn.Embedding))
-        }
-
-    def block_weight_names(self, formats: dict[str, BlockFormat | None]) -> frozenset[str]:
-        """The HF names a loader should hand over in blocks: those feeding a quantized module."""
-        quantized = {name for name, m in self.named_modules() if isinstance(m, QuantizedLinear)}
-        return frozenset(h for h in formats if self._module_of(h) in quantized)
-
-    def _module_of(self, hf_name: str) -> str | None:
-        target = self._target_of(hf_name)
-        return target[0].removesuffix(".weight") if target and target[0].endswith(".weight") else None
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | QuantizedWeight]]) -> None:
-        """Copy HF-named tensors into the (fused) parameters or quantized modules; raises on unknown
-        or missing ones."""
-        params = dict(self.named_parameters())
-        blocks = {f"{n}.weight": m for n, m in self.named_modules() if isinstance(m, QuantizedLinear)}
-        loaded: set[tuple[str, int | None]] = set()
-        for hf_name, tensor in weights:
-            target = self._target_of(hf_name)
-            if target is None:
-                continue
-            name, shard = target
-            if name in blocks and isinstance(tensor, QuantizedWeight):
-                self._load_blocks(blocks[name], name, shard, tensor)
-            elif name in params and isinstance(tensor, torch.Tensor):
-                self._copy_into(params[name], name, shard, tensor)
-            else:
-                raise ValueError(f"checkpoint tensor {hf_name!r} ({type(tensor).__name__}) does not fit "
-                                 f"{name!r} in {type(self).__name__}")
-            loaded.add((name, shard))
-        missing = sorted({name for name, shard in self._expected_shards([*params, *blocks]) - loaded})
-        if missing:
-            raise ValueError(f"checkpoint lacks weights for {len(missing)} parameters, e.g. {missing[:4]}")
-
-    def _load_blocks(self, module: QuantizedLinear, name: str, shard: int | None, weight: QuantizedWeight) -> None:
-        sizes = [module.out_features] if shard is None else self._shard_sizes_of(name)
-        index = 0 if shard is None else shard
-        if weight.shape[0] != sizes[index]:
-            raise ValueError(f"{name} (shard {shard}): expected {sizes[index]} rows, got {weight.shape[0]}")
-        module.load_rows(sum(sizes[:index]), weight)
-
-    def checkpoint_target(self, hf_name: str) -> tuple[str, int | None] | None:
-        """(parameter name, fused shard or None) an HF tensor name loads into, or None when it is skipped
-        (model/fp8_checkpoint.py maps scale tensors through it too: `q_proj.weight_scale` -> qkv_proj, 0)."""
-        return self._target_of(hf_name)
-
-    def shard_rows(self, name: str) -> list[int]:
-        """Row counts of the shards fused in parameter `name` (a qkv_proj or gate_up_proj one)."""
-        return self._shard_sizes_of(name)
-
-    def _target_of(self, hf_name: str) -> tuple[str, int | None] | None:
-        """(parameter name, fused shard or None) for an HF tensor name, or None to skip it."""
-        if "rotary_emb.inv_freq" in hf_name:
-            return None
-        if hf_name == "lm_head.weight" and self.lm_head is None:
-            return None  # tied: some checkpoints still store the copy
-        match = _LAYER_INDEX.match(hf_name)
-        if match and int(match.group(1)) >= self.config.num_hidden_layers:
-            return None  # truncated by num_hidden_layers_override
-        for proj, (fused, shard) in _FUSED_SHARDS.items():
-            if f".{proj}." in hf_name:
-                return hf_name.replace(f".{proj}.", f".{fused}."), shard
-        return hf_name, None
-
-    def _expected_shards(self, names: Iterable[str]) -> set[tuple[str, int | None]]:
-        expected: set[tuple[str, int | None]] = set()
-        for name in names:
-            if ".qkv_proj." in name:
-                expected |= {(name, 0), (name, 1), (name, 2)}
-            elif ".gate_up_proj." in name:
-                expected |= {(name, 0), (name, 1)}
-            else:
-                expected.add((name, None))
-        return expected
-
-    def _copy_into(self, param: nn.Parameter, name: str, shard: int | None, tensor: torch.Tensor) -> None:
-        owner_name, _, attr = name.rpartition(".")
-        owner = self.get_submodule(owner_name)
-        if isinstance(owner, ShardedModule):  # tensor parallel: the layer keeps its own rows / columns
-            owner.load_full(attr, shard, tensor)
-            return
-        target = param.data
-        if shard is not None:
-            sizes = self._shard_sizes_of(name)
-            start = sum(sizes[:shard])
-            target = target.narrow(0, start, sizes[shard])
-        if tuple(target.shape) != tuple(tensor.shape):
-            raise ValueError(f"{name} (shard {shard}): expected shape {tuple(target.shape)}, got {tuple(tensor.shape)}")
-        with torch.no_grad():
-            target.copy_(tensor)
-
-    def _shard_sizes_of(self, name: str) -> list[int]:
-        if ".qkv_proj." in name:
-            return self.model.layers[0].self_attn.shard_sizes()
-        return [self.config.intermediate_size, self.config.intermediate_size]

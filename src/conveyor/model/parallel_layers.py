@@ -77,6 +77,8 @@ class ColumnParallelLinear(Linear):
     that order, so the local output splits by part exactly as the unsharded one does.
     """
 
+    tensor_parallel = True
+
     def __init__(self, in_features: int, spans: tuple[Span, ...], bias: bool) -> None:
         super().__init__(in_features, sum(span.size for span in spans), bias=bias)
         self.spans = spans
@@ -92,6 +94,8 @@ class ColumnParallelLinear(Linear):
 
 class RowParallelLinear(Linear):
     """y = sum over ranks of x_r W_r^T (+ bias once): this rank's input columns, then an all-reduce."""
+
+    tensor_parallel = True
 
     def __init__(self, columns: Span, out_features: int, bias: bool, group: TensorParallelGroup) -> None:
         super().__init__(columns.size, out_features, bias=bias)

@@ -241,7 +241,7 @@ def warm_up(runner: WarmupRunner) -> None:
 
 
 KERNEL_MODULES = ("add_rms_norm", "cdf_sample", "gumbel_sample", "qk_norm_rope", "rms_norm", "rotary",
-                  "silu_and_mul", "split_kv_attention", "store_kv", "unified_attention")
+                  "silu_and_mul", "split_kv_attention", "splitk_linear", "store_kv", "unified_attention")
 """The modules of conveyor.kernels that define Triton kernels."""
 
 
