@@ -4,6 +4,7 @@
 #   carry .peers/c1/deps.tar.xz, .peers/c1/tok.tar.xz, .peers/src_before:
 #   bash benchmarks/gpu/levers.sh stage && bash benchmarks/gpu/levers.sh tests && bash benchmarks/gpu/levers.sh kernels
 #   bash benchmarks/gpu/levers.sh nano qwen3-0.6b 2      # nano256, before / after alternating, 2 of each
+#   TREES="before mid after" ...                         # a third tree: .peers/src_mid (git archive, as `before`)
 #   bash benchmarks/gpu/levers.sh mixed                  # mixed_profile.py on both trees
 #   bash benchmarks/gpu/levers.sh gemm qwen3-0.6b 256    # cuBLAS vs triton_gemm's candidate tiles (this tree)
 #   bash benchmarks/gpu/levers.sh probe --rows 256 64    # splitk_probe.py (this tree)
@@ -13,7 +14,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 BEFORE=$PWD/.peers/src_before/src AFTER=$PWD/src
 
-tree_path() { if [ "$1" = before ]; then echo "$BEFORE"; else echo "$AFTER"; fi; }
+tree_path() { case $1 in before) echo "$BEFORE" ;; mid) echo "$PWD/.peers/src_mid/src" ;; *) echo "$AFTER" ;; esac; }
 
 step=$1; shift
 case $step in
@@ -38,7 +39,7 @@ case $step in
     done ;;
   nano)  # MODEL_NAME REPEATS: nano256 (offline.py as fp8.sh runs it), before and after alternating
     model=$1; reps=${2:-1}
-    for i in $(seq "$reps"); do for t in before after; do
+    for i in $(seq "$reps"); do for t in ${TREES:-before after}; do
       PYTHONPATH=$(tree_path $t):/tmp/site0 timeout -s KILL "${GUARD:-240}" python3 benchmarks/gpu/offline.py \
         --model benchmarks/models/$model --async-scheduling --max-num-seqs 1024 --max-num-batched-tokens 16384 \
         --out "$OUT/nano_$t.jsonl" --step-times-out "$OUT/steps_${model}_${t}_$i.jsonl" \
