@@ -248,12 +248,17 @@ def main() -> int:
     if args.profile_steps:
         result.update(profile_steps(core, args))
     core.shutdown()
+    write_result(result, args.out)
+    return 0 if got == out_tok else 1
+
+
+def write_result(result: dict, out: str | None) -> None:
+    """The RESULT line on stdout, and appended to --out if given."""
     line = json.dumps(result)
     print("RESULT " + line, flush=True)
-    if args.out:
-        with open(args.out, "a") as f:
+    if out:
+        with open(out, "a") as f:
             f.write(line + "\n")
-    return 0 if got == out_tok else 1
 
 
 def _gpu_name() -> str:
