@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from roofline import MODELS, ModelShape, model_shape, nano256
 
-BUCKETS = ((1, 16), (17, 64), (65, 128), (129, 192), (193, 256))
+BUCKETS = ((0, 16), (17, 64), (65, 128), (129, 192), (193, 256))
 
 
 @dataclass(frozen=True)
