@@ -28,6 +28,9 @@ SOURCE_DIR = pathlib.Path(__file__).with_name("cpu")
 """Where the C sources (*.c, and the *.h they include) live (package data)."""
 COMPILE_FLAGS = ("-O3", "-std=gnu11", "-fopenmp", "-shared", "-fPIC")
 """Flags every build uses; `-march=native` is added where the compiler accepts it."""
+MARCH = "native"
+"""What `cpu_kernels()` compiles for: `native`, or another CPU's -march (e.g. `znver3`, AVX2 without AVX-512)
+that benchmarks/cpu_isa.py and its pytest plugin set before the first call to run the AVX2 code here."""
 
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _SIGNATURES: dict[str, list[type]] = {
@@ -70,12 +73,17 @@ def cpu_kernels() -> ctypes.CDLL:
     if compiler is None:
         raise CPUKernelsUnavailable("no C compiler (cc, gcc or clang) on PATH to build the CPU kernels")
     sources = sorted(SOURCE_DIR.glob("*.c"))
-    digest = hashlib.sha256(compiler.encode() + platform.machine().encode() + cpu_identity().encode())
+    digest = hashlib.sha256(compiler.encode() + platform.machine().encode() + cpu_identity().encode() + MARCH.encode())
     for source in sorted([*sources, *SOURCE_DIR.glob("*.h")]):
         digest.update(source.read_bytes())
     library = _cache_dir() / f"conveyor_cpu_{digest.hexdigest()[:16]}.so"
     if not library.is_file():
-        _build(compiler, sources, library)
+        _build(compiler, sources, library, (f"-march={MARCH}",))
+    return load_library(library)
+
+
+def load_library(library: pathlib.Path) -> ctypes.CDLL:
+    """A built kernels library, its exported functions typed."""
     lib = ctypes.CDLL(str(library))
     for name, argtypes in _SIGNATURES.items():
         function = getattr(lib, name)
@@ -120,11 +128,22 @@ def _cache_dir() -> pathlib.Path:
     raise CPUKernelsUnavailable("no writable directory for the compiled CPU kernels")
 
 
-def _build(compiler: str, sources: list[pathlib.Path], library: pathlib.Path) -> None:
+def build_for(march: str, library: pathlib.Path) -> ctypes.CDLL:
+    """Build the kernels for `-march=<march>` (another CPU's instruction set, e.g. znver3: AVX2 without
+    AVX-512) into `library` and load it: how benchmarks/cpu_isa.py runs and checks the AVX2 code here."""
+    compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if compiler is None:
+        raise CPUKernelsUnavailable("no C compiler (cc, gcc or clang) on PATH to build the CPU kernels")
+    _build(compiler, sorted(SOURCE_DIR.glob("*.c")), library, (f"-march={march}",))
+    return load_library(library)
+
+
+def _build(compiler: str, sources: list[pathlib.Path], library: pathlib.Path,
+           march: tuple[str, ...] = ("-march=native",)) -> None:
     """Compile into a temporary file, then rename: concurrent first uses never see half a library."""
     partial = library.with_suffix(f".{os.getpid()}.tmp")
     errors = ""
-    for arch in (["-march=native"], []):  # a compiler without -march=native still builds portable code
+    for arch in (list(march), []):  # a compiler without -march=native still builds portable code
         command = [compiler, *COMPILE_FLAGS, *arch, *map(str, sources), "-o", str(partial)]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode == 0:
