@@ -11,7 +11,8 @@ while loading A (no silu_and_mul launch either).
 
 Each composite is timed the way a decode step runs it: captured in a CUDA graph (20 copies back to back),
 replayed, median of 5 timings. Baselines: `F.linear` + add_rms_norm; silu_and_mul + `F.linear` +
-add_rms_norm. Not engine code: a prototype to decide whether the lever is worth building.
+add_rms_norm. The kernels timed are the engine's (kernels/splitk_linear.py, add_rms_norm_partials): the
+best tile and split per shape set `splitk_plan`'s table.
 
     PYTHONPATH=src python benchmarks/gpu/splitk_probe.py [--rows 256 128 64 16] [--model qwen3-0.6b]
 """
@@ -26,10 +27,10 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from conveyor.kernels.add_rms_norm import add_rms_norm
-from conveyor.kernels.rms_norm import inv_rms, row_launch, scale_row
+from conveyor.kernels.add_rms_norm import add_rms_norm, add_rms_norm_partials
 from conveyor.kernels.silu_and_mul import silu_and_mul
-from conveyor.kernels.triton_compat import tl, triton
+from conveyor.kernels.splitk_linear import SplitKPlan, splitk_linear
+from conveyor.kernels.triton_compat import triton
 
 MODELS = pathlib.Path(__file__).resolve().parents[1] / "models"
 TILES = [(64, 64, 128, 4, 3), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (32, 64, 128, 4, 3), (64, 32, 128, 4, 4),
@@ -37,69 +38,13 @@ TILES = [(64, 64, 128, 4, 3), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (32, 64,
 SPLITS = [1, 2, 4, 8]
 
 
-@triton.jit
-def _splitk_kernel(a_ptr, w_ptr, p_ptr, M, N, K, stride_am, stride_wn, k_per_split, SILU: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    # a [M, K] (SILU: [M, 2K] = [gate | up]), w [N, K], p [S, M, N] float32: p[s] = a[:, Ks] @ w[:, Ks]^T
-    pid, split = tl.program_id(0), tl.program_id(1)
-    num_n = tl.cdiv(N, BLOCK_N)
-    rm = (pid // num_n) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = (pid % num_n) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m, mask_n = rm < M, rn < N
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kk in range(0, k_per_split, BLOCK_K):
-        rk = split * k_per_split + kk + tl.arange(0, BLOCK_K)
-        mask_k = rk < K
-        a_mask = mask_m[:, None] & mask_k[None, :]
-        a_rows = a_ptr + rm[:, None].to(tl.int64) * stride_am + rk[None, :]
-        a = tl.load(a_rows, mask=a_mask, other=0.0)  # [BM, BK]
-        if SILU:
-            up = tl.load(a_rows + K, mask=a_mask, other=0.0)
-            g32 = a.to(tl.float32)
-            act = (g32 / (1.0 + tl.exp(-g32))).to(up.dtype)
-            a = (act.to(tl.float32) * up.to(tl.float32)).to(up.dtype)
-        w = tl.load(w_ptr + rn[None, :].to(tl.int64) * stride_wn + rk[:, None],
-                    mask=mask_k[:, None] & mask_n[None, :], other=0.0)  # [BK, BN]
-        acc = tl.dot(a, w, acc)
-    out = p_ptr + (split * M + rm[:, None]).to(tl.int64) * N + rn[None, :]
-    tl.store(out, acc, mask=mask_m[:, None] & mask_n[None, :])
-
-
-@triton.jit
-def _reduce_add_rms_norm_kernel(p_ptr, residual_ptr, weight_ptr, out_ptr, sum_ptr, num_splits, num_rows, num_cols,
-                                eps, BLOCK: tl.constexpr):
-    token = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < num_cols
-    residual = tl.load(residual_ptr + token * num_cols + cols, mask=mask, other=0.0)
-    x32 = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(num_splits):
-        x32 += tl.load(p_ptr + (s * num_rows + token) * num_cols + cols, mask=mask, other=0.0)
-    x = x32.to(residual.dtype)  # the projection's 16-bit output, as cuBLAS would round it
-    total = (x.to(tl.float32) + residual.to(tl.float32)).to(residual.dtype)
-    tl.store(sum_ptr + token * num_cols + cols, total, mask=mask)
-    t32 = total.to(tl.float32)
-    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0)
-    out = scale_row(t32, inv_rms(t32, num_cols, eps), weight, residual.dtype).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + token * num_cols + cols, out, mask=mask)
-
-
 def splitk_norm(a: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor, tile: tuple,
                 splits: int, silu: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(normed, new residual) of add_rms_norm(a @ w.T, residual) (silu: a = silu_and_mul(a) first)."""
+    """(normed, new residual) of add_rms_norm(a @ w.T, residual) (silu: a = silu_and_mul(a) first), by the
+    engine's own kernels: kernels/splitk_linear.py's partials, summed by add_rms_norm_partials."""
     bm, bn, bk, warps, stages = tile
-    m, n, k = a.shape[0], w.shape[0], w.shape[1]
-    k_per_split = triton.cdiv(triton.cdiv(k, splits), bk) * bk
-    partials = torch.empty(splits, m, n, dtype=torch.float32, device=a.device)
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), triton.cdiv(k, k_per_split))
-    _splitk_kernel[grid](a, w, partials, m, n, k, a.stride(0), w.stride(0), k_per_split, SILU=silu,
-                         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
-    out = torch.empty_like(residual)
-    total = torch.empty_like(residual)
-    block, num_warps = row_launch(n)
-    _reduce_add_rms_norm_kernel[(m,)](partials, residual, norm_w, out, total, grid[1], m, n, 1e-6, BLOCK=block,
-                                      num_warps=num_warps)
-    return out, total
+    plan = SplitKPlan(bm, bn, bk, num_warps=warps, num_stages=stages, splits=splits)
+    return add_rms_norm_partials(splitk_linear(a, w, silu, plan), residual, norm_w, 1e-6)
 
 
 def graph_us(fn, copies: int = 20, replays: int = 20) -> float:
